@@ -1,0 +1,85 @@
+"""Export a run's buffer log as one flat Parquet table, one row per trajectory.
+
+The durable log stores each group as a msgpack payload (fast to append); this is the offline
+step that flattens it for analysis or for training on the collected data elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .durable_log import scan_shard, shard_dirs
+
+EXPORT_SCHEMA = pa.schema(
+    [
+        ("group_id", pa.string()),
+        ("prompt_id", pa.string()),
+        ("data_source", pa.string()),
+        ("ground_truth", pa.string()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("response_ids", pa.list_(pa.int32())),
+        ("response_text", pa.string()),
+        ("reward", pa.float64()),
+        ("behavior_logprobs", pa.list_(pa.float64())),
+        ("token_versions", pa.list_(pa.int32())),
+        # The trajectory's own versions (its group's min_version is the min over the group).
+        ("min_version", pa.int64()),
+        ("max_version", pa.int64()),
+        ("finish_reason", pa.string()),
+        ("generator_id", pa.int32()),
+        ("consumed", pa.bool_()),
+    ]
+)
+_ROWS_PER_BATCH = 4096
+
+
+def export_parquet(run_dir: Path, out: Path) -> int:
+    """Write every trajectory logged under ``run_dir/buffer/`` (all shards, shard by shard,
+    each in append order) to the Parquet file ``out``; return the number of rows written.
+
+    ``consumed`` says whether the group had left the shard when the log was read. Groups
+    removed by a compaction are gone from the log and so from the export.
+    """
+    buffer_dir = Path(run_dir) / "buffer"
+    if not buffer_dir.is_dir():
+        raise FileNotFoundError(f"no buffer log: {buffer_dir} does not exist")
+    shards = shard_dirs(buffer_dir)
+    if not shards:
+        raise FileNotFoundError(f"no buffer log segments under {buffer_dir}")
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    rows = 0
+    columns: dict[str, list[Any]] = {name: [] for name in EXPORT_SCHEMA.names}
+    with pq.ParquetWriter(tmp, EXPORT_SCHEMA) as writer:
+        for shard_dir in shards:
+            for group, consumed in scan_shard(shard_dir):
+                for t in group.trajectories:
+                    row = (
+                        group.group_id, group.prompt_id, group.data_source, group.ground_truth,
+                        t.prompt_ids, t.response_ids, t.response_text, t.reward,
+                        t.behavior_logprobs, t.token_versions, t.min_version, t.max_version,
+                        t.finish_reason, t.generator_id, consumed,
+                    )  # fmt: skip
+                    for column, value in zip(columns.values(), row, strict=True):
+                        column.append(value)
+                    rows += 1
+                if len(columns["group_id"]) >= _ROWS_PER_BATCH:
+                    _flush(writer, columns)
+        _flush(writer, columns)
+    os.replace(tmp, out)
+    return rows
+
+
+def _flush(writer: pq.ParquetWriter, columns: dict[str, list[Any]]) -> None:
+    if not columns["group_id"]:
+        return
+    writer.write_table(pa.Table.from_pydict(columns, schema=EXPORT_SCHEMA))
+    for column in columns.values():
+        column.clear()

@@ -1,0 +1,296 @@
+"""Run configuration: one msgspec Struct per role, decoded strictly from YAML (DESIGN.md §8).
+
+Unknown or mistyped keys fail with the key's path. Command-line overrides are
+``section.key=value`` (the value is parsed as YAML, so ``3``, ``true`` and ``[1, 2]`` work).
+
+This module is a leaf: stdlib, msgspec and yaml only. ``streamrl validate`` imports nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message is one line meant for the user."""
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class RunConfig(_Section):
+    name: str = "default"
+    seed: int = 0
+    max_steps: int = 10
+    mode: Literal["async", "sync"] = "async"
+    output_dir: str = "runs"
+    # An existing run directory is refused unless this is set (a run's files are its record).
+    overwrite: bool = False
+    # Seconds to wait, after the last step, for every generator to report the final version.
+    drain_timeout_s: float = 120.0
+
+
+class ModelConfig(_Section):
+    # A local HF directory, an HF id in the local cache, `smollm2-135m-instruct`
+    # or `tiny-random-llama`.
+    name: str = "smollm2-135m-instruct"
+    # Master weights dtype on the learner; generators always run the bf16 image.
+    learner_dtype: Literal["float32", "bfloat16"] = "float32"
+    # Size knobs for `tiny-random-llama` only.
+    tiny_hidden: int = 64
+    tiny_layers: int = 2
+
+
+class DataConfig(_Section):
+    # `arithmetic` (built-in, procedurally generated) or a path to a .parquet/.jsonl file.
+    source: str = "arithmetic"
+    max_operand: int = 20
+    operations: list[Literal["+", "-", "*"]] = msgspec.field(default_factory=lambda: ["+", "-"])
+    system_prompt: str = "Answer with the number only."
+    max_prompt_tokens: int = 128
+
+
+class RewardSpec(_Section):
+    # A registered name (`numeric_match`, `gsm8k`, `boxed_math`, `exact_match`,
+    # `target_token_share`)
+    # or `module:function`.
+    name: str
+    weight: float = 1.0
+    # Extra keyword arguments for the reward function.
+    args: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class GeneratorConfig(_Section):
+    count: int = 1
+    engine: Literal["hf", "sglang"] = "hf"
+    device: str = "cpu"
+    group_size: int = 4
+    prompts_per_call: int = 2
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 32
+    # Apply weight updates between decode steps (tokens after it carry the new version).
+    in_flight_updates: bool = True
+    threads: int = 1
+
+
+class BufferConfig(_Section):
+    shards: int = 1
+    capacity: int = 256
+    max_staleness: int = 2
+    sampling: Literal["fifo", "random", "freshest"] = "fifo"
+    max_reuse: int = 1
+    overflow: Literal["drop-oldest", "block"] = "drop-oldest"
+    # ZeroMQ receive high-water mark on a shard's ingest socket (messages).
+    ingest_hwm: int = 1000
+    max_message_bytes: int = 256 * 1024 * 1024
+
+
+class LearnerConfig(_Section):
+    count: int = 1
+    device: str = "cpu"
+    backend: Literal["gloo", "nccl"] = "gloo"
+    # Prompt groups per optimizer step, across all ranks (must divide by `count`).
+    groups_per_step: int = 4
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    micro_batch_size: int = 8
+    threads: int = 1
+    # FSDP2 mixed precision: params all-gathered in this dtype; gradients reduced in float32.
+    mp_param_dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    # Seconds to wait for a full batch before logging that the learner is starved.
+    batch_wait_log_s: float = 30.0
+
+
+class KLConfig(_Section):
+    kind: Literal["k1", "abs", "k2", "k3"] = "k3"
+    coef: float = 0.0
+    adaptive_target: float | None = None
+    adaptive_horizon: int = 10000
+    in_reward: bool = False
+
+
+class AlgorithmConfig(_Section):
+    advantage: Literal["grpo", "dr_grpo", "rloo", "gae"] = "grpo"
+    correction: Literal["none", "token-tis", "seq-tis", "token-mask", "seq-mask"] = "token-tis"
+    is_cap: float = 2.0
+    is_low: float | None = None
+    proximal: Literal["recompute", "behavior"] = "recompute"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    loss_agg: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    kl: KLConfig = msgspec.field(default_factory=KLConfig)
+    entropy_coef: float = 0.0
+    # Allow an asynchronous run without an off-policy correction (usually a mistake).
+    allow_uncorrected: bool = False
+
+
+class WeightsConfig(_Section):
+    # A tensor whose changed fraction exceeds this is sent dense instead of as a sparse diff.
+    dense_threshold: float = 0.25
+    # ZeroMQ send high-water mark on the publisher (messages); a slow subscriber misses diffs.
+    pub_hwm: int = 64
+    # Bytes per published chunk.
+    chunk_bytes: int = 16 * 1024 * 1024
+
+
+class AdminConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = 0
+    token: str | None = None
+
+
+class LoggingConfig(_Section):
+    wandb: Literal["online", "offline", "disabled"] = "disabled"
+    wandb_project: str = "streamrl"
+    progress: bool = True
+
+
+class Config(_Section):
+    run: RunConfig = msgspec.field(default_factory=RunConfig)
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    data: DataConfig = msgspec.field(default_factory=DataConfig)
+    rewards: list[RewardSpec] = msgspec.field(
+        default_factory=lambda: [RewardSpec(name="numeric_match")]
+    )
+    generator: GeneratorConfig = msgspec.field(default_factory=GeneratorConfig)
+    buffer: BufferConfig = msgspec.field(default_factory=BufferConfig)
+    learner: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
+    algorithm: AlgorithmConfig = msgspec.field(default_factory=AlgorithmConfig)
+    weights: WeightsConfig = msgspec.field(default_factory=WeightsConfig)
+    admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
+    logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"config override {dotted!r}: {key!r} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    """``["learner.lr=1e-4"]`` -> ``[("learner.lr", 0.0001)]``; values are parsed as YAML."""
+    parsed = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"bad override {item!r}: expected section.key=value")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"bad override {item!r}: {str(exc).splitlines()[0]}") from None
+        parsed.append((key, value))
+    return parsed
+
+
+def _finalize(config: Config) -> Config:
+    """Apply the settings one choice implies, then check what the types cannot express."""
+    if config.run.mode == "sync":
+        # Synchronous mode is the async machinery with no staleness and no in-flight updates.
+        config.buffer.max_staleness = 0
+        config.generator.in_flight_updates = False
+    checks = [
+        (config.run.max_steps >= 1, "run.max_steps must be >= 1"),
+        (config.learner.count >= 1, "learner.count must be >= 1"),
+        (config.generator.count >= 1, "generator.count must be >= 1"),
+        (config.buffer.shards >= 1, "buffer.shards must be >= 1"),
+        (config.buffer.capacity >= 1, "buffer.capacity must be >= 1"),
+        (config.buffer.max_staleness >= 0, "buffer.max_staleness must be >= 0"),
+        (config.buffer.max_reuse >= 1, "buffer.max_reuse must be >= 1"),
+        (config.generator.group_size >= 1, "generator.group_size must be >= 1"),
+        (config.generator.prompts_per_call >= 1, "generator.prompts_per_call must be >= 1"),
+        (config.generator.max_new_tokens >= 1, "generator.max_new_tokens must be >= 1"),
+        (config.generator.temperature > 0, "generator.temperature must be > 0"),
+        (0 < config.generator.top_p <= 1, "generator.top_p must be in (0, 1]"),
+        (config.learner.lr > 0, "learner.lr must be > 0"),
+        (
+            config.learner.groups_per_step % config.learner.count == 0,
+            f"learner.groups_per_step ({config.learner.groups_per_step}) must be divisible by "
+            f"learner.count ({config.learner.count})",
+        ),
+        (config.learner.micro_batch_size >= 1, "learner.micro_batch_size must be >= 1"),
+        (len(config.rewards) >= 1, "rewards must name at least one reward"),
+        (config.algorithm.is_cap > 0, "algorithm.is_cap must be > 0"),
+        (
+            config.algorithm.dual_clip is None or config.algorithm.dual_clip > 1,
+            "algorithm.dual_clip must be > 1",
+        ),
+        (
+            not (
+                config.buffer.max_staleness > 0
+                and config.algorithm.correction == "none"
+                and not config.algorithm.allow_uncorrected
+            ),
+            "an asynchronous run (buffer.max_staleness > 0) with algorithm.correction=none trains "
+            "on stale data without correction; pick a correction or set "
+            "algorithm.allow_uncorrected=true",
+        ),
+        (
+            config.algorithm.advantage != "gae",
+            "algorithm.advantage=gae needs a critic, which the learner does not train yet",
+        ),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    return config
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (or the defaults), apply overrides, decode strictly, validate."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        tree = loaded or {}
+    for key, value in parse_overrides(overrides or []):
+        _set_path(tree, key, value)
+    try:
+        config = msgspec.convert(tree, Config, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"config error: {_pretty_validation(str(exc))}") from None
+    return _finalize(config)
+
+
+def _pretty_validation(message: str) -> str:
+    # msgspec says "... - at `$.learner.lr`"; users think in `learner.lr`.
+    unknown = re.match(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?", message)
+    if unknown:
+        key, section = unknown.groups()
+        return f"unknown key `{section + '.' if section else ''}{key}`"
+    return message.replace("`$.", "`").replace("`$`", "`<root>`")
+
+
+def to_yaml(config: Config) -> str:
+    return yaml.safe_dump(msgspec.to_builtins(config), sort_keys=False)
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    return msgspec.to_builtins(config)

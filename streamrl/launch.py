@@ -1,0 +1,395 @@
+"""The controller: ``streamrl launch`` places every role with Ray and drives the run.
+
+```
+  prompts ──► Generator actors (HF transformers on CPU/GPU, SGLang on GPU)
+                 │  TrajectoryGroup  (msgspec, ZeroMQ PUSH → PULL)
+                 ▼
+             Buffer shards  (S processes; bounded; staleness-aware; durable)
+                 │  BatchRequest / Batch  (ZeroMQ DEALER ↔ ROUTER)
+                 ▼
+             Learner group  (FSDP2, K ranks; gloo on CPU, NCCL on GPU)
+                 │  WeightDiff  (lossless sparse bf16 diffs; ZeroMQ PUB → SUB)
+                 ▼
+             Generator actors apply the diff between decode steps (in flight)
+```
+
+| loop        | waits for                                   | unblocked by                      |
+|-------------|---------------------------------------------|-----------------------------------|
+| generator   | admission (staleness budget), fresh weights | learner versions, the subscriber  |
+| buffer      | nothing (admits, evicts, answers)           | -                                 |
+| learner     | a full batch within the staleness bound     | generators                        |
+| publisher   | nothing (PUB drops; anchors repair)         | -                                 |
+| controller  | reports from every role                     | learner steps, generator reports  |
+
+The controller itself serves admission (a ROUTER thread: the one global count of groups
+started), collects reports (PULL), writes ``metrics.jsonl``, and at the end exports the model
+and ends every process it started.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+
+from streamrl.config import Config, ConfigError, to_yaml
+from streamrl.metrics import MetricsLog
+from streamrl.protocol import (
+    AdmissionReply,
+    AdmissionRequest,
+    GeneratorReport,
+    LearnerStep,
+    Report,
+    ShardReport,
+)
+from streamrl.staleness import AdmissionPolicy, Grant
+from streamrl.transport import Codec, bind_random, make_socket
+
+log = logging.getLogger("streamrl")
+
+
+class RunError(RuntimeError):
+    """A run that cannot start or continue; the message is one line for the user."""
+
+
+@dataclass
+class RunState:
+    """What the controller knows; updated from reports, read by admission and the admin API."""
+
+    version: int = 0
+    stop: bool = False
+    paused: bool = False
+    generators: dict[int, GeneratorReport] = field(default_factory=dict)
+    shards: dict[int, Any] = field(default_factory=dict)
+
+    def current_version(self) -> int:
+        return self.version
+
+
+class AdmissionServer:
+    """Answers generators' ``AdmissionRequest``s from one thread (DESIGN.md §3)."""
+
+    def __init__(self, ctx: zmq.Context, policy: AdmissionPolicy, state: RunState) -> None:
+        self.policy, self.state = policy, state
+        self.lock = threading.Lock()
+        self.sock = make_socket(ctx, zmq.ROUTER)
+        self.endpoint = bind_random(self.sock, role="controller admission")
+        self.codec: Codec[AdmissionRequest] = Codec(AdmissionRequest, "admission")
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True, name="admission")
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if not self.sock.poll(100):
+                continue
+            frames = self.sock.recv_multipart()
+            request = self.codec.decode(frames[-1]) if len(frames) == 2 else None
+            if request is None:
+                continue
+            try:
+                reply = self._decide(request)
+            except Exception:  # never let one bad decision kill admission for everyone
+                log.exception("admission failed for %s", request)
+                continue
+            self.sock.send_multipart([frames[0], self.codec.encode(reply)])
+
+    def _decide(self, request: AdmissionRequest) -> AdmissionReply:
+        with self.lock:
+            closed = self.state.stop or self.state.paused
+            grant = Grant(0, 0) if closed else self.policy.request(request.n_groups)
+            return AdmissionReply(
+                granted=grant.granted,
+                min_version=grant.min_version,
+                learner_version=self.state.version,
+                max_staleness=self.policy.max_staleness,
+                stop=self.state.stop,
+            )
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=2)
+        self.sock.close()
+
+
+# --------------------------------------------------------------------------- run directory
+
+
+def prepare_run_dir(config: Config) -> Path:
+    run_dir = Path(config.run.output_dir) / config.run.name
+    if run_dir.exists() and any(run_dir.iterdir()) and not config.run.overwrite:
+        raise RunError(
+            f"run directory {run_dir} already exists; pick another --name or set run.overwrite=true"
+        )
+    if run_dir.exists() and config.run.overwrite:
+        import shutil
+
+        shutil.rmtree(run_dir)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(config))
+    return run_dir
+
+
+def init_ray(address: str | None) -> None:
+    """Embedded loopback-only Ray by default; ``address`` joins an existing cluster."""
+    # Keeps Ray's node on loopback (Ray otherwise binds the host's routable address).
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    kwargs: dict[str, Any] = dict(
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        namespace="streamrl",
+    )
+    if address is None:
+        kwargs.update(num_cpus=os.cpu_count() or 2, _node_ip_address="127.0.0.1")
+    else:
+        kwargs["address"] = address
+    try:
+        ray.init(**kwargs)
+    except ConnectionError as exc:
+        raise RunError(f"cannot reach the Ray cluster at {address}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class Controller:
+    def __init__(self, config: Config, address: str | None = None, console=sys.stdout) -> None:
+        self.config, self.address, self.console = config, address, console
+        self.state = RunState()
+        self.ctx = zmq.Context()
+        self.report_sock = make_socket(self.ctx, zmq.PULL, rcvhwm=0)
+        self.report_endpoint = bind_random(self.report_sock, role="controller reports")
+        self.report_codec: Codec[Report] = Codec(Report, "reports")
+        self.policy = AdmissionPolicy(
+            config.learner.groups_per_step, config.buffer.max_staleness, self.state
+        )
+        self.admission = AdmissionServer(self.ctx, self.policy, self.state)
+        self.actors: list[Any] = []
+        self.pids: list[int] = []
+        self._steps: list[LearnerStep] = []
+        self._token_samples: collections.deque = collections.deque(maxlen=4096)
+
+    def run(self) -> dict[str, Any]:
+        from streamrl.data import check_data
+        from streamrl.models import resolve_model
+        from streamrl.rewards import check_rewards
+
+        cfg = self.config
+        check_data(cfg.data)
+        check_rewards(cfg.rewards)
+        self.run_dir = prepare_run_dir(cfg)
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.console)
+        model_dir = str(
+            resolve_model(
+                cfg.model.name, tiny_hidden=cfg.model.tiny_hidden, tiny_layers=cfg.model.tiny_layers
+            )
+        )
+        init_ray(self.address)
+        try:
+            return self._run(model_dir)
+        finally:
+            self.shutdown()
+
+    def _log_file(self, role: str) -> str:
+        return str((self.run_dir / "logs" / f"{role}.log").resolve())
+
+    def _run(self, model_dir: str) -> dict[str, Any]:
+        import ray
+
+        from streamrl.actors import BufferShardActor, GeneratorActor, LearnerActor
+        from streamrl.transport import free_port
+
+        cfg = self.config
+        shards = [
+            BufferShardActor.remote(
+                self._log_file(f"buffer-{i}"),
+                cfg.buffer,
+                i,
+                log_dir=(self.run_dir / "buffer").resolve(),
+                report_endpoint=self.report_endpoint,
+            )
+            for i in range(cfg.buffer.shards)
+        ]
+        self.actors += shards
+        shard_eps = ray.get([s.endpoints.remote() for s in shards])
+        serve_refs = [s.serve.remote() for s in shards]
+        port = free_port()
+        learners = [
+            LearnerActor.remote(
+                self._log_file(f"learner-{r}"),
+                cfg,
+                r,
+                cfg.learner.count,
+                port,
+                model_dir,
+                [req for _, req in shard_eps],
+                self.report_endpoint,
+            )
+            for r in range(cfg.learner.count)
+        ]
+        self.actors += learners
+        weight_eps = ray.get([learner.endpoints.remote() for learner in learners])
+        generators = [
+            GeneratorActor.remote(
+                self._log_file(f"generator-{g}"),
+                cfg,
+                g,
+                model_dir,
+                [ingest for ingest, _ in shard_eps],
+                [p for p, _ in weight_eps],
+                [a for _, a in weight_eps],
+                self.admission.endpoint,
+                self.report_endpoint,
+            )
+            for g in range(cfg.generator.count)
+        ]
+        self.actors += generators
+        self.pids = ray.get([a.pid.remote() for a in self.actors])
+        gen_refs = [g.run.remote() for g in generators]
+        learner_refs = [learner.run.remote(cfg.run.max_steps) for learner in learners]
+        print(
+            f"run {cfg.run.name}: {cfg.learner.count} learner(s), {cfg.generator.count} "
+            f"generator(s), {cfg.buffer.shards} buffer shard(s), mode {cfg.run.mode}; "
+            f"logs in {self.run_dir / 'logs'}",
+            file=self.console,
+            flush=True,
+        )
+
+        self._loop(learner_refs + serve_refs + gen_refs, learner_refs)
+        # Learners are done: stop admission, let generators drain to the final version.
+        self.state.stop = True
+        self._wait_generators(gen_refs)
+        hf_dir = str((self.run_dir / "hf").resolve())
+        ray.get([learner.export_hf.remote(hf_dir) for learner in learners])
+        return self._summary()
+
+    def _loop(self, watched: list, learner_refs: list) -> None:
+        import ray
+
+        while True:
+            self._drain_reports(timeout_ms=200)
+            for step in self._steps:
+                self._write_step(step)
+            self._steps = []
+            done, _ = ray.wait(watched, timeout=0)
+            for ref in done:
+                ray.get(ref)  # raises the role's error, if it failed
+                watched.remove(ref)
+            if not any(ref in watched for ref in learner_refs):
+                self._drain_reports(timeout_ms=200)
+                for step in self._steps:
+                    self._write_step(step)
+                self._steps = []
+                return
+
+    def tokens_per_s(self, window_s: float = 10.0) -> float:
+        """Generated tokens per second over the last ``window_s`` of generator reports."""
+        samples = self._token_samples
+        if len(samples) < 2:
+            return 0.0
+        end_t, end_n = samples[-1]
+        start_t, start_n = next(((t, n) for t, n in samples if t >= end_t - window_s), samples[0])
+        if end_t - start_t < 1.0:  # too short a span to be a rate
+            return 0.0
+        return (end_n - start_n) / max(end_t - start_t, 1e-6)
+
+    def _drain_reports(self, timeout_ms: int) -> None:
+        if not self.report_sock.poll(timeout_ms):
+            return
+        while True:
+            try:
+                report = self.report_codec.decode(self.report_sock.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            match report:
+                case LearnerStep() as step:
+                    self.state.version = max(self.state.version, step.version)
+                    self._steps.append(step)
+                case GeneratorReport() as g:
+                    self.state.generators[g.generator_id] = g
+                    total = sum(r.tokens_generated for r in self.state.generators.values())
+                    self._token_samples.append((g.time, total))
+                case ShardReport(stats=stats):
+                    self.state.shards[stats.shard_id] = stats
+                    dropped = sum(sum(s.dropped.values()) for s in self.state.shards.values())
+                    with self.admission.lock:
+                        self.policy.set_dropped(dropped)
+
+    def _write_step(self, step: LearnerStep) -> None:
+        gens = self.state.generators.values()
+        record = {
+            "step": step.version,
+            "time": step.time,
+            **step.metrics,
+            "throughput/tokens_per_s": self.tokens_per_s(),
+            "buffer/size": sum(s.size for s in self.state.shards.values()),
+            "buffer/dropped": sum(sum(s.dropped.values()) for s in self.state.shards.values()),
+            "generators/min_version": min((g.applied_version for g in gens), default=0),
+            "generators/max_version": max((g.applied_version for g in gens), default=0),
+        }
+        self.metrics.write(record)
+
+    def _wait_generators(self, gen_refs: list) -> None:
+        import ray
+
+        deadline = time.time() + self.config.run.drain_timeout_s + 30
+        pending = list(gen_refs)
+        while pending and time.time() < deadline:
+            self._drain_reports(timeout_ms=100)
+            done, pending = ray.wait(pending, timeout=0.1)
+            for ref in done:
+                ray.get(ref)
+        self._drain_reports(timeout_ms=300)
+
+    def _summary(self) -> dict[str, Any]:
+        gens = {
+            g.generator_id: {
+                "applied_version": g.applied_version,
+                "verified_versions": g.verified_versions,
+                "checksum_failures": g.checksum_failures,
+                "anchors_applied": g.anchors_applied,
+            }
+            for g in self.state.generators.values()
+        }
+        summary = {"version": self.state.version, "generators": gens, "run_dir": str(self.run_dir)}
+        (self.run_dir / "summary.json").write_bytes(msgspec.json.encode(summary))
+        return summary
+
+    def shutdown(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            try:
+                ray.kill(actor)
+            except Exception:  # already gone
+                pass
+        self.admission.close()
+        self.report_sock.close()
+        self.ctx.destroy(linger=0)
+        if getattr(self, "metrics", None):
+            self.metrics.close()
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def launch(config: Config, address: str | None = None, console=sys.stdout) -> dict[str, Any]:
+    """Run one job to ``run.max_steps``; returns a summary (also written to summary.json)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return Controller(config, address, console).run()
+    except ConfigError:
+        raise
+    except KeyboardInterrupt:
+        raise RunError("interrupted") from None

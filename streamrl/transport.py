@@ -1,0 +1,81 @@
+"""ZeroMQ helpers shared by every role (STYLE.md #4).
+
+Rules kept here so no role forgets them: ``linger=0`` on close, high-water marks from config,
+endpoints logged once, binds on 127.0.0.1 unless told otherwise, one msgspec Encoder/Decoder
+per socket, and malformed frames counted and dropped instead of crashing the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections import Counter
+from typing import Any, Generic, TypeVar
+
+import msgspec
+import zmq
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port that is free right now (for endpoints that cannot bind to port 0, e.g. gloo)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def make_socket(
+    ctx: zmq.Context, kind: int, *, sndhwm: int = 1000, rcvhwm: int = 1000, maxmsgsize: int = -1
+) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, sndhwm)
+    sock.setsockopt(zmq.RCVHWM, rcvhwm)
+    if maxmsgsize > 0:
+        # Oversized frames are refused by libzmq before they are buffered.
+        sock.setsockopt(zmq.MAXMSGSIZE, maxmsgsize)
+    return sock
+
+
+def bind_random(sock: zmq.Socket, host: str = LOOPBACK, role: str = "") -> str:
+    """Bind to a free port on ``host`` and return the endpoint (logged once)."""
+    port = sock.bind_to_random_port(f"tcp://{host}")
+    endpoint = f"tcp://{host}:{port}"
+    log.info("%s bound %s", role or "socket", endpoint)
+    return endpoint
+
+
+class Codec(Generic[T]):
+    """One msgpack encoder/decoder pair for one socket, decoding against ``type_``.
+
+    ``decode`` returns ``None`` for a malformed or unexpected message and counts it by kind,
+    logging the first of each kind once (a peer sending garbage must not fill the log).
+    """
+
+    def __init__(self, type_: Any, name: str = "") -> None:
+        self.encoder = msgspec.msgpack.Encoder()
+        self.decoder = msgspec.msgpack.Decoder(type_)
+        self.name = name or str(type_)
+        self.malformed: Counter[str] = Counter()
+
+    def encode(self, message: Any) -> bytes:
+        return self.encoder.encode(message)
+
+    def decode(self, frame: bytes | memoryview | zmq.Frame) -> T | None:
+        data = frame.buffer if isinstance(frame, zmq.Frame) else frame
+        try:
+            return self.decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            kind = type(exc).__name__
+            if not self.malformed[kind]:
+                log.warning("%s: dropped malformed message (%s): %s", self.name, kind, exc)
+            self.malformed[kind] += 1
+            return None
+
+    @property
+    def malformed_total(self) -> int:
+        return sum(self.malformed.values())

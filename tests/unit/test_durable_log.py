@@ -1,0 +1,274 @@
+"""DurableLog: exact round trips, torn tails, compaction, and the Parquet export."""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from streamrl.buffers.durable_log import DurableLog, scan_shard
+from streamrl.buffers.export import export_parquet
+from streamrl.protocol import Trajectory, TrajectoryGroup
+
+# Values whose float32 image differs, plus awkward ones: a float64 round trip must keep them.
+AWKWARD_LOGPROBS = [-0.1, -1e-300, -math.pi, -(2.0**-1074), -0.0, -123.456789012345678]
+
+
+def make_group(i: int, n: int = 2, version: int = 0) -> TrajectoryGroup:
+    trajectories = [
+        Trajectory(
+            prompt_ids=[i, j, 7],
+            response_ids=[100 + j, 2**31 - 1, 0, 5, 6, 9],
+            behavior_logprobs=[x * (i + 1) for x in AWKWARD_LOGPROBS],
+            token_versions=[version, version, version + 1, version + 1, version + 1, version + 2],
+            reward=float(j) - 0.25,
+            finish_reason="length" if j else "stop",
+            generator_id=j,
+            response_text=f"answer {i}/{j} ✓",
+        )
+        for j in range(n)
+    ]
+    return TrajectoryGroup(
+        group_id=f"g{i}",
+        prompt_id=f"p{i}",
+        trajectories=trajectories,
+        created_at=1000.0 + i,
+        finished_at=1000.5 + i,
+        data_source="arithmetic",
+        ground_truth=str(i),
+    )
+
+
+def bits(values: list[float]) -> list[bytes]:
+    return [struct.pack("<d", v) for v in values]
+
+
+def segments(shard_dir: Path) -> list[Path]:
+    return sorted(shard_dir.glob("*.arrows"))
+
+
+def test_append_consume_recover_round_trip_is_exact(tmp_path):
+    groups = [make_group(i) for i in range(6)]
+    with DurableLog(tmp_path, 0) as log:
+        log.append(groups[0])
+        log.append_many(groups[1:4])
+        log.mark_consumed(["g1", "g3"])
+        log.append_many(groups[4:])
+        log.mark_consumed(["g4", "not-logged"])
+        assert [g.group_id for g in log.recover()] == ["g0", "g2", "g5"]  # while open
+    with DurableLog(tmp_path, 0) as log:
+        recovered = log.recover()
+    assert recovered == [groups[0], groups[2], groups[5]]
+    for got, want in zip(recovered, [groups[0], groups[2], groups[5]], strict=True):
+        for t_got, t_want in zip(got.trajectories, want.trajectories, strict=True):
+            assert bits(t_got.behavior_logprobs) == bits(t_want.behavior_logprobs)
+
+
+def test_queryable_columns_match_the_payload(tmp_path):
+    spans = make_group(0, n=3, version=2)
+    spans.trajectories[1].token_versions = [9, 1, 4, 4, 4, 4]
+    empty = make_group(1, n=1)
+    empty.trajectories[0].response_ids = []
+    empty.trajectories[0].behavior_logprobs = []
+    empty.trajectories[0].token_versions = []
+    with DurableLog(tmp_path, 0) as log:
+        log.append_many([spans, empty])
+    (segment,) = segments(tmp_path / "shard-0")
+    with pa.ipc.open_stream(pa.OSFile(str(segment))) as reader:
+        table = reader.read_all()
+    assert table.column("min_version").to_pylist() == [1, 0]
+    assert table.column("max_version").to_pylist() == [9, 0]
+    assert table.column("num_tokens").to_pylist() == [spans.num_tokens, empty.num_tokens]
+    assert table.column("mean_reward").to_pylist() == [0.75, -0.25]
+    assert (spans.min_version, spans.max_version) == (1, 9)
+
+
+def test_each_process_start_writes_a_new_segment_and_recovery_reads_all(tmp_path):
+    with DurableLog(tmp_path, 3) as log:
+        log.append_many([make_group(0), make_group(1)])
+    with DurableLog(tmp_path, 3) as log:
+        log.mark_consumed(["g0"])
+        log.append(make_group(2))
+    with DurableLog(tmp_path, 3) as log:
+        assert [g.group_id for g in log.recover()] == ["g1", "g2"]
+        assert [g.group_id for g in log.iter_all()] == ["g0", "g1", "g2"]
+    assert [p.name for p in segments(tmp_path / "shard-3")] == [
+        "00000001.arrows",
+        "00000002.arrows",
+    ]
+
+
+def test_a_group_logged_twice_is_recovered_once(tmp_path):
+    with DurableLog(tmp_path, 0) as log:
+        log.append(make_group(0))
+        log.append(make_group(0))
+        assert len(log.recover()) == 1
+        log.mark_consumed(["g0"])
+        assert log.recover() == []
+
+
+def test_second_writer_on_the_same_shard_is_refused(tmp_path):
+    with DurableLog(tmp_path, 0):
+        with pytest.raises(RuntimeError, match="already open"):
+            DurableLog(tmp_path, 0)
+    DurableLog(tmp_path, 0).close()  # free again once closed
+
+
+def test_recover_ignores_a_torn_tail(tmp_path):
+    with DurableLog(tmp_path, 0) as log:
+        log.append_many([make_group(0), make_group(1)])
+        log.append_many([make_group(2)])
+        log.mark_consumed(["g1"])
+        log.append_many([make_group(3), make_group(4)])
+    (segment,) = segments(tmp_path / "shard-0")
+    # The writer's end-of-stream marker is 8 bytes; cutting 40 lands inside the last batch,
+    # as if the process had been killed mid-write.
+    os.truncate(segment, segment.stat().st_size - 40)
+    with DurableLog(tmp_path, 0) as log:
+        assert [g.group_id for g in log.recover()] == ["g0", "g2"]
+        log.append(make_group(5))  # the next process carries on in a new segment
+    with DurableLog(tmp_path, 0) as log:
+        assert [g.group_id for g in log.recover()] == ["g0", "g2", "g5"]
+
+
+def test_every_truncation_point_recovers_a_state_that_was_acknowledged(tmp_path):
+    states: list[list[str]] = [[]]  # what recover() must return after each write returned
+    with DurableLog(tmp_path / "log", 0) as log:
+        log.append_many([make_group(0), make_group(1)])
+        states.append(["g0", "g1"])
+        log.mark_consumed(["g0"])
+        states.append(["g1"])
+        log.append(make_group(2))
+        states.append(["g1", "g2"])
+    (segment,) = segments(tmp_path / "log" / "shard-0")
+    data = segment.read_bytes()
+    shard = tmp_path / "cut" / "shard-0"
+    shard.mkdir(parents=True)
+    seen = set()
+    for cut in range(0, len(data) + 1, 5):
+        (shard / segment.name).write_bytes(data[:cut])
+        got = [g.group_id for g, consumed in scan_shard(shard) if not consumed]
+        assert got in states, f"cut at {cut} of {len(data)} bytes gave {got}"
+        seen.add(tuple(got))
+    assert len(seen) == len(states)
+
+
+def test_a_failed_write_does_not_hide_later_appends(tmp_path, monkeypatch):
+    """A write that fails half-way (disk full) leaves a torn batch mid-segment; the log must
+    move to a new segment so that what it appends afterwards stays readable."""
+    log = DurableLog(tmp_path, 0)
+    log.append(make_group(0))
+    real = log._file
+    real_write = real.write
+
+    def half_then_fail(data):
+        real_write(bytes(memoryview(data))[: len(data) // 2])
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(real, "write", half_then_fail, raising=False)
+    with pytest.raises(OSError, match="No space"):
+        log.append(make_group(1))
+    log.append(make_group(2))
+    log.close()
+    assert len(segments(tmp_path / "shard-0")) == 2
+    with DurableLog(tmp_path, 0) as log:
+        assert [g.group_id for g in log.recover()] == ["g0", "g2"]
+
+
+def test_recover_tolerates_a_segment_torn_inside_its_schema(tmp_path):
+    with DurableLog(tmp_path, 0) as log:
+        log.append(make_group(0))
+    with DurableLog(tmp_path, 0) as log:
+        log.append(make_group(1))
+    second = segments(tmp_path / "shard-0")[1]
+    os.truncate(second, 20)
+    with DurableLog(tmp_path, 0) as log:
+        assert [g.group_id for g in log.recover()] == ["g0"]
+
+
+def test_compaction_keeps_exactly_the_unconsumed(tmp_path):
+    groups = [make_group(i) for i in range(8)]
+    with DurableLog(tmp_path, 0) as log:
+        log.append_many(groups[:5])
+        log.mark_consumed(["g0", "g2", "g4"])
+    with DurableLog(tmp_path, 0) as log:
+        log.append_many(groups[5:])
+        log.mark_consumed(["g6"])
+        log.compact()
+        names = [p.name for p in segments(tmp_path / "shard-0")]
+        assert names == ["00000003.compact.arrows"]
+        assert log.recover() == [groups[1], groups[3], groups[5], groups[7]]
+        assert [g.group_id for g in log.iter_all()] == ["g1", "g3", "g5", "g7"]
+        log.mark_consumed(["g3"])  # goes to a new segment after the compacted one
+        log.append(make_group(8))
+    with DurableLog(tmp_path, 0) as log:
+        assert [g.group_id for g in log.recover()] == ["g1", "g5", "g7", "g8"]
+        log.compact()
+        log.compact()  # idempotent
+        assert [g.group_id for g in log.recover()] == ["g1", "g5", "g7", "g8"]
+        log.mark_consumed(["g1", "g5", "g7", "g8"])
+        log.compact()
+        assert log.recover() == []
+
+
+def test_a_compacted_segment_supersedes_leftovers_of_a_crashed_compaction(tmp_path):
+    with DurableLog(tmp_path, 0) as log:
+        log.append_many([make_group(0), make_group(1)])
+        log.mark_consumed(["g0"])
+    shard = tmp_path / "shard-0"
+    old = (shard / "00000001.arrows").read_bytes()
+    with DurableLog(tmp_path, 0) as log:
+        log.compact()
+    # Simulate a crash after the rename but before the old segment was deleted.
+    (shard / "00000001.arrows").write_bytes(old)
+    (shard / "00000009.compact.tmp").write_bytes(b"half-written")
+    with DurableLog(tmp_path, 0) as log:
+        assert [g.group_id for g in log.recover()] == ["g1"]
+    assert sorted(p.name for p in shard.iterdir()) == ["00000002.compact.arrows", "LOCK"]
+
+
+def test_fsync_mode_round_trips(tmp_path):
+    with DurableLog(tmp_path, 1, fsync=True) as log:
+        log.append_many([make_group(0), make_group(1)])
+        log.mark_consumed(["g1"])
+    with DurableLog(tmp_path, 1) as log:
+        assert [g.group_id for g in log.recover()] == ["g0"]
+
+
+def test_export_writes_one_row_per_trajectory(tmp_path):
+    run_dir = tmp_path / "run"
+    with DurableLog(run_dir / "buffer", 0) as log:
+        log.append_many([make_group(0, n=2), make_group(1, n=3, version=4)])
+        log.mark_consumed(["g0"])
+    with DurableLog(run_dir / "buffer", 1) as log:
+        log.append(make_group(2, n=1))
+    out = tmp_path / "export" / "trajectories.parquet"
+    assert export_parquet(run_dir, out) == 6
+    table = pq.read_table(out)
+    assert table.num_rows == 6
+    rows = table.to_pylist()
+    assert [r["group_id"] for r in rows] == ["g0", "g0", "g1", "g1", "g1", "g2"]
+    assert [r["consumed"] for r in rows] == [True, True, False, False, False, False]
+    want = make_group(1, n=3, version=4).trajectories[2]
+    row = rows[4]
+    assert row["prompt_id"] == "p1" and row["data_source"] == "arithmetic"
+    assert row["ground_truth"] == "1"
+    assert row["prompt_ids"] == want.prompt_ids and row["response_ids"] == want.response_ids
+    assert bits(row["behavior_logprobs"]) == bits(want.behavior_logprobs)
+    assert row["token_versions"] == want.token_versions
+    assert (row["min_version"], row["max_version"]) == (4, 6)
+    assert row["reward"] == want.reward and row["finish_reason"] == "length"
+    assert row["generator_id"] == 2 and row["response_text"] == want.response_text
+
+
+def test_export_without_a_log_says_so(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        export_parquet(tmp_path / "nowhere", tmp_path / "out.parquet")
+    (tmp_path / "run" / "buffer" / "shard-0").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="no buffer log segments"):
+        export_parquet(tmp_path / "run", tmp_path / "out.parquet")

@@ -1,0 +1,23 @@
+"""Generation engines behind one interface (``base.Engine``): ``hf`` and ``sglang``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamrl.config import GeneratorConfig
+from streamrl.workers.engines.base import Engine, GenerationOutput, SamplingParams
+
+__all__ = ["Engine", "GenerationOutput", "SamplingParams", "make_engine"]
+
+
+def make_engine(config: GeneratorConfig, model_dir: Path, seed: int) -> Engine:
+    """The factory: the config names the engine; heavy imports happen only for the one used."""
+    if config.engine == "hf":
+        from streamrl.workers.engines.hf import HFEngine
+
+        return HFEngine(model_dir, device=config.device, seed=seed)
+    if config.engine == "sglang":
+        from streamrl.workers.engines.sglang_engine import SGLangEngine
+
+        return SGLangEngine(str(model_dir), seed=seed)
+    raise ValueError(f"unknown engine {config.engine!r}")

@@ -1,0 +1,62 @@
+"""The engine interface: one small base class shaped like SGLang's ``Engine`` (DESIGN.md §6).
+
+An engine turns token-id prompts into sampled responses with per-token behaviour logprobs and
+per-token weight versions, and takes weight updates while it generates.
+
+Concurrency rule: ``update_weights`` is only ever called from inside ``on_step`` (between
+decode steps) or between ``generate`` calls, never concurrently with a forward pass.
+
+Example: a sequence that decodes tokens t0..t2 at version 3, then sees ``update_weights(...,
+version=4)`` from ``on_step``, decodes t3.. at version 4: ``token_versions == [3, 3, 3, 4, ...]``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 32
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class GenerationOutput:
+    response_ids: list[int]
+    # log p(token) under the distribution actually sampled from (after temperature/top-k/top-p).
+    logprobs: list[float]
+    token_versions: list[int]
+    finish_reason: str  # "stop" | "length" | "abort"
+    extra: dict = field(default_factory=dict)
+
+
+# Called between decode steps; it may call engine.update_weights(...).
+StepHook = Callable[["Engine"], None]
+
+
+class Engine(ABC):
+    """Generates with the weights of ``self.version``; updated in place by ``update_weights``."""
+
+    version: int = 0
+
+    @abstractmethod
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, on_step: StepHook | None = None
+    ) -> list[GenerationOutput]:
+        """Sample one response per prompt (callers repeat a prompt n times for a group)."""
+
+    @abstractmethod
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Replace the named parameters with full (unsharded) tensors and adopt ``version``.
+        Only changed tensors are passed; sequences in flight continue with the new weights."""
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook
+        """Release the engine's resources."""

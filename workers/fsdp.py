@@ -1,0 +1,28 @@
+"""FSDP2 in one function (STYLE.md #8). Nothing else imports ``torch.distributed.fsdp``."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks, found by the class names HF lists as not splittable."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        blocks = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    return blocks
+
+
+def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, mp_param_dtype: str) -> torch.nn.Module:
+    """Shard every decoder block, then the root (embeddings, final norm, LM head).
+    Parameters are all-gathered in ``mp_param_dtype``; gradients are reduced in float32."""
+    policy = MixedPrecisionPolicy(
+        param_dtype=getattr(torch, mp_param_dtype), reduce_dtype=torch.float32
+    )
+    for block in decoder_blocks(model):
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model

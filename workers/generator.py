@@ -1,0 +1,234 @@
+"""Generator role: sample prompt groups forever and push them to the buffer shards.
+
+Loop (waits for -> unblocked by):
+  1. admission for new groups       -> the learner's version advancing (DESIGN.md §3)
+  2. weights fresh enough for them  -> the subscriber applying the next version
+  3. generate (weights applied between decode steps when in-flight updates are on)
+  4. reward, push to a shard        -> PUSH blocks only at the shard's high-water mark
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid
+from pathlib import Path
+
+import msgspec
+import torch
+import zmq
+
+from streamrl.config import Config
+from streamrl.data import Prompt, prompt_source
+from streamrl.models import load_tokenizer, stop_token_ids
+from streamrl.protocol import (
+    AdmissionReply,
+    AdmissionRequest,
+    GeneratorReport,
+    Trajectory,
+    TrajectoryGroup,
+)
+from streamrl.rewards import CombinedReward, RewardInput
+from streamrl.transport import Codec, make_socket
+from streamrl.workers.engines import Engine, SamplingParams, make_engine
+from streamrl.workers.subscriber import WeightSubscriber
+
+log = logging.getLogger(__name__)
+
+
+class AdmissionClient:
+    """Asks the controller for permission to start groups (DEALER -> controller ROUTER)."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, generator_id: int) -> None:
+        self.sock = make_socket(ctx, zmq.DEALER)
+        self.sock.connect(endpoint)
+        self.generator_id = generator_id
+        self.codec: Codec[AdmissionReply] = Codec(AdmissionReply, "admission client")
+
+    def request(self, n_groups: int, timeout_s: float = 30.0) -> AdmissionReply:
+        self.sock.send(self.codec.encode(AdmissionRequest(self.generator_id, n_groups)))
+        if not self.sock.poll(int(timeout_s * 1000)):
+            raise TimeoutError(f"controller did not answer admission within {timeout_s:.0f}s")
+        reply = self.codec.decode(self.sock.recv())
+        if reply is None:
+            raise RuntimeError("malformed admission reply from the controller")
+        return reply
+
+
+def encode_prompt(tokenizer, prompt: Prompt, max_tokens: int) -> list[int]:
+    ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True)
+    if not isinstance(ids, list):  # newer transformers return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)[-max_tokens:]
+
+
+class Generator:
+    def __init__(
+        self,
+        config: Config,
+        generator_id: int,
+        model_dir: str,
+        shard_endpoints: list[str],
+        publisher_endpoints: list[str],
+        anchor_endpoints: list[str],
+        admission_endpoint: str,
+        report_endpoint: str,
+    ) -> None:
+        gen = config.generator
+        torch.set_num_threads(gen.threads)
+        self.config, self.generator_id = config, generator_id
+        self.tokenizer = load_tokenizer(Path(model_dir))
+        self.engine: Engine = make_engine(gen, Path(model_dir), seed=config.run.seed + generator_id)
+        image = getattr(self.engine, "shared_weights", lambda: None)()
+        if image is None:
+            from safetensors.torch import load_file
+
+            image = {}
+            for f in sorted(Path(model_dir).glob("*.safetensors")):
+                image.update({k: v.to(torch.bfloat16) for k, v in load_file(f).items()})
+        self.ctx = zmq.Context()
+        self.subscriber = WeightSubscriber(
+            image, publisher_endpoints, anchor_endpoints, generator_id, ctx=self.ctx
+        )
+        self.admission = AdmissionClient(self.ctx, admission_endpoint, generator_id)
+        self.pushers = []
+        for endpoint in shard_endpoints:
+            sock = make_socket(self.ctx, zmq.PUSH)
+            sock.connect(endpoint)
+            self.pushers.append(sock)
+        self._next_shard = itertools.cycle(range(len(self.pushers)))
+        self.reporter = make_socket(self.ctx, zmq.PUSH)
+        self.reporter.connect(report_endpoint)
+        self.encoder = msgspec.msgpack.Encoder()
+        self.prompts = prompt_source(config.data, config.run.seed, generator_id, gen.count)
+        self.reward = CombinedReward(config.rewards)
+        self.sampling = SamplingParams(
+            temperature=gen.temperature,
+            top_p=gen.top_p,
+            top_k=gen.top_k,
+            max_new_tokens=gen.max_new_tokens,
+            stop_token_ids=stop_token_ids(self.tokenizer),
+        )
+        self.learner_version = 0
+        self.tokens_generated = self.groups_pushed = 0
+        self._last_report = 0.0
+
+    # ------------------------------------------------------------------ weights
+
+    def poll_weights(self, _engine: Engine | None = None) -> None:
+        changed = self.subscriber.poll(self.learner_version)
+        # A version can move with no tensor changed (e.g. a zero-advantage step): still adopt it.
+        if self.subscriber.version != self.engine.version:
+            self.engine.update_weights(
+                [(n, self.subscriber.image[n]) for n in changed], self.subscriber.version
+            )
+            log.info("generator[%d]: applied version %d", self.generator_id, self.engine.version)
+            self.report(force=True)
+
+    def wait_for_version(self, version: int, stop_at: float = float("inf")) -> bool:
+        while self.engine.version < version and time.monotonic() < stop_at:
+            self.poll_weights()
+            time.sleep(0.01)
+        return self.engine.version >= version
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> dict[str, int]:
+        gen = self.config.generator
+        while True:
+            reply = self.admission.request(gen.prompts_per_call)
+            self.learner_version = reply.learner_version
+            if reply.stop:
+                break
+            if reply.granted == 0:
+                self.poll_weights()
+                self.report()
+                time.sleep(0.02)
+                continue
+            self.wait_for_version(reply.min_version)
+            prompts = [next(self.prompts) for _ in range(reply.granted)]
+            self.push(self.generate_groups(prompts))
+            self.report()
+        # Drain: keep applying versions until we hold the learner's final one.
+        self.wait_for_version(
+            self.learner_version, time.monotonic() + self.config.run.drain_timeout_s
+        )
+        self.report(force=True)
+        return {"version": self.engine.version, "groups": self.groups_pushed}
+
+    def generate_groups(self, prompts: list[Prompt]) -> list[TrajectoryGroup]:
+        gen = self.config.generator
+        created = time.time()
+        prompt_ids = [
+            encode_prompt(self.tokenizer, p, self.config.data.max_prompt_tokens) for p in prompts
+        ]
+        batch = [ids for ids in prompt_ids for _ in range(gen.group_size)]
+        on_step = self.poll_weights if gen.in_flight_updates else None
+        outputs = self.engine.generate(batch, self.sampling, on_step)
+        finished = time.time()
+        groups = []
+        for i, prompt in enumerate(prompts):
+            trajectories = []
+            for out in outputs[i * gen.group_size : (i + 1) * gen.group_size]:
+                text = self.tokenizer.decode(out.response_ids, skip_special_tokens=True)
+                reward = self.reward(
+                    RewardInput(text, out.response_ids, prompt.ground_truth, prompt.data_source)
+                )
+                trajectories.append(
+                    Trajectory(
+                        prompt_ids=prompt_ids[i],
+                        response_ids=out.response_ids,
+                        behavior_logprobs=out.logprobs,
+                        token_versions=out.token_versions,
+                        reward=reward,
+                        finish_reason=out.finish_reason,
+                        generator_id=self.generator_id,
+                        response_text=text,
+                    )
+                )
+                self.tokens_generated += len(out.response_ids)
+            groups.append(
+                TrajectoryGroup(
+                    group_id=uuid.uuid4().hex,
+                    prompt_id=prompt.prompt_id,
+                    trajectories=trajectories,
+                    created_at=created,
+                    finished_at=finished,
+                    data_source=prompt.data_source,
+                    ground_truth=prompt.ground_truth,
+                )
+            )
+        return groups
+
+    def push(self, groups: list[TrajectoryGroup]) -> None:
+        for group in groups:
+            self.pushers[next(self._next_shard)].send(self.encoder.encode(group))
+            self.groups_pushed += 1
+
+    def report(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_report < 1.0:
+            return
+        self._last_report = now
+        sub = self.subscriber
+        self.reporter.send(
+            self.encoder.encode(
+                GeneratorReport(
+                    generator_id=self.generator_id,
+                    applied_version=self.engine.version,
+                    tokens_generated=self.tokens_generated,
+                    groups_pushed=self.groups_pushed,
+                    checksum_failures=sub.checksum_failures,
+                    anchors_applied=sub.anchors_applied,
+                    time=time.time(),
+                    verified_versions=list(sub.verified_versions),
+                )
+            ),
+            zmq.NOBLOCK,
+        )
+
+    def close(self) -> None:
+        self.subscriber.close()
+        self.engine.shutdown()
+        self.ctx.destroy(linger=0)

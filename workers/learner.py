@@ -1,0 +1,285 @@
+"""Learner role: one rank of an FSDP2 group that turns staleness-bounded batches into versions.
+
+Loop (waits for -> unblocked by):
+  1. its share of the batch (``groups_per_step / ranks`` whole groups, ``min_version >=
+     version - max_staleness``)                    -> generators filling the buffer
+  2. forward/backward per micro-batch; one AdamW step = one new version
+  3. publish its own shard's diff                  -> never waits (PUB drops; anchors repair)
+
+Loss normalisation: every micro-batch loss is divided by the *global* token (or sequence)
+count of the step, so the sum over micro-batches and ranks is the whole-batch loss whatever
+the padding; FSDP2 averages gradients over ranks, hence the ``* world_size``.
+
+Proximal policy: with one optimizer step per batch the weights at the start of the step *are*
+the proximal policy, so ``proximal=recompute`` costs no extra forward (its logprobs are the
+detached current ones and the clipped ratio starts at 1); ``proximal=behavior`` uses the
+generators' logprobs instead (the "bypass" variant: correction weight 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import torch
+import torch.distributed as dist
+import zmq
+
+from streamrl.algorithms import advantages as adv
+from streamrl.algorithms import kl as kl_lib
+from streamrl.algorithms import losses
+from streamrl.buffers.client import BufferClient
+from streamrl.config import Config
+from streamrl.models import load_causal_lm, load_tokenizer
+from streamrl.protocol import LearnerStep, TrajectoryGroup
+from streamrl.transport import make_socket
+from streamrl.workers.fsdp import apply_fsdp
+from streamrl.workers.publisher import WeightPublisher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [B, T] (right-padded)
+    targets: torch.Tensor  # [B, T-1] next tokens
+    mask: torch.Tensor  # [B, T-1] 1 on response tokens
+    behavior: torch.Tensor  # [B, T-1] behaviour logprobs at response tokens
+    advantages: torch.Tensor  # [B]
+
+
+def build_micro_batches(
+    groups: list[TrajectoryGroup], advantages: torch.Tensor, size: int, pad_id: int
+) -> list[MicroBatch]:
+    trajectories = [t for g in groups for t in g.trajectories]
+    batches = []
+    for start in range(0, len(trajectories), size):
+        chunk = trajectories[start : start + size]
+        width = max(len(t.prompt_ids) + len(t.response_ids) for t in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width - 1))
+        behavior = torch.zeros((len(chunk), width - 1))
+        for i, t in enumerate(chunk):
+            p, r = len(t.prompt_ids), len(t.response_ids)
+            ids[i, : p + r] = torch.tensor(t.prompt_ids + t.response_ids)
+            # Logits at position j predict token j+1: response token k sits at target p-1+k.
+            mask[i, p - 1 : p - 1 + r] = 1.0
+            behavior[i, p - 1 : p - 1 + r] = torch.tensor(t.behavior_logprobs)
+        batches.append(
+            MicroBatch(ids, ids[:, 1:], mask, behavior, advantages[start : start + len(chunk)])
+        )
+    return batches
+
+
+class Learner:
+    def __init__(
+        self,
+        config: Config,
+        rank: int,
+        world_size: int,
+        master_port: int,
+        model_dir: str,
+        shard_endpoints: list[str],
+        report_endpoint: str,
+    ) -> None:
+        lc = config.learner
+        torch.set_num_threads(lc.threads)
+        torch.manual_seed(config.run.seed)
+        self.config, self.rank, self.world_size = config, rank, world_size
+        self.model_dir = Path(model_dir)
+        self.device = torch.device(lc.device)
+        dist.init_process_group(
+            lc.backend,
+            init_method=f"tcp://127.0.0.1:{master_port}",
+            rank=rank,
+            world_size=world_size,
+        )
+        mesh = dist.device_mesh.init_device_mesh(self.device.type, (world_size,))
+        self.model = load_causal_lm(Path(model_dir), config.model.learner_dtype, lc.device)
+        self.model.config.use_cache = False
+        apply_fsdp(self.model, mesh, lc.mp_param_dtype)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay
+        )
+        self.ref_model = None
+        if config.algorithm.kl.coef > 0:
+            self.ref_model = load_causal_lm(Path(model_dir), "bfloat16", lc.device).eval()
+            self.ref_model.requires_grad_(False)
+        self.kl_controller = kl_lib.make_controller(
+            config.algorithm.kl.coef,
+            config.algorithm.kl.adaptive_target,
+            config.algorithm.kl.adaptive_horizon,
+        )
+        self.pad_id = int(load_tokenizer(Path(model_dir)).pad_token_id or 0)
+        self.publisher = WeightPublisher(self.model, rank, world_size, config.weights)
+        self.buffer = BufferClient(
+            shard_endpoints, name=f"learner[{rank}]", log_every_s=lc.batch_wait_log_s
+        )
+        self.ctx = zmq.Context()
+        self.reporter = make_socket(self.ctx, zmq.PUSH)
+        self.reporter.connect(report_endpoint)
+        self.encoder = msgspec.msgpack.Encoder()
+        self.version = 0
+        self._stop = False
+
+    def endpoints(self) -> tuple[str, str]:
+        return self.publisher.pub_endpoint, self.publisher.anchor_endpoint
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self, max_steps: int) -> int:
+        per_rank = self.config.learner.groups_per_step // self.world_size
+        eta = self.config.buffer.max_staleness
+        while self.version < max_steps and not self._stop:
+            wait_start = time.perf_counter()
+            groups = self.buffer.fetch(per_rank, self.version - eta, self.version)
+            wait_s = time.perf_counter() - wait_start
+            metrics = self.train_step(groups)
+            self.version += 1
+            metrics.update(self.publisher.publish(self.version))
+            metrics["time/wait_batch_s"] = wait_s
+            if self.rank == 0:
+                self.reporter.send(
+                    self.encoder.encode(LearnerStep(self.version, metrics, time.time()))
+                )
+        return self.version
+
+    def train_step(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
+        alg, start = self.config.algorithm, time.perf_counter()
+        rewards = torch.tensor([t.reward for g in groups for t in g.trajectories])
+        group_ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.trajectories])
+        advantages = adv.ADVANTAGES[alg.advantage](rewards, group_ids)
+        batches = build_micro_batches(
+            groups, advantages, self.config.learner.micro_batch_size, self.pad_id
+        )
+        # Global denominators so micro-batch losses sum to the whole-batch loss (see module doc).
+        counts = torch.tensor(
+            [sum(b.mask.sum() for b in batches), sum((b.mask.sum(-1) > 0).sum() for b in batches)],
+            dtype=torch.float64,
+        )
+        dist.all_reduce(counts)
+        denominator = counts[1] if alg.loss_agg.startswith("seq") else counts[0]
+        sums: dict[str, torch.Tensor] = {}
+        for batch in batches:
+            for key, value in self._micro_step(batch, denominator).items():
+                sums[key] = sums.get(key, 0.0) + value.detach().double()
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.config.learner.grad_clip
+        )
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._reduce_metrics(groups, rewards, sums, len(batches), grad_norm, start)
+
+    def _micro_step(self, batch: MicroBatch, denominator: torch.Tensor) -> dict[str, torch.Tensor]:
+        alg = self.config.algorithm
+        temperature = self.config.generator.temperature
+        ids = batch.input_ids.to(self.device)
+        attention = (ids != self.pad_id).long()
+        logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        logprobs = losses.token_logprobs(
+            logits, batch.targets.to(self.device), temperature=temperature
+        )
+        mask = batch.mask.to(self.device)
+        behavior = batch.behavior.to(self.device)
+        proximal = logprobs.detach() if alg.proximal == "recompute" else behavior
+        loss, metrics = losses.policy_loss(
+            logprobs,
+            proximal,
+            behavior,
+            batch.advantages.to(self.device)[:, None],
+            mask,
+            clip_low=alg.clip_low,
+            clip_high=alg.clip_high,
+            dual_clip=alg.dual_clip,
+            correction=alg.correction,
+            is_cap=alg.is_cap,
+            is_low=alg.is_low,
+            agg=alg.loss_agg,
+            agg_denominator=denominator,
+        )
+        if self.ref_model is not None and not alg.kl.in_reward:
+            with torch.no_grad():
+                ref_logits = self.ref_model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+                ref = losses.token_logprobs(ref_logits, ids[:, 1:], temperature=temperature)
+            kl = kl_lib.estimate(logprobs, ref, alg.kl.kind)
+            kl_loss = losses.aggregate(kl, mask, alg.loss_agg, denominator=denominator)
+            loss = loss + self.kl_controller.value * kl_loss
+            metrics["kl/ref"] = kl_loss
+        if alg.entropy_coef > 0:
+            ent = losses.entropy(logits, mask, temperature=temperature)
+            loss = loss - alg.entropy_coef * ent
+            metrics["policy/entropy"] = ent
+        (loss * self.world_size).backward()
+        metrics["loss/total"] = loss
+        return metrics
+
+    def _reduce_metrics(
+        self, groups, rewards, sums, n_batches, grad_norm, start
+    ) -> dict[str, float]:
+        staleness = torch.tensor([float(self.version - g.min_version) for g in groups])
+        tokens = sum(len(t.response_ids) for g in groups for t in g.trajectories)
+        names = sorted(sums)
+        # One all-reduce for sums, one for maxima: metrics cost two collectives per step.
+        total = torch.stack(
+            [
+                rewards.sum().double(),
+                torch.tensor(float(rewards.numel()), dtype=torch.float64),
+                staleness.sum().double(),
+                torch.tensor(float(len(groups)), dtype=torch.float64),
+                torch.tensor(float(tokens), dtype=torch.float64),
+            ]
+            + [sums[n] / n_batches for n in names]
+        )
+        dist.all_reduce(total)
+        peak = torch.stack([staleness.max().double(), rewards.max().double()])
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        out = {
+            "reward/mean": float(total[0] / total[1]),
+            "reward/max": float(peak[1]),
+            "staleness/mean": float(total[2] / total[3]),
+            "staleness/max": float(peak[0]),
+            "train/response_tokens": float(total[4]),
+            "train/grad_norm": float(grad_norm),
+            "train/lr": self.optimizer.param_groups[0]["lr"],
+            "time/step_s": time.perf_counter() - start,
+        }
+        for i, name in enumerate(names):
+            value = float(total[5 + i])
+            # The loss is already a global sum; the rest are per-rank means -> mean over ranks.
+            out[name] = value if name == "loss/total" else value / self.world_size
+        if "kl/ref" in out:
+            self.kl_controller.update(out["kl/ref"], 1)
+            out["kl/coef"] = self.kl_controller.value
+        return out
+
+    # ------------------------------------------------------------------ export
+
+    def export_hf(self, out_dir: str) -> None:
+        """Gather the full model (collective: every rank calls it) and save bf16 on rank 0."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        if self.rank == 0:
+            state = {k: v.to(torch.bfloat16) for k, v in state.items()}
+            self.model.config.use_cache = True
+            self.model.config.dtype = torch.bfloat16
+            self.model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+            load_tokenizer(self.model_dir).save_pretrained(out_dir)
+        dist.barrier()
+
+    def close(self) -> None:
+        self.publisher.close()
+        self.buffer.close()
+        self.ctx.destroy(linger=0)
+        if dist.is_initialized():
+            dist.destroy_process_group()
