@@ -32,7 +32,35 @@ def _parser() -> argparse.ArgumentParser:
     export = buffer_sub.add_parser("export", help="write every logged trajectory to Parquet")
     export.add_argument("run_dir")
     export.add_argument("out")
+
+    _add_admin_parser(sub)
     return parser
+
+
+def _add_admin_parser(sub: argparse._SubParsersAction) -> None:
+    run = argparse.ArgumentParser(add_help=False)
+    run.add_argument("--run", required=True, metavar="RUN_DIR", help="the run directory")
+    admin = sub.add_parser(
+        "admin",
+        help="inspect and steer a running job",
+        description="Talk to a running job's admin endpoint; the URL and token are read from "
+        "RUN_DIR/admin.url and RUN_DIR/admin.token.",
+    )
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True)
+    status = admin_sub.add_parser("status", parents=[run], help="version, rates, roles, buffer")
+    status.add_argument("--json", action="store_true", help="print the full JSON answer")
+    admin_sub.add_parser("config", parents=[run], help="print the resolved config (JSON)")
+    set_ = admin_sub.add_parser(
+        "set", parents=[run], help="change live keys, all or nothing (e.g. buffer.capacity=128)"
+    )
+    set_.add_argument("assignments", nargs="+", metavar="KEY=VALUE")
+    for action, text in (
+        ("pause", "stop admitting new prompt groups"),
+        ("resume", "admit new prompt groups again"),
+        ("stop", "stop the run gracefully"),
+        ("checkpoint", "write a checkpoint now"),
+    ):
+        admin_sub.add_parser(action, parents=[run], help=text)
 
 
 def _default_config() -> str | None:
@@ -102,9 +130,45 @@ def _buffer_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _admin(args: argparse.Namespace) -> int:
+    import json
+
+    # Stdlib-only client: `streamrl admin` never imports fastapi, torch or ray.
+    from streamrl.admin.client import AdminClient, AdminError, format_changes, format_status
+    from streamrl.config import parse_overrides
+
+    command = args.admin_command
+    try:
+        client = AdminClient.from_run_dir(args.run)
+        if command == "status":
+            answer = client.status()
+            print(json.dumps(answer, indent=2) if args.json else format_status(answer))
+        elif command == "config":
+            print(json.dumps(client.config(), indent=2))
+        elif command == "set":
+            changes = dict(parse_overrides(args.assignments))
+            print(format_changes(client.set(changes)))
+        else:
+            answer = client.action(command)
+            extra = {k: v for k, v in answer.items() if k != "ok"}
+            print(f"{command}: ok" + (f" {json.dumps(extra)}" if extra else ""))
+    except AdminError as exc:
+        print(f"streamrl admin {command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    handlers = {"launch": _launch, "validate": _validate}
+    parser = _parser()
+    # Overrides may follow flags (`launch cfg.yaml --learners 2 a.b=1`): argparse leaves those
+    # behind as unknown arguments, so collect every `key=value` among them.
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    handlers = {"launch": _launch, "validate": _validate, "admin": _admin}
     try:
         if args.command == "buffer":
             return _buffer_export(args)

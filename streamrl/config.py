@@ -9,6 +9,7 @@ This module is a leaf: stdlib, msgspec and yaml only. ``streamrl validate`` impo
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,7 +26,8 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class RunConfig(_Section):
-    name: str = "default"
+    # The run directory is <output_dir>/<name>; empty = "<config name>-<date>-<time>".
+    name: str = ""
     seed: int = 0
     max_steps: int = 10
     mode: Literal["async", "sync"] = "async"
@@ -188,6 +190,9 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     """``["learner.lr=1e-4"]`` -> ``[("learner.lr", 0.0001)]``; values are parsed as YAML."""
     parsed = []
@@ -199,6 +204,8 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError as exc:
             raise ConfigError(f"bad override {item!r}: {str(exc).splitlines()[0]}") from None
+        if isinstance(value, str) and _FLOAT.fullmatch(value):
+            value = float(value)  # YAML 1.1 reads `1e-4` (no dot) as a string
         parsed.append((key, value))
     return parsed
 
@@ -272,6 +279,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         tree = loaded or {}
     for key, value in parse_overrides(overrides or []):
         _set_path(tree, key, value)
+    run = tree.setdefault("run", {}) if isinstance(tree.get("run", {}), dict) else None
+    if run is not None and not run.get("name"):
+        stem = Path(path).stem if path is not None else "run"
+        run["name"] = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         config = msgspec.convert(tree, Config, strict=False)
     except msgspec.ValidationError as exc:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -41,7 +42,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from streamrl.config import Config, ConfigError, to_yaml
+from streamrl.config import Config, to_yaml
 from streamrl.metrics import MetricsLog
 from streamrl.protocol import (
     AdmissionReply,
@@ -179,6 +180,9 @@ class Controller:
         self.actors: list[Any] = []
         self.pids: list[int] = []
         self._steps: list[LearnerStep] = []
+        self.learners: list[Any] = []
+        self.roles: dict[Any, str] = {}
+        self.stopping = False
         self._token_samples: collections.deque = collections.deque(maxlen=4096)
 
     def run(self) -> dict[str, Any]:
@@ -187,20 +191,36 @@ class Controller:
         from streamrl.rewards import check_rewards
 
         cfg = self.config
-        check_data(cfg.data)
-        check_rewards(cfg.rewards)
-        self.run_dir = prepare_run_dir(cfg)
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.console)
-        model_dir = str(
-            resolve_model(
-                cfg.model.name, tiny_hidden=cfg.model.tiny_hidden, tiny_layers=cfg.model.tiny_layers
-            )
-        )
-        init_ray(self.address)
         try:
-            return self._run(model_dir)
+            # Everything that can fail on bad input fails here, before any process starts.
+            check_data(cfg.data)
+            check_rewards(cfg.rewards)
+            model_dir = str(
+                resolve_model(
+                    cfg.model.name, tiny_hidden=cfg.model.tiny_hidden,
+                    tiny_layers=cfg.model.tiny_layers,
+                )
+            )
+            self.run_dir = prepare_run_dir(cfg)
+            self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.console)
+            init_ray(self.address)
+            import ray
+
+            try:
+                return self._run(model_dir)
+            except ray.exceptions.RayError as exc:  # a role failed to start
+                raise RunError(f"{_last_line(exc)} (see {self.run_dir / 'logs'})") from None
         finally:
             self.shutdown()
+
+    def request_stop(self) -> None:
+        """Graceful stop: no new groups start, learners finish their current step, the model
+        is exported and every process ends."""
+        if not self.stopping:
+            self.stopping = True
+            self.state.stop = True
+            for learner in self.learners:
+                learner.stop.remote()
 
     def _log_file(self, role: str) -> str:
         return str((self.run_dir / "logs" / f"{role}.log").resolve())
@@ -240,6 +260,7 @@ class Controller:
             for r in range(cfg.learner.count)
         ]
         self.actors += learners
+        self.learners = learners
         weight_eps = ray.get([learner.endpoints.remote() for learner in learners])
         generators = [
             GeneratorActor.remote(
@@ -259,6 +280,11 @@ class Controller:
         self.pids = ray.get([a.pid.remote() for a in self.actors])
         gen_refs = [g.run.remote() for g in generators]
         learner_refs = [learner.run.remote(cfg.run.max_steps) for learner in learners]
+        self.roles = {
+            **{ref: f"generator {i}" for i, ref in enumerate(gen_refs)},
+            **{ref: f"learner rank {i}" for i, ref in enumerate(learner_refs)},
+            **{ref: f"buffer shard {i}" for i, ref in enumerate(serve_refs)},
+        }
         print(
             f"run {cfg.run.name}: {cfg.learner.count} learner(s), {cfg.generator.count} "
             f"generator(s), {cfg.buffer.shards} buffer shard(s), mode {cfg.run.mode}; "
@@ -276,23 +302,40 @@ class Controller:
         return self._summary()
 
     def _loop(self, watched: list, learner_refs: list) -> None:
-        import ray
-
         while True:
-            self._drain_reports(timeout_ms=200)
-            for step in self._steps:
-                self._write_step(step)
-            self._steps = []
-            done, _ = ray.wait(watched, timeout=0)
-            for ref in done:
-                ray.get(ref)  # raises the role's error, if it failed
-                watched.remove(ref)
-            if not any(ref in watched for ref in learner_refs):
+            try:
                 self._drain_reports(timeout_ms=200)
                 for step in self._steps:
                     self._write_step(step)
                 self._steps = []
-                return
+                self._check_roles(watched)
+                if not any(ref in watched for ref in learner_refs):
+                    self._drain_reports(timeout_ms=200)
+                    for step in self._steps:
+                        self._write_step(step)
+                    self._steps = []
+                    return
+            except KeyboardInterrupt:
+                if self.stopping:
+                    raise
+                print("stopping: finishing the current step (Ctrl-C again to abort)",
+                      file=self.console, flush=True)
+                self.request_stop()
+
+    def _check_roles(self, watched: list) -> None:
+        """Raise a one-line RunError if any role's main loop ended with an error."""
+        import ray
+
+        done, _ = ray.wait(watched, timeout=0)
+        for ref in done:
+            watched.remove(ref)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                role = self.roles.get(ref, "a role")
+                raise RunError(
+                    f"{role} failed: {_last_line(exc)} (see {self.run_dir / 'logs'})"
+                ) from None
 
     def tokens_per_s(self, window_s: float = 10.0) -> float:
         """Generated tokens per second over the last ``window_s`` of generator reports."""
@@ -384,12 +427,23 @@ class Controller:
             ray.shutdown()
 
 
+def _last_line(exc: BaseException) -> str:
+    """Ray wraps a role's traceback into the message; its last line is the actual error."""
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else repr(exc)
+
+
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def launch(config: Config, address: str | None = None, console=sys.stdout) -> dict[str, Any]:
-    """Run one job to ``run.max_steps``; returns a summary (also written to summary.json)."""
+    """Run one job to ``run.max_steps``; returns a summary (also written to summary.json).
+    Ctrl-C or SIGTERM stops gracefully (the model is still exported); a second one aborts."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         return Controller(config, address, console).run()
-    except ConfigError:
-        raise
     except KeyboardInterrupt:
-        raise RunError("interrupted") from None
+        raise RunError("aborted") from None

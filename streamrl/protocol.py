@@ -158,12 +158,13 @@ class AdmissionReply(msgspec.Struct, tag="admission_reply"):
 
 
 class TensorPart(msgspec.Struct):
-    """One learner rank's dim-0 shard of one tensor, for one version.
+    """Rows ``[row_offset, row_offset + rows)`` of one tensor (a block of one learner rank's
+    dim-0 shard; large shards are cut into several blocks), for one version.
 
-    ``encoding``: ``dense`` (``values`` holds the whole shard), ``sparse`` (``indices`` are flat
-    positions in the shard, delta-coded uint32 varints; ``values`` the new bf16 values at them)
-    or ``bitmap`` (``indices`` is a packed bitmap over the shard's elements).
-    ``checksum`` is xxh64 of the complete new bf16 shard, verified after applying.
+    ``encoding``: ``dense`` (``values`` holds the whole block), ``sparse`` (``indices`` are flat
+    positions in the block as LEB128 varints of the gaps between them; ``values`` the new bf16
+    values at them) or ``bitmap`` (``indices`` is a packed bitmap over the block's elements).
+    ``checksum`` is xxh64 of the complete new bf16 block, verified after applying.
     """
 
     name: str
@@ -178,7 +179,8 @@ class TensorPart(msgspec.Struct):
 
 
 class WeightDiff(msgspec.Struct, tag="weight_diff"):
-    """Version ``version`` of one rank's shard as a diff against ``base_version``."""
+    """Version ``version`` of one rank's shard as a diff against ``base_version`` (``version -
+    1`` unless the publisher coalesced versions it could not send in time)."""
 
     version: int
     base_version: int
@@ -188,6 +190,9 @@ class WeightDiff(msgspec.Struct, tag="weight_diff"):
     published_at: float
     chunk: int = 0
     num_chunks: int = 1
+    # True: each part's values and indices follow this header as two extra ZeroMQ frames, in
+    # part order (sent zero-copy); the header's parts then carry empty ``values``/``indices``.
+    payload_frames: bool = False
 
 
 class WeightAnchor(msgspec.Struct, tag="weight_anchor"):
@@ -200,6 +205,7 @@ class WeightAnchor(msgspec.Struct, tag="weight_anchor"):
     published_at: float
     chunk: int = 0
     num_chunks: int = 1
+    payload_frames: bool = False  # as in ``WeightDiff``
 
 
 class AnchorRequest(msgspec.Struct, tag="anchor_request"):

@@ -1,50 +1,160 @@
 """Learner side of weight streaming (DESIGN.md §4).
 
-Each learner rank publishes its own FSDP2 shard; nothing is gathered through rank 0. After
-optimizer step ``v`` the rank takes the bf16 image of its shard, diffs it bitwise against the
-image of ``v-1`` and sends the changed elements over PUB in bounded chunks. A background
-thread answers anchor requests (a full snapshot of the shard at the latest version) on a
-ROUTER socket, for late joiners and for subscribers that lost a diff.
+Each learner rank publishes its own FSDP2 shard; nothing is gathered through rank 0.
 
-Memory cost: one bf16 copy of this rank's shard (2 bytes x parameters / world size).
+    learner thread            encoder thread                    anchor thread
+    ──────────────            ──────────────                    ─────────────
+    optimizer.step()
+    publish(v): bf16 snapshot
+      of the local shard ───► diff vs image(base), encode,
+    (returns; next step         send chunks on PUB (never
+     overlaps the encode)       blocks: PUB drops at its HWM),
+                                image := snapshot, version := v ─► answers AnchorRequests on
+                                                                   ROUTER with image@version
 
-Invariant: the image served as an anchor and the base of the next diff are the same tensor
-set, swapped under a lock. Example: after ``publish(5)`` an anchor request is answered with
-version 5, and the next diff is ``WeightDiff(version=6, base_version=5)``.
+Only ``publish`` runs on the learner's thread, and it only copies the shard to a bf16 snapshot.
+If the learner publishes again before the encoder has sent the previous snapshot, the pending
+snapshot is replaced by the newer one (coalescing): the next diff then goes from the last
+*sent* version straight to the newest, ``WeightDiff(version=7, base_version=5)``, and
+subscribers follow the ``base_version`` chain. The learner never waits for the network.
+
+Wire format: one ZeroMQ multipart message per chunk: a msgpack ``WeightDiff``/``WeightAnchor``
+header (``payload_frames=True``, parts with empty ``values``/``indices``), then two frames per
+part (values, indices) sent with ``copy=False`` straight from the numpy buffers. A chunk holds
+whole blocks up to ``chunk_bytes`` of payload; ``row_blocks`` cuts large shards so that every
+block fits. Every rank sends at least one (possibly empty) message per version, so that
+subscribers know its rows reached that version.
+
+Memory cost (host RAM, bf16 = 2 bytes x parameters of this rank's shard = S):
+steady state S (the published image, which anchors are served from); plus S for the snapshot
+while it is being encoded; plus S for one pending snapshot if the learner outruns the encoder
+(never more: newer snapshots replace it). Encoded diffs add at most S while being sent.
+
+Invariant: a diff is always taken against the image last *sent*, and that image is what anchors
+serve. Example: after the encoder has sent version 5, an anchor request is answered with
+version 5 and the next diff is ``WeightDiff(version=6, base_version=5)``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from dataclasses import dataclass
 
 import msgspec
+import numpy as np
 import torch
 import zmq
 
 from streamrl.config import WeightsConfig
-from streamrl.protocol import AnchorRequest, TensorPart, WeightAnchor, WeightDiff
+from streamrl.protocol import AnchorRequest, WeightAnchor, WeightDiff
 from streamrl.transport import Codec, bind_random, make_socket
-from streamrl.workers.weight_codec import bf16_bytes, checksum, encode_part, shard_rows
+from streamrl.workers.weight_codec import (
+    EncodedPart,
+    as_i16,
+    encode_part,
+    row_blocks,
+    shard_rows,
+)
 
 log = logging.getLogger(__name__)
 
 
-def local_bf16_shards(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, tuple, int]]:
-    """name -> (bf16 copy of this rank's rows, full shape, row offset), for every parameter.
-    Works for FSDP2 (DTensor, Shard(0)) and plain modules (the whole tensor, offset 0)."""
+@dataclass(frozen=True)
+class LocalShard:
+    """This rank's rows ``[row_offset, row_offset + rows)`` of a parameter, as flat bf16 bits."""
+
+    bits: np.ndarray  # int16, flat, owned (a copy, never a view of the live parameter)
+    full_shape: tuple[int, ...]
+    row_offset: int
+
+    @property
+    def rows(self) -> int:
+        return self.bits.size // max(math.prod(self.full_shape[1:]), 1)
+
+
+def local_bf16_shards(model: torch.nn.Module) -> dict[str, LocalShard]:
+    """name -> bf16 snapshot of this rank's rows, for every parameter (tied weights once).
+    FSDP2 parameters are DTensors sharded ``Shard(0)`` with ``torch.chunk`` row ranges; plain
+    parameters are the whole tensor at offset 0."""
     out = {}
     for name, param in model.named_parameters():
         data = param.detach()
+        offset = 0
         if hasattr(data, "to_local"):
+            placements = tuple(type(p).__name__ for p in data.placements)
+            if placements != ("Shard",) or data.placements[0].dim != 0:
+                raise ValueError(f"{name}: expected FSDP2 Shard(0), got {data.placements}")
             mesh = data.device_mesh
+            offset, stop = shard_rows(data.shape[0], mesh.get_local_rank(), mesh.size())
             local = data.to_local()
-            start, _ = shard_rows(data.shape[0], mesh.get_local_rank(), mesh.size())
-            out[name] = (local.to(torch.bfloat16).cpu().clone(), tuple(data.shape), start)
-        else:
-            out[name] = (data.to(torch.bfloat16).cpu().clone(), tuple(data.shape), 0)
+            if local.shape[0] != stop - offset:
+                raise ValueError(f"{name}: local rows {local.shape[0]} != {stop - offset}")
+            data = local
+        # One copy: fp32 master -> bf16 on the host (or a plain copy when already bf16).
+        bits = data.to("cpu", torch.bfloat16, copy=True).contiguous()
+        out[name] = LocalShard(as_i16(bits), tuple(param.shape), offset)
     return out
+
+
+def encode_shard(
+    image: dict[str, LocalShard],
+    base: dict[str, LocalShard] | None,
+    *,
+    chunk_bytes: int,
+    dense_threshold: float,
+) -> list[EncodedPart]:
+    """Every changed block of ``image`` against ``base`` (``None``: every block, dense)."""
+    parts = []
+    for name, shard in image.items():
+        row_elems = max(math.prod(shard.full_shape[1:]), 1)
+        old = None if base is None else base[name].bits
+        for start, stop in row_blocks(shard.rows, row_elems, chunk_bytes):
+            lo, hi = start * row_elems, stop * row_elems
+            part = encode_part(
+                name,
+                shard.bits[lo:hi],
+                None if old is None else old[lo:hi],
+                full_shape=shard.full_shape,
+                row_offset=shard.row_offset + start,
+                rows=stop - start,
+                dense_threshold=dense_threshold,
+            )
+            if part is not None:
+                parts.append(part)
+    return parts
+
+
+def chunk_parts(parts: list[EncodedPart], chunk_bytes: int) -> list[list[EncodedPart]]:
+    """Greedy packing of whole parts into chunks of at most ``chunk_bytes`` payload (one part
+    bigger than that gets a chunk of its own). Always at least one, possibly empty, chunk."""
+    chunks: list[list[EncodedPart]] = [[]]
+    size = 0
+    for part in parts:
+        if chunks[-1] and size + part.nbytes > chunk_bytes:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(part)
+        size += part.nbytes
+    return chunks
+
+
+def message_frames(encoder: msgspec.msgpack.Encoder, header, chunk: list[EncodedPart]) -> list:
+    """``header`` (a WeightDiff/WeightAnchor whose ``parts`` are the chunk's headers) followed
+    by the payload frames, in part order."""
+    frames: list = [encoder.encode(header)]
+    for part in chunk:
+        frames += [part.values, part.indices]
+    return frames
+
+
+@dataclass
+class _Snapshot:
+    version: int
+    image: dict[str, LocalShard]
+    taken_at: float  # wall clock, when publish() was called: the start of publish-to-applied
 
 
 class WeightPublisher:
@@ -56,6 +166,8 @@ class WeightPublisher:
         config: WeightsConfig,
         ctx: zmq.Context | None = None,
         host: str = "127.0.0.1",
+        *,
+        version: int = 0,
     ) -> None:
         self.model, self.rank, self.world_size, self.config = model, rank, world_size, config
         self.ctx = ctx or zmq.Context.instance()
@@ -63,96 +175,140 @@ class WeightPublisher:
         self.pub_endpoint = bind_random(self.pub, host, f"publisher[{rank}] PUB")
         self.router = make_socket(self.ctx, zmq.ROUTER)
         self.anchor_endpoint = bind_random(self.router, host, f"publisher[{rank}] anchors")
-        # One codec per socket: the anchor thread owns the ROUTER's, publish() owns the PUB's.
+        # One codec per socket: the anchor thread owns the ROUTER's, the encoder the PUB's.
         self._codec = Codec(AnchorRequest, f"publisher[{rank}] anchors")
         self._pub_encoder = msgspec.msgpack.Encoder()
-        self._lock = threading.Lock()
-        self.version = 0
+        self._lock = threading.Condition()
+        self.version = version  # last version sent (the image anchors serve)
         self.image = local_bf16_shards(model)
+        self._pending: _Snapshot | None = None
+        self._busy = False
         self.anchors_served = 0
+        self.coalesced = 0
+        self.last_metrics: dict[str, float] = {}
+        # Test hook: called with (version, chunk index, frames) before each send; returning
+        # False drops that chunk as the PUB high-water mark would.
+        self.send_filter = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve_anchors, daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._encode_loop, name=f"publisher[{rank}]", daemon=True),
+            threading.Thread(target=self._serve_anchors, name=f"anchors[{rank}]", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # ------------------------------------------------------------------ learner thread
 
     def publish(self, version: int) -> dict[str, float]:
-        """Diff the current shard against the last published image and send it.
-        Never blocks: PUB drops at its high-water mark and the subscriber recovers by anchor."""
+        """Snapshot the shard as ``version`` and hand it to the encoder thread; returns at once.
+        The metrics returned are those of the last version the encoder finished
+        (``weights/version`` says which) plus this call's snapshot time."""
         start = time.perf_counter()
-        new_image = local_bf16_shards(self.model)
-        parts, changed, total = [], 0, 0
-        for name, (tensor, full_shape, offset) in new_image.items():
-            total += tensor.numel()
-            part = encode_part(
-                name,
-                tensor,
-                self.image[name][0],
-                full_shape=full_shape,
-                row_offset=offset,
-                dense_threshold=self.config.dense_threshold,
-            )
-            if part is not None:
-                parts.append(part)
-                changed += part.num_changed
-        encode_s = time.perf_counter() - start
+        snapshot = _Snapshot(version, local_bf16_shards(self.model), time.time())
         with self._lock:
-            base, self.version, self.image = self.version, version, new_image
-        sent = self._send_chunks(parts, version, base)
-        return {
-            "weights/changed_frac": changed / max(total, 1),
+            if self._pending is not None:
+                self.coalesced += 1  # the encoder is behind: skip straight to the newest
+            self._pending = snapshot
+            self._lock.notify_all()
+            metrics = dict(self.last_metrics)
+        metrics["weights/snapshot_s"] = time.perf_counter() - start
+        return metrics
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        """Wait until every published snapshot has been sent (tests, shutdown)."""
+        with self._lock:
+            return self._lock.wait_for(
+                lambda: self._pending is None and not self._busy, timeout=timeout_s
+            )
+
+    # ------------------------------------------------------------------ encoder thread
+
+    def _encode_loop(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._pending is not None or self._stop.is_set())
+                if self._pending is None:
+                    return
+                snapshot, self._pending, self._busy = self._pending, None, True
+            try:
+                self._send_version(snapshot)
+            except Exception:  # keep serving anchors; subscribers re-anchor past the gap
+                log.exception("publisher[%d]: failed to publish v%d", self.rank, snapshot.version)
+            finally:
+                with self._lock:
+                    self._busy = False
+                    self._lock.notify_all()
+
+    def _send_version(self, snapshot: _Snapshot) -> None:
+        start = time.perf_counter()
+        parts = encode_shard(
+            snapshot.image,
+            self.image,
+            chunk_bytes=self.config.chunk_bytes,
+            dense_threshold=self.config.dense_threshold,
+        )
+        encode_s = time.perf_counter() - start
+        chunks = chunk_parts(parts, self.config.chunk_bytes)
+        sent = 0
+        for i, chunk in enumerate(chunks):
+            header = WeightDiff(
+                version=snapshot.version,
+                base_version=self.version,
+                rank=self.rank,
+                world_size=self.world_size,
+                parts=[p.header for p in chunk],
+                published_at=snapshot.taken_at,
+                chunk=i,
+                num_chunks=len(chunks),
+                payload_frames=True,
+            )
+            frames = message_frames(self._pub_encoder, header, chunk)
+            if self.send_filter is not None and not self.send_filter(snapshot.version, i, frames):
+                continue
+            # PUB never blocks: at the HWM libzmq drops the whole message for that subscriber.
+            self.pub.send_multipart(frames, copy=False)
+            sent += sum(memoryview(f).nbytes for f in frames)
+        with self._lock:
+            self.image, self.version = snapshot.image, snapshot.version
+        total = sum(s.bits.size for s in snapshot.image.values())
+        self.last_metrics = {
+            "weights/version": float(snapshot.version),
+            "weights/changed_frac": sum(p.header.num_changed for p in parts) / max(total, 1),
             "weights/bytes_sent": float(sent),
             "weights/bytes_full": float(2 * total),
             "weights/encode_s": encode_s,
+            "weights/send_s": time.perf_counter() - start - encode_s,
             "weights/anchors_served": float(self.anchors_served),
+            "weights/coalesced": float(self.coalesced),
         }
 
-    def _chunks(self, parts: list[TensorPart]) -> list[list[TensorPart]]:
-        chunks: list[list[TensorPart]] = [[]]
-        size = 0
-        for part in parts:
-            nbytes = len(part.values) + len(part.indices)
-            if chunks[-1] and size + nbytes > self.config.chunk_bytes:
-                chunks.append([])
-                size = 0
-            chunks[-1].append(part)
-            size += nbytes
-        return chunks
+    # ------------------------------------------------------------------ anchor thread
 
-    def _send_chunks(self, parts: list[TensorPart], version: int, base: int) -> int:
-        chunks = self._chunks(parts)
-        sent, now = 0, time.time()
-        for i, chunk in enumerate(chunks):
-            msg = WeightDiff(version, base, self.rank, self.world_size, chunk, now, i, len(chunks))
-            frame = self._pub_encoder.encode(msg)
-            try:
-                self.pub.send(frame, zmq.NOBLOCK)
-                sent += len(frame)
-            except zmq.Again:  # a slow subscriber will notice the gap and ask for an anchor
-                log.warning("publisher[%d]: dropped chunk %d of version %d", self.rank, i, version)
-        return sent
-
-    def _anchor_frames(self) -> list[bytes]:
+    def anchor_messages(self) -> list[list]:
+        """A snapshot of this shard at the last sent version, as multipart messages."""
         with self._lock:
             version, image = self.version, self.image
-        parts = [
-            TensorPart(
-                name,
-                full_shape,
-                offset,
-                t.shape[0] if t.dim() else 1,
-                "dense",
-                bf16_bytes(t),
-                checksum(t),
-                num_changed=t.numel(),
-            )
-            for name, (t, full_shape, offset) in image.items()
-        ]
-        chunks = self._chunks(parts)
+        chunks = chunk_parts(
+            encode_shard(image, None, chunk_bytes=self.config.chunk_bytes, dense_threshold=1.0),
+            self.config.chunk_bytes,
+        )
         now = time.time()
         return [
-            self._codec.encode(
-                WeightAnchor(version, self.rank, self.world_size, c, now, i, len(chunks))
+            message_frames(
+                self._codec.encoder,
+                WeightAnchor(
+                    version=version,
+                    rank=self.rank,
+                    world_size=self.world_size,
+                    parts=[p.header for p in chunk],
+                    published_at=now,
+                    chunk=i,
+                    num_chunks=len(chunks),
+                    payload_frames=True,
+                ),
+                chunk,
             )
-            for i, c in enumerate(chunks)
+            for i, chunk in enumerate(chunks)
         ]
 
     def _serve_anchors(self) -> None:
@@ -164,12 +320,17 @@ class WeightPublisher:
             frames = self.router.recv_multipart()
             if len(frames) != 2 or self._codec.decode(frames[1]) is None:
                 continue
-            for frame in self._anchor_frames():
-                self.router.send_multipart([frames[0], frame])
+            for message in self.anchor_messages():
+                self.router.send_multipart([frames[0], *message], copy=False)
             self.anchors_served += 1
 
-    def close(self) -> None:
+    def close(self, flush_timeout_s: float = 30.0) -> None:
+        """Send what is pending (the final version must reach the generators), then stop."""
+        self.flush(flush_timeout_s)
         self._stop.set()
-        self._thread.join(timeout=2)
+        with self._lock:
+            self._lock.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=5)
         self.pub.close()
         self.router.close()

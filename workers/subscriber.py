@@ -2,71 +2,126 @@
 
 The subscriber holds a full bf16 image of the model (for the HF engine it *is* the engine's
 parameters, so applying a diff updates the engine with no copy). It receives every learner
-rank's shard diffs over SUB, reassembles them and moves the image from version ``v`` to a
-later version only when **every** rank's rows can reach that version, so the engine never
-runs a model whose rows come from two versions.
+rank's block diffs over one SUB socket, reassembles the rows (each rank owns the FSDP2 dim-0
+rows ``shard_rows`` gives it; each part names its ``row_offset``) and moves the image from
+version ``v`` to a later version only when **every** rank's rows can reach that version, so
+the engine never runs a model whose rows come from two versions.
 
-Recovery: a rank whose diffs no longer chain onto the rows we hold (a missed chunk, PUB
-high-water mark, a late join, a checksum mismatch) is asked for an anchor, a full snapshot
-of its shard; diffs newer than the anchor chain on from it.
+Ordering: a rank's diffs form a chain, each ``WeightDiff`` naming the ``base_version`` it
+applies to (``version - 1``, or older when the publisher coalesced versions). A rank's rows can
+reach version ``t`` if a chain of complete diffs leads from the version we hold (or from a
+complete anchor) to ``t``; the subscriber moves to the newest version all ranks can reach.
 
-Invariant: a diff with ``base_version = b`` is applied only to rows at version ``b``, and
-every new row is checked against its checksum before any row is written.
-Example: holding v3, diffs v4 (base 3) and v5 (base 4) arrive from all ranks -> one ``poll``
-moves to v5; if rank 1's v4 was lost, rank 1 is re-anchored at v5 and the image moves to v5.
+Recovery: a rank whose diffs cannot reach the others' is asked for an anchor, a full snapshot
+of its shard, and the diffs after it chain on from it. Triggers: a complete diff that does not
+chain (a whole message lost, or a late join), a hole in the rank's chunk sequence (one
+publisher's messages arrive in order, so chunk 3 after chunk 1 proves chunk 2 was dropped), a
+diff left incomplete for ``anchor_timeout_s``, the learner's version being ahead with no
+progress for ``anchor_timeout_s``, and a checksum mismatch.
+
+Invariant: a diff with ``base_version = b`` is applied only to rows at version ``b``, and every
+new block is checked against its checksum before any block is written (two phases: verify,
+then write). Example: holding v3, diffs v4 (base 3) and v5 (base 4) arrive from all ranks ->
+one ``poll`` moves to v5; if rank 1's v4 was lost, rank 1 is re-anchored at v5 (or later) and
+the image moves to the newest version both ranks reach.
+
+Memory: besides the image, diffs received but not yet applied, and during ``poll`` a copy of
+each block a sparse diff touches (a dense part is verified in its receive buffer, no copy).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import zmq
 
-from streamrl.protocol import AnchorRequest, TensorPart, WeightAnchor, WeightDiff, WeightMessage
+from streamrl.protocol import AnchorRequest, WeightAnchor, WeightDiff, WeightMessage
 from streamrl.transport import Codec, make_socket
-from streamrl.workers.weight_codec import apply_part
+from streamrl.workers.weight_codec import EncodedPart, apply_part, as_i16
 
 log = logging.getLogger(__name__)
 
+ANCHOR_RETRY_S = 5.0  # an anchor request unanswered this long may be sent again
+MAX_STAGED_VERSIONS = 256  # per rank; beyond this the oldest are dropped (an anchor repairs)
+
 
 @dataclass
-class _RankState:
-    version: int
-    diffs: dict[int, dict[int, WeightDiff]] = field(default_factory=dict)  # version -> chunks
-    anchor: dict[int, WeightAnchor] = field(default_factory=dict)  # chunk -> anchor chunk
+class _Message:
+    """One received chunk: its header and its parts with their payload buffers."""
+
+    header: WeightMessage
+    parts: list[EncodedPart]
+
+
+Steps = list[list[EncodedPart]]  # parts to apply in order, one list per version step
+
+
+@dataclass
+class _RankStream:
+    """What has arrived from one learner rank and not been applied yet."""
+
+    diffs: dict[int, dict[int, _Message]] = field(default_factory=dict)  # version -> chunk -> msg
+    anchor: dict[int, _Message] = field(default_factory=dict)  # chunk -> msg, one version
     anchor_requested_at: float | None = None
+    last_seen: tuple[int, int, int] | None = None  # (version, chunk, num_chunks) of last diff
+    lost: int = -1  # newest version some of whose chunks were provably dropped
+    last_arrival: float = field(default_factory=time.monotonic)
 
-    def complete_diff(self, version: int) -> list[WeightDiff] | None:
-        chunks = self.diffs.get(version)
-        if not chunks or len(chunks) != next(iter(chunks.values())).num_chunks:
+    @staticmethod
+    def _complete(chunks: dict[int, _Message]) -> list[_Message] | None:
+        if not chunks:
             return None
-        return [chunks[i] for i in range(len(chunks))]
+        n = next(iter(chunks.values())).header.num_chunks
+        if len(chunks) != n or any(i not in chunks for i in range(n)):
+            return None
+        return [chunks[i] for i in range(n)]
 
-    def complete_anchor(self) -> list[WeightAnchor] | None:
-        if not self.anchor:
-            return None
-        first = next(iter(self.anchor.values()))
-        versions = {a.version for a in self.anchor.values()}
-        if len(versions) != 1 or len(self.anchor) != first.num_chunks:
-            return None
-        return [self.anchor[i] for i in range(first.num_chunks)]
+    def complete_anchor(self) -> list[_Message] | None:
+        return self._complete(self.anchor)
 
-    def plan(self, target: int) -> list[list[TensorPart]] | None:
-        """The parts that bring this rank's rows to ``target``, or None if it cannot."""
-        start, steps = self.version, []
+    def track(self, diff: WeightDiff) -> None:
+        """Notice holes in this rank's (in-order) chunk sequence."""
+        prev, self.last_seen = self.last_seen, (diff.version, diff.chunk, diff.num_chunks)
+        if prev is None:
+            if diff.chunk != 0:
+                self.lost = max(self.lost, diff.version)
+            return
+        version, chunk, num_chunks = prev
+        if diff.version == version and diff.chunk == chunk + 1:
+            return
+        if diff.version > version and diff.chunk == 0 and chunk == num_chunks - 1:
+            return
+        if chunk != num_chunks - 1:
+            self.lost = max(self.lost, version)
+        if diff.version != version and diff.chunk != 0:
+            self.lost = max(self.lost, diff.version)
+
+    def paths(self, current: int) -> dict[int, tuple[Steps, bool]]:
+        """version -> (the parts that bring these rows from ``current`` there, anchor used?)."""
+        by_base: dict[int, tuple[int, list[EncodedPart]]] = {}
+        for version, chunks in self.diffs.items():
+            complete = self._complete(chunks)
+            if complete is not None:
+                base = complete[0].header.base_version
+                by_base[base] = (version, [p for m in complete for p in m.parts])
+        starts: list[tuple[int, Steps, bool]] = [(current, [], False)]
         anchor = self.complete_anchor()
-        if anchor is not None and self.version < anchor[0].version <= target:
-            start = anchor[0].version
-            steps.append([p for a in anchor for p in a.parts])
-        for v in range(start + 1, target + 1):
-            diff = self.complete_diff(v)
-            if diff is None or diff[0].base_version != v - 1:
-                return None
-            steps.append([p for d in diff for p in d.parts])
-        return steps
+        if anchor is not None and anchor[0].header.version > current:
+            starts.append((anchor[0].header.version, [[p for m in anchor for p in m.parts]], True))
+        out: dict[int, tuple[Steps, bool]] = {}
+        for version, steps, used_anchor in starts:
+            while version not in out:
+                out[version] = (steps, used_anchor)
+                if version not in by_base:
+                    break
+                version, parts = by_base[version]
+                steps = [*steps, parts]
+        return out
 
 
 class WeightSubscriber:
@@ -79,13 +134,17 @@ class WeightSubscriber:
         *,
         version: int = 0,
         anchor_timeout_s: float = 10.0,
+        rcvhwm: int = 0,
         ctx: zmq.Context | None = None,
     ) -> None:
+        for name, tensor in image.items():
+            if tensor.dtype != torch.bfloat16 or not tensor.is_contiguous():
+                raise ValueError(f"{name}: the image must be contiguous bf16 tensors")
         self.image, self.subscriber_id = image, subscriber_id
         self.version = version
         self.anchor_timeout_s = anchor_timeout_s
         self.ctx = ctx or zmq.Context.instance()
-        self.sub = make_socket(self.ctx, zmq.SUB, rcvhwm=0)
+        self.sub = make_socket(self.ctx, zmq.SUB, rcvhwm=rcvhwm)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         for endpoint in pub_endpoints:
             self.sub.connect(endpoint)
@@ -95,56 +154,104 @@ class WeightSubscriber:
             dealer.connect(endpoint)
             self.dealers.append(dealer)
         self.codec: Codec[WeightMessage] = Codec(WeightMessage, f"subscriber[{subscriber_id}]")
-        self.ranks = [_RankState(version) for _ in anchor_endpoints]
+        self.ranks = [_RankStream() for _ in anchor_endpoints]
         self.verified_versions: list[int] = []
         self.checksum_failures = 0
+        self.anchors_requested = 0
         self.anchors_applied = 0
+        self.bytes_received = 0
+        self.last_apply_s = 0.0
+        self.last_latency_s = 0.0
+        # (version, wall time applied, apply seconds, publish-to-applied seconds)
+        self.history: deque[tuple[int, float, float, float]] = deque(maxlen=10_000)
         self.last_progress = time.monotonic()
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "weights/applied_version": float(self.version),
+            "weights/apply_s": self.last_apply_s,
+            "weights/publish_to_applied_s": self.last_latency_s,
+            "weights/bytes_received": float(self.bytes_received),
+            "weights/checksum_failures": float(self.checksum_failures),
+            "weights/anchors_requested": float(self.anchors_requested),
+            "weights/anchors_applied": float(self.anchors_applied),
+        }
 
     # ------------------------------------------------------------------ receiving
 
-    def _stage(self, msg: WeightMessage | None) -> None:
-        if msg is None or not 0 <= msg.rank < len(self.ranks):
-            return
-        state = self.ranks[msg.rank]
-        match msg:
-            case WeightDiff(version=v, chunk=c) if v > state.version:
-                state.diffs.setdefault(v, {})[c] = msg
+    def _receive(self, frames: list[zmq.Frame]) -> _Message | None:
+        self.bytes_received += sum(len(f) for f in frames)
+        header = self.codec.decode(frames[0])
+        if header is None or not 0 <= header.rank < len(self.ranks):
+            return None
+        if header.world_size != len(self.ranks):
+            log.warning("subscriber[%d]: world size %d != %d ranks", self.subscriber_id,
+                        header.world_size, len(self.ranks))
+            return None
+        if not header.payload_frames:
+            return _Message(header, [EncodedPart.inline(p) for p in header.parts])
+        if len(frames) != 1 + 2 * len(header.parts):
+            self.codec.malformed["frame count"] += 1
+            return None
+        return _Message(
+            header,
+            [
+                EncodedPart(p, frames[1 + 2 * i].buffer, frames[2 + 2 * i].buffer)
+                for i, p in enumerate(header.parts)
+            ],
+        )
+
+    def _stage(self, msg: _Message) -> None:
+        state = self.ranks[msg.header.rank]
+        state.last_arrival = time.monotonic()
+        match msg.header:
+            case WeightDiff(version=v, chunk=c) as diff:
+                state.track(diff)
+                if v > self.version:
+                    state.diffs.setdefault(v, {})[c] = msg
+                    while len(state.diffs) > MAX_STAGED_VERSIONS:
+                        del state.diffs[min(state.diffs)]
             case WeightAnchor(version=v, chunk=c):
-                if c == 0 or any(a.version != v for a in state.anchor.values()):
+                if c == 0 or any(m.header.version != v for m in state.anchor.values()):
                     state.anchor = {}
                 state.anchor[c] = msg
 
     def _drain(self) -> None:
-        while True:
-            try:
-                self._stage(self.codec.decode(self.sub.recv(zmq.NOBLOCK, copy=False)))
-            except zmq.Again:
-                break
-        for dealer in self.dealers:
+        for sock in [self.sub, *self.dealers]:
             while True:
                 try:
-                    self._stage(self.codec.decode(dealer.recv(zmq.NOBLOCK, copy=False)))
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
+                msg = self._receive(frames)
+                if msg is not None:
+                    self._stage(msg)
 
     def request_anchor(self, rank: int) -> None:
         state = self.ranks[rank]
         now = time.monotonic()
-        if state.anchor_requested_at is not None and now - state.anchor_requested_at < 5.0:
+        if state.anchor_requested_at is not None and now - state.anchor_requested_at < ANCHOR_RETRY_S:
             return  # one request in flight is enough
         state.anchor_requested_at = now
         state.anchor = {}
+        self.anchors_requested += 1
         self.dealers[rank].send(self.codec.encode(AnchorRequest(self.subscriber_id)))
         log.info("subscriber[%d]: requested anchor from rank %d", self.subscriber_id, rank)
 
-    def _detect_gaps(self) -> None:
-        # One publisher's messages arrive in order, so a complete diff that does not chain
-        # onto our rows proves something between was lost (or we joined late).
-        for rank, state in enumerate(self.ranks):
-            complete = [v for v in state.diffs if state.complete_diff(v) is not None]
-            if complete and state.complete_anchor() is None and state.plan(max(complete)) is None:
-                self.request_anchor(rank)
+    def _needs_anchor(self, state: _RankStream, reach: set[int]) -> bool:
+        anchor = state.complete_anchor()
+        if anchor is not None:
+            if anchor[0].header.version > self.version:
+                return False  # waiting for the other ranks to reach it
+            state.anchor, state.anchor_requested_at = {}, None  # stale: we are past it
+        if state.lost > self.version:
+            return True
+        newest = max(state.diffs, default=self.version)
+        if newest > max(reach):
+            if state._complete(state.diffs[newest]) is not None:
+                return True  # a complete diff that does not chain onto our rows
+            return time.monotonic() - state.last_arrival > self.anchor_timeout_s
+        return False
 
     # ------------------------------------------------------------------ applying
 
@@ -152,57 +259,71 @@ class WeightSubscriber:
         """Receive what arrived and move to the newest version every rank can reach.
         Returns the names of tensors that changed (empty if the version did not move)."""
         self._drain()
-        self._detect_gaps()
-        candidates = sorted(
-            {v for s in self.ranks for v in s.diffs}
-            | {a.version for s in self.ranks for a in s.anchor.values()},
-            reverse=True,
-        )
-        for target in (v for v in candidates if v > self.version):
-            plans = [state.plan(target) for state in self.ranks]
-            if all(p is not None for p in plans):
-                return self._apply(target, plans)
+        paths = [state.paths(self.version) for state in self.ranks]
+        for rank, state in enumerate(self.ranks):
+            if self._needs_anchor(state, set(paths[rank])):
+                self.request_anchor(rank)
+        common = set.intersection(*(set(p) for p in paths)) if paths else set()
+        target = max(common, default=self.version)
+        if target > self.version:
+            return self._apply(target, [p[target] for p in paths])
         self._maybe_catch_up(learner_version)
         return []
 
-    def _apply(self, target: int, plans: list[list[list[TensorPart]]]) -> list[str]:
-        # Phase 1: compute and verify every new row block; nothing is written on failure.
-        staged: dict[tuple[str, int], torch.Tensor] = {}
-        for rank, steps in enumerate(plans):
+    def _apply(self, target: int, plans: list[tuple[Steps, bool]]) -> list[str]:
+        start = time.perf_counter()
+        # Phase 1: compute and verify every new block; nothing is written on failure.
+        staged: dict[tuple[str, int], tuple[int, np.ndarray]] = {}
+        for rank, (steps, _) in enumerate(plans):
             try:
                 for parts in steps:
                     for part in parts:
-                        key = (part.name, part.row_offset)
+                        key = (part.header.name, part.header.row_offset)
                         base = staged.get(key)
-                        if base is None:
-                            base = self._rows(part)
-                        staged[key] = apply_part(part, base)
+                        if base is None or base[0] != part.header.rows:
+                            base = (part.header.rows, self._block(part))
+                        staged[key] = (part.header.rows, apply_part(part, base[1]))
             except (ValueError, KeyError) as exc:
                 self.checksum_failures += 1
                 log.warning("subscriber[%d]: rank %d rejected: %s", self.subscriber_id, rank, exc)
-                self.ranks[rank].diffs.clear()
-                self.ranks[rank].anchor_requested_at = None
+                state = self.ranks[rank]
+                state.diffs, state.anchor, state.anchor_requested_at = {}, {}, None
                 self.request_anchor(rank)
                 return []
         # Phase 2: write.
-        for (name, offset), rows in staged.items():
-            self.image[name][offset : offset + rows.shape[0]].copy_(rows)
-        for rank, state in enumerate(self.ranks):
-            if plans[rank] and state.complete_anchor() is not None:
+        for (name, offset), (rows, bits) in staged.items():
+            _write(self.image[name][offset : offset + rows], bits)
+        for state, (_, used_anchor) in zip(self.ranks, plans, strict=True):
+            if used_anchor:
                 self.anchors_applied += 1
                 state.anchor, state.anchor_requested_at = {}, None
-            state.version = target
             state.diffs = {v: c for v, c in state.diffs.items() if v > target}
+        self.last_apply_s = time.perf_counter() - start
+        self.last_latency_s = time.time() - self._published_at(target)
+        self.history.append((target, time.time(), self.last_apply_s, self.last_latency_s))
         self.version = target
         self.verified_versions.append(target)
         self.last_progress = time.monotonic()
         return sorted({name for name, _ in staged})
 
-    def _rows(self, part: TensorPart) -> torch.Tensor:
-        full = self.image[part.name]
-        if tuple(full.shape) != tuple(part.full_shape):
-            raise ValueError(f"{part.name}: shape {tuple(part.full_shape)} != {tuple(full.shape)}")
-        return full[part.row_offset : part.row_offset + part.rows]
+    def _published_at(self, target: int) -> float:
+        """When the learner published ``target`` (its earliest rank), from the diffs we hold."""
+        times = [
+            m.header.published_at
+            for state in self.ranks
+            for m in state.diffs.get(target, {}).values()
+        ]
+        return min(times, default=time.time())
+
+    def _block(self, part: EncodedPart) -> np.ndarray:
+        """The current bits of the rows ``part`` covers (a view for a CPU image)."""
+        head = part.header
+        full = self.image[head.name]
+        if tuple(full.shape) != tuple(head.full_shape):
+            raise ValueError(f"{head.name}: shape {tuple(head.full_shape)} != {tuple(full.shape)}")
+        if head.row_offset < 0 or head.row_offset + head.rows > full.shape[0]:
+            raise ValueError(f"{head.name}: rows {head.row_offset}+{head.rows} out of range")
+        return as_i16(full[head.row_offset : head.row_offset + head.rows].cpu())
 
     def _maybe_catch_up(self, learner_version: int | None) -> None:
         """Nothing arrives but the learner is ahead (e.g. the last diff was dropped): anchor."""
@@ -218,3 +339,12 @@ class WeightSubscriber:
         self.sub.close()
         for dealer in self.dealers:
             dealer.close()
+
+
+def _write(dst: torch.Tensor, bits: np.ndarray) -> None:
+    """Copy flat int16 ``bits`` into the bf16 rows ``dst`` (a contiguous slice of the image)."""
+    if dst.device.type == "cpu":
+        np.copyto(as_i16(dst), bits)  # as_i16 of a contiguous CPU slice is a writable view
+    else:
+        src = torch.from_numpy(bits if bits.flags.writeable else bits.copy())
+        dst.copy_(src.view(torch.bfloat16).reshape(dst.shape))

@@ -1,19 +1,29 @@
 """Lossless bf16 diff encoding shared by the publisher and the subscriber (DESIGN.md §4).
 
-A tensor shard's new bf16 image is compared bitwise (as int16) with the last published one.
-Changed elements travel as (positions, new values) in one of three encodings, whichever is
-smallest for that tensor:
+Unit of encoding: a *block*, a run of whole dim-0 rows of one learner rank's FSDP2 shard of
+one tensor (``row_blocks`` cuts a shard so that no block exceeds the chunk size, which keeps
+every ZeroMQ message bounded). A block's new bf16 image is compared bitwise (as int16) with
+the last published one, and the changed elements travel in one of three encodings, whichever
+is smallest for that block:
 
-- ``sparse``: positions as uint32 deltas from the previous position (delta coding keeps the
-  numbers small; they are stored as uint16 when every delta fits, else uint32);
-- ``bitmap``: one bit per element (wins above ~1/16 changed: n/8 bytes vs 2-4 bytes per change);
-- ``dense``: the whole shard (above ``dense_threshold`` changed, or when it is simply smaller).
+- ``sparse``: flat positions as LEB128 varints of the gaps between them (``p[i] - p[i-1] - 1``),
+  then the new values. About 1 byte per change at 5% density, 2 bytes at 0.5%, and never the
+  4 bytes of a raw uint32 index (``benchmarks/weights.py`` measures the alternatives);
+- ``bitmap``: one bit per element of the block (smaller than varints above ~1/8 changed);
+- ``dense``: the whole block (above ``dense_threshold`` changed, or when it is simply smaller).
 
 Values are raw bf16 bytes: applying a diff reproduces the publisher's image bit for bit.
-The checksum is xxh64 over the complete new bf16 shard bytes.
+
+Checksum: xxh64 of the complete new bf16 bytes of the block, i.e. per (tensor, learner rank,
+row block), not per full tensor. That is deliberate: each rank publishes its own shard without
+gathering the tensor (DESIGN.md §4), so no rank ever holds the bytes a full-tensor hash needs;
+a per-block hash is as strong and is checked where the block is applied.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,122 +31,186 @@ import xxhash
 
 from streamrl.protocol import TensorPart
 
-
-def bf16_bytes(t: torch.Tensor) -> bytes:
-    return t.detach().contiguous().view(torch.int16).numpy().tobytes()
+_VARINT_MAX_BYTES = 10  # a uint64 needs at most ceil(64 / 7) groups of 7 bits
 
 
-def bf16_from_bytes(data: bytes, shape: tuple[int, ...]) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.bfloat16).reshape(shape)
+def as_i16(t: torch.Tensor) -> np.ndarray:
+    """The bf16 tensor's bits as a flat int16 numpy view (no copy for a contiguous CPU tensor)."""
+    return t.detach().contiguous().view(torch.int16).reshape(-1).numpy()
 
 
-def checksum(t: torch.Tensor) -> int:
-    return xxhash.xxh64_intdigest(t.detach().contiguous().view(torch.int16).numpy())
+def checksum(bits: np.ndarray | bytes | memoryview) -> int:
+    return xxhash.xxh64_intdigest(bits)
 
 
-def _encode_positions(positions: np.ndarray) -> bytes:
-    deltas = np.diff(positions, prepend=0)
-    if deltas.size == 0 or deltas.max() < 2**16:
-        return b"u16" + deltas.astype("<u2").tobytes()
-    return b"u32" + deltas.astype("<u4").tobytes()
+def row_blocks(rows: int, row_elems: int, max_bytes: int) -> list[tuple[int, int]]:
+    """Cut ``rows`` rows of ``row_elems`` bf16 elements into ``[start, stop)`` blocks of at most
+    ``max_bytes`` each (a single row larger than that stays one block). Deterministic, so the
+    publisher's diffs and anchors always cut a shard the same way."""
+    per_block = max(1, max_bytes // max(2 * row_elems, 1))
+    return [(a, min(a + per_block, rows)) for a in range(0, rows, per_block)]
 
 
-def _decode_positions(data: bytes) -> np.ndarray:
-    kind, body = data[:3], data[3:]
-    dtype = {b"u16": "<u2", b"u32": "<u4"}.get(kind)
-    if dtype is None:
-        raise ValueError(f"unknown position encoding {kind!r}")
-    return np.cumsum(np.frombuffer(body, dtype=dtype).astype(np.int64))
+def shard_rows(full_rows: int, rank: int, world: int) -> tuple[int, int]:
+    """Row range ``[start, stop)`` of ``rank``'s dim-0 shard under FSDP2's ``torch.chunk`` split:
+    every rank gets ``ceil(n/world)`` rows except the tail, and trailing ranks may get none
+    (10 rows on 3 ranks: 4, 4, 2; 5 rows on 4 ranks: 2, 2, 1, 0)."""
+    per_rank = -(-full_rows // world)
+    start = min(rank * per_rank, full_rows)
+    return start, min(start + per_rank, full_rows)
 
 
-def encode_part(
-    name: str,
-    new: torch.Tensor,
-    old: torch.Tensor | None,
-    *,
-    full_shape: tuple[int, ...],
-    row_offset: int,
-    dense_threshold: float,
-) -> TensorPart | None:
-    """Encode one shard; ``None`` when nothing changed (the tensor is left out of the diff)."""
-    new_i16 = new.detach().contiguous().view(torch.int16).reshape(-1).numpy()
-    rows = new.shape[0] if new.dim() else 1
-    if old is None:
-        return _dense(name, new, full_shape, row_offset, rows, new_i16.size)
-    old_i16 = old.detach().contiguous().view(torch.int16).reshape(-1).numpy()
-    changed = new_i16 != old_i16
-    num_changed = int(changed.sum())
-    if num_changed == 0:
-        return None
-    total = new_i16.size
-    if num_changed > dense_threshold * total:
-        return _dense(name, new, full_shape, row_offset, rows, num_changed)
-    values = new_i16[changed].tobytes()
-    positions = np.flatnonzero(changed)
-    sparse_idx = _encode_positions(positions)
-    bitmap_idx = np.packbits(changed).tobytes()
-    if len(bitmap_idx) < len(sparse_idx):
-        indices, encoding = bitmap_idx, "bitmap"
-    else:
-        indices, encoding = sparse_idx, "sparse"
-    if len(indices) + len(values) >= 2 * total:
-        return _dense(name, new, full_shape, row_offset, rows, num_changed)
+# --------------------------------------------------------------------------- varints
+
+
+def encode_varints(values: np.ndarray) -> bytes:
+    """Unsigned LEB128 (7 bits per byte, high bit = more bytes follow), vectorised."""
+    v = values.astype(np.uint64, copy=False)
+    if v.size == 0:
+        return b""
+    nbytes = np.ones(v.size, dtype=np.int64)
+    for k in range(1, _VARINT_MAX_BYTES):
+        more = v >= np.uint64(1 << (7 * k))
+        if not more.any():
+            break
+        nbytes += more
+    ends = np.cumsum(nbytes)
+    starts = ends - nbytes
+    out = np.empty(int(ends[-1]), dtype=np.uint8)
+    for k in range(int(nbytes.max())):
+        has = nbytes > k
+        group = (v[has] >> np.uint64(7 * k)) & np.uint64(0x7F)
+        cont = (nbytes[has] > k + 1).astype(np.uint64) << np.uint64(7)
+        out[starts[has] + k] = (group | cont).astype(np.uint8)
+    return out.tobytes()
+
+
+def decode_varints(data: bytes | memoryview) -> np.ndarray:
+    """Inverse of ``encode_varints``; raises ``ValueError`` on a truncated or oversized varint."""
+    b = np.frombuffer(data, dtype=np.uint8)
+    if b.size == 0:
+        return np.zeros(0, dtype=np.uint64)
+    last = (b & 0x80) == 0
+    if not last[-1]:
+        raise ValueError("truncated varint")
+    ends = np.flatnonzero(last)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    lengths = ends - starts + 1
+    if lengths.max() > _VARINT_MAX_BYTES:
+        raise ValueError("varint longer than 10 bytes")
+    out = np.zeros(ends.size, dtype=np.uint64)
+    payload = (b & 0x7F).astype(np.uint64)
+    for k in range(int(lengths.max())):
+        has = lengths > k
+        out[has] |= payload[starts[has] + k] << np.uint64(7 * k)
+    return out
+
+
+def encode_positions(positions: np.ndarray) -> bytes:
+    """Sorted distinct flat positions -> varint gaps (``p[0]``, then ``p[i] - p[i-1] - 1``)."""
+    gaps = np.diff(positions.astype(np.int64), prepend=-1) - 1
+    return encode_varints(gaps)
+
+
+def decode_positions(data: bytes | memoryview) -> np.ndarray:
+    return np.cumsum(decode_varints(data).astype(np.int64) + 1) - 1
+
+
+# --------------------------------------------------------------------------- parts
+
+Buffer = bytes | memoryview | np.ndarray
+
+
+@dataclass(frozen=True)
+class EncodedPart:
+    """A ``TensorPart`` header (its ``values``/``indices`` left empty) plus its payload, which
+    travels as separate zero-copy ZeroMQ frames instead of inside the msgpack header."""
+
+    header: TensorPart
+    values: Buffer
+    indices: Buffer = b""
+
+    @classmethod
+    def inline(cls, part: TensorPart) -> EncodedPart:
+        """A part received with its payload inside the header (single-frame messages)."""
+        return cls(part, part.values, part.indices)
+
+    @property
+    def nbytes(self) -> int:
+        return memoryview(self.values).nbytes + memoryview(self.indices).nbytes
+
+
+def _header(name, full_shape, row_offset, rows, encoding, bits, num_changed) -> TensorPart:
     return TensorPart(
         name=name,
         full_shape=full_shape,
         row_offset=row_offset,
         rows=rows,
         encoding=encoding,
-        values=values,
-        checksum=xxhash.xxh64_intdigest(new_i16),
-        indices=indices,
+        values=b"",
+        checksum=checksum(bits),
         num_changed=num_changed,
     )
 
 
-def _dense(name, new, full_shape, row_offset, rows, num_changed) -> TensorPart:
-    data = bf16_bytes(new)
-    return TensorPart(
-        name=name,
-        full_shape=full_shape,
-        row_offset=row_offset,
-        rows=rows,
-        encoding="dense",
-        values=data,
-        checksum=xxhash.xxh64_intdigest(data),
-        num_changed=num_changed,
-    )
+def encode_part(
+    name: str,
+    new: np.ndarray,
+    old: np.ndarray | None,
+    *,
+    full_shape: tuple[int, ...],
+    row_offset: int,
+    rows: int,
+    dense_threshold: float,
+) -> EncodedPart | None:
+    """Encode one block (``new``/``old``: flat int16 bits of the block's bf16 image, ``old=None``
+    for a snapshot). Returns ``None`` when nothing changed: the block is left out of the diff.
+    ``row_offset`` is the block's first row in the full tensor."""
+    head = (name, full_shape, row_offset, rows)
+    if old is None:
+        return EncodedPart(_header(*head, "dense", new, new.size), new)
+    changed = new != old
+    positions = np.flatnonzero(changed)
+    num_changed = positions.size
+    if num_changed == 0:
+        return None
+    if num_changed > dense_threshold * new.size:
+        return EncodedPart(_header(*head, "dense", new, num_changed), new)
+    sparse = encode_positions(positions)
+    if math.ceil(new.size / 8) < len(sparse):
+        encoding, indices = "bitmap", np.packbits(changed)
+    else:
+        encoding, indices = "sparse", np.frombuffer(sparse, dtype=np.uint8)
+    values = new[positions]
+    if indices.nbytes + values.nbytes >= new.nbytes:
+        return EncodedPart(_header(*head, "dense", new, num_changed), new)
+    return EncodedPart(_header(*head, encoding, new, num_changed), values, indices)
 
 
-def apply_part(part: TensorPart, shard: torch.Tensor) -> torch.Tensor:
-    """Return the new shard (a new tensor; ``shard`` is not modified) after applying ``part``.
+def apply_part(part: EncodedPart, old: np.ndarray) -> np.ndarray:
+    """The block's new flat int16 bits after applying ``part`` to ``old`` (which is never
+    modified; a dense part returns a read-only view of its payload, no copy).
     Raises ``ValueError`` on a malformed part or a checksum mismatch."""
-    flat_old = shard.contiguous().view(torch.int16).reshape(-1)
-    total = flat_old.numel()
-    if part.encoding == "dense":
-        new_i16 = np.frombuffer(part.values, dtype="<i2")
-        if new_i16.size != total:
-            raise ValueError(f"{part.name}: dense size {new_i16.size} != shard size {total}")
-        new_i16 = new_i16.copy()
+    head, total = part.header, old.size
+    if head.encoding == "dense":
+        new = np.frombuffer(part.values, dtype="<i2")
+        if new.size != total:
+            raise ValueError(f"{head.name}: dense size {new.size} != block size {total}")
     else:
         values = np.frombuffer(part.values, dtype="<i2")
-        if part.encoding == "bitmap":
-            bits = np.unpackbits(np.frombuffer(part.indices, dtype=np.uint8), count=total)
-            positions = np.flatnonzero(bits)
+        if head.encoding == "bitmap":
+            packed = np.frombuffer(part.indices, dtype=np.uint8)
+            if packed.size != math.ceil(total / 8):
+                raise ValueError(f"{head.name}: bitmap of {packed.size} bytes for {total}")
+            positions = np.flatnonzero(np.unpackbits(packed, count=total))
+        elif head.encoding == "sparse":
+            positions = decode_positions(part.indices)
         else:
-            positions = _decode_positions(part.indices)
+            raise ValueError(f"{head.name}: unknown encoding {head.encoding!r}")
         if positions.size != values.size or (positions.size and positions[-1] >= total):
-            raise ValueError(f"{part.name}: {positions.size} positions for {values.size} values")
-        new_i16 = flat_old.numpy().copy()
-        new_i16[positions] = values
-    if xxhash.xxh64_intdigest(new_i16) != part.checksum:
-        raise ValueError(f"{part.name}: checksum mismatch after applying version diff")
-    return torch.from_numpy(new_i16).view(torch.bfloat16).reshape(shard.shape)
-
-
-def shard_rows(full_rows: int, rank: int, world: int) -> tuple[int, int]:
-    """Row range ``[start, stop)`` of ``rank``'s dim-0 shard, FSDP2's ``torch.chunk`` split:
-    every rank gets ``ceil(n/world)`` rows except the tail, and trailing ranks may get none."""
-    per_rank = -(-full_rows // world)
-    start = min(rank * per_rank, full_rows)
-    return start, min(start + per_rank, full_rows)
+            raise ValueError(f"{head.name}: {positions.size} positions for {values.size} values")
+        new = old.copy()
+        new[positions] = values
+    if checksum(new) != head.checksum:
+        raise ValueError(f"{head.name}[{head.row_offset}:]: checksum mismatch")
+    return new

@@ -1,0 +1,179 @@
+"""The live-key table: which config keys ``PATCH /config`` may change during a run.
+
+A patch is a flat JSON object of dotted keys, ``{"buffer.capacity": 128, "buffer.sampling":
+"random"}``, checked here in full before the controller sees any of it (all or nothing):
+
+- an unknown key, a value of the wrong type or out of range → ``PatchError(422)``;
+- a real config key that cannot change while the run goes on (``learner.lr``) → ``PatchError(409)``
+  naming it; so is ``buffer.max_staleness`` in a ``run.mode=sync`` run, where it is fixed at 0.
+
+Types come from the config Structs themselves (``msgspec.convert`` against the field's
+annotation), so the table only adds the range rules that ``config._finalize`` also enforces.
+Values are converted strictly: ``"128"`` is not an int (the CLI parses ``KEY=VALUE`` as YAML
+before sending, as ``streamrl launch`` overrides do).
+
+Example: with ``buffer.max_staleness = 2``, ``{"buffer.max_staleness": 0, "learner.lr": 1}``
+changes nothing and answers 409 ``learner.lr``; ``{"buffer.max_staleness": 0}`` then applies.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import msgspec
+
+from streamrl.config import Config
+
+
+@dataclass(frozen=True)
+class LiveKey:
+    key: str
+    check: Callable[[Any], bool]
+    rule: str  # what ``check`` demands, in words, for error messages and the docs
+    where: str  # which decision reads it
+
+
+LIVE_KEYS: dict[str, LiveKey] = {
+    k.key: k
+    for k in (
+        LiveKey("buffer.capacity", lambda v: v >= 1, ">= 1", "buffer shards, next ingest"),
+        LiveKey(
+            "buffer.max_staleness",
+            lambda v: v >= 0,
+            ">= 0",
+            "admission (next request) and buffer eviction (next batch)",
+        ),
+        LiveKey("buffer.sampling", lambda v: True, "", "buffer shards, next batch"),
+        LiveKey("buffer.max_reuse", lambda v: v >= 1, ">= 1", "buffer shards, next batch"),
+        LiveKey("buffer.overflow", lambda v: True, "", "buffer shards, next ingest"),
+        LiveKey("generator.temperature", lambda v: v > 0, "> 0", "generators, next call"),
+        LiveKey(
+            "generator.prompts_per_call",
+            lambda v: v >= 1,
+            ">= 1",
+            "generators, next call (prompts decoded concurrently)",
+        ),
+    )
+}
+
+
+class PatchError(Exception):
+    """A patch refused as a whole; ``status`` is the HTTP status (409 or 422)."""
+
+    def __init__(self, status: int, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.status, self.problems = status, problems
+
+
+@cache
+def config_key_types() -> dict[str, Any]:
+    """Every dotted leaf key of ``Config`` → its annotated type (``buffer.capacity`` → int)."""
+    out: dict[str, Any] = {}
+
+    def walk(struct: type, prefix: str) -> None:
+        for name, tp in typing.get_type_hints(struct).items():
+            if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+                walk(tp, f"{prefix}{name}.")
+            else:
+                out[f"{prefix}{name}"] = tp
+
+    walk(Config, "")
+    return out
+
+
+def describe(key: str) -> dict[str, str]:
+    """A live key's type, rule and where it takes effect (served by ``GET /config/live``)."""
+    live, tp = LIVE_KEYS[key], config_key_types()[key]
+    return {"type": _type_name(tp), "rule": live.rule or _type_name(tp), "applies": live.where}
+
+
+def live_values(config: dict[str, Any]) -> dict[str, Any]:
+    """The current value of every live key, read from a resolved config as builtins."""
+    return {key: _lookup(config, key) for key in LIVE_KEYS}
+
+
+def validate_patch(changes: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """Check a whole patch against the live table and ``config`` (the run's resolved config).
+
+    Returns the changes converted to the config's types; raises ``PatchError`` with every
+    problem found (422 if any key is unknown or any value bad, else 409 for non-live keys).
+    """
+    types = config_key_types()
+    bad: list[str] = []
+    frozen: list[str] = []
+    converted: dict[str, Any] = {}
+    for key, value in changes.items():
+        if key not in types:
+            is_section = any(known.startswith(f"{key}.") for known in types)
+            bad.append(
+                f"{key}: a config section, not a key"
+                if is_section
+                else f"{key}: unknown config key"
+            )
+        elif key not in LIVE_KEYS:
+            frozen.append(f"{key} cannot change while the run is live")
+        else:
+            try:
+                converted[key] = _convert(LIVE_KEYS[key], types[key], value)
+            except ValueError as exc:
+                bad.append(f"{key}: {exc}")
+    if not bad and not frozen:
+        frozen, more_bad = _cross_checks(converted, config)
+        bad += more_bad
+    if bad:
+        raise PatchError(422, bad)
+    if frozen:
+        raise PatchError(409, frozen)
+    return converted
+
+
+def _convert(live: LiveKey, tp: Any, value: Any) -> Any:
+    try:
+        value = msgspec.convert(value, tp, strict=True)
+    except msgspec.ValidationError as exc:
+        if typing.get_origin(tp) is typing.Literal:
+            raise ValueError(f"must be {_type_name(tp)}, got {value!r}") from None
+        raise ValueError(str(exc)) from None
+    if not live.check(value):
+        raise ValueError(f"must be {live.rule}, got {value!r}")
+    return value
+
+
+def _cross_checks(changes: dict[str, Any], config: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """What one key cannot say alone; mirrors ``config._finalize``. Returns (frozen, bad)."""
+    frozen: list[str] = []
+    bad: list[str] = []
+
+    def after(key: str) -> Any:
+        return changes[key] if key in changes else _lookup(config, key)
+
+    staleness = after("buffer.max_staleness")
+    if _lookup(config, "run.mode") == "sync" and staleness != 0:
+        frozen.append("buffer.max_staleness is fixed at 0 in a run.mode=sync run")
+    elif (
+        staleness > 0
+        and _lookup(config, "algorithm.correction") == "none"
+        and not _lookup(config, "algorithm.allow_uncorrected")
+    ):
+        bad.append(
+            "buffer.max_staleness: > 0 with algorithm.correction=none trains on stale data "
+            "without correction (the run was not started with algorithm.allow_uncorrected)"
+        )
+    return frozen, bad
+
+
+def _lookup(config: dict[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Literal:
+        return "one of " + "|".join(str(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))

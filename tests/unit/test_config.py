@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamrl.config import Config, ConfigError, load_config, parse_overrides, to_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_shipped_configs_validate_and_open_with_a_comment(name: str) -> None:
+    path = ROOT / "configs" / name
+    assert path.read_text().startswith("#"), "each config opens with what it is for"
+    assert isinstance(load_config(path), Config)
+
+
+def test_unknown_key_names_its_path() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key `learner.lrr`"):
+        load_config(None, ["learner.lrr=1"])
+    with pytest.raises(ConfigError, match=r"unknown key `bogus`"):
+        load_config(None, ["bogus=1"])
+
+
+def test_mistyped_value_names_its_path() -> None:
+    with pytest.raises(ConfigError, match=r"learner.lr"):
+        load_config(None, ["learner.lr=fast"])
+
+
+def test_overrides_parse_yaml_values() -> None:
+    assert parse_overrides(["a.b=3", "c.d=true", "e.f=[1, 2]", "g.h=1e-4"]) == [
+        ("a.b", 3), ("c.d", True), ("e.f", [1, 2]), ("g.h", 1e-4)
+    ]
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        parse_overrides(["novalue"])
+
+
+def test_sync_mode_is_zero_staleness_without_in_flight_updates() -> None:
+    config = load_config(None, ["run.mode=sync", "buffer.max_staleness=3"])
+    assert config.buffer.max_staleness == 0
+    assert config.generator.in_flight_updates is False
+
+
+def test_async_without_correction_is_refused_unless_allowed() -> None:
+    with pytest.raises(ConfigError, match="allow_uncorrected"):
+        load_config(None, ["algorithm.correction=none", "buffer.max_staleness=2"])
+    load_config(None, ["algorithm.correction=none", "algorithm.allow_uncorrected=true"])
+    load_config(None, ["algorithm.correction=none", "run.mode=sync"])
+
+
+def test_groups_must_divide_across_learners() -> None:
+    with pytest.raises(ConfigError, match="divisible"):
+        load_config(None, ["learner.count=3", "learner.groups_per_step=4"])
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: [1, 2\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(bad)
+
+
+def test_resolved_config_round_trips(tmp_path: Path) -> None:
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["learner.lr=0.5"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(to_yaml(config))
+    assert load_config(path) == config
+
+
+def _streamrl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", *args], capture_output=True, text=True, cwd=ROOT
+    )
+
+
+def test_cli_bad_key_is_one_line_and_exit_2() -> None:
+    result = _streamrl("validate", "configs/tiny.yaml", "learner.lrr=1")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "learner.lrr" in result.stderr
+
+
+def test_help_and_validate_import_neither_torch_nor_ray() -> None:
+    code = (
+        "import sys; from streamrl.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "main(['validate', 'configs/tiny.yaml'])\n"
+        "bad = [m for m in ('torch', 'ray', 'sglang', 'zmq') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from streamrl.config import ConfigError, DataConfig, RewardSpec
+from streamrl.data import DataError, load_prompt_file, prompt_source
+from streamrl.rewards import CombinedReward, RewardInput, resolve_reward
+
+
+def test_arithmetic_is_seeded_and_streams_are_disjoint() -> None:
+    config = DataConfig()
+    a = [p.prompt_id for p in itertools.islice(prompt_source(config, 1, 0, 2), 5)]
+    b = [p.prompt_id for p in itertools.islice(prompt_source(config, 1, 1, 2), 5)]
+    assert not set(a) & set(b)
+    again = list(itertools.islice(prompt_source(config, 1, 0, 2), 5))
+    first = list(itertools.islice(prompt_source(config, 1, 0, 2), 5))
+    assert again == first
+    p = first[0]
+    a_, op, b_ = p.messages[-1]["content"].removeprefix("What is ").rstrip("?").split()
+    assert str(eval(f"{a_}{op}{b_}")) == p.ground_truth  # noqa: S307 - our own digits
+
+
+def test_parquet_in_verl_layout(tmp_path: Path) -> None:
+    table = pa.table({
+        "prompt": [[{"role": "user", "content": "2+2?"}], [{"role": "user", "content": "3+3?"}]],
+        "reward_model": [{"ground_truth": "4"}, {"ground_truth": "6"}],
+        "data_source": ["toy", "toy"],
+    })
+    path = tmp_path / "train.parquet"
+    pq.write_table(table, path)
+    prompts = load_prompt_file(path)
+    assert [p.ground_truth for p in prompts] == ["4", "6"]
+    assert prompts[0].messages == [{"role": "user", "content": "2+2?"}]
+
+
+def test_jsonl_string_prompt_and_errors(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": "hi", "ground_truth": 3}) + "\n")
+    assert load_prompt_file(path)[0].ground_truth == "3"
+    path.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    with pytest.raises(DataError, match="no ground truth"):
+        load_prompt_file(path)
+    path.write_text("{not json\n")
+    with pytest.raises(DataError, match=r"p.jsonl:1: invalid JSON"):
+        load_prompt_file(path)
+    with pytest.raises(DataError, match="not found"):
+        load_prompt_file(tmp_path / "missing.parquet")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "truth", "expected"),
+    [
+        ("numeric_match", "19", "19", 1.0),
+        ("numeric_match", "The answer is 1,024.", "1024", 1.0),
+        ("numeric_match", "18", "19", 0.0),
+        ("gsm8k", "so #### 42", "work...\n#### 42", 1.0),
+        ("gsm8k", "42", "#### 42", 0.0),
+        ("boxed_math", r"thus \boxed{\frac{1}{2}}", r"\frac{1}{2}", 1.0),
+        ("boxed_math", r"\boxed{3}", "3.0", 1.0),
+        ("exact_match", " yes ", "yes", 1.0),
+    ],
+)
+def test_verifiers(name: str, text: str, truth: str, expected: float) -> None:
+    assert resolve_reward(name)(RewardInput(text, [], truth)) == expected
+
+
+def test_combined_weights_and_plugins() -> None:
+    reward = CombinedReward([
+        RewardSpec(name="exact_match", weight=0.5),
+        RewardSpec(name="target_token_share", weight=2.0, args={"token_id": 7}),
+    ])
+    assert reward(RewardInput("x", [7, 1, 7, 1], "x")) == pytest.approx(0.5 + 2.0 * 0.5)
+    assert resolve_reward("os.path:basename") is not None
+    with pytest.raises(ConfigError, match="unknown reward"):
+        resolve_reward("nope")
+    with pytest.raises(ConfigError, match="cannot be loaded"):
+        resolve_reward("no_such_module_xyz:fn")
