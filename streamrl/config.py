@@ -93,6 +93,10 @@ class BufferConfig(_Section):
     # ZeroMQ receive high-water mark on a shard's ingest socket (messages).
     ingest_hwm: int = 1000
     max_message_bytes: int = 256 * 1024 * 1024
+    # Append every accepted group to the run's Arrow IPC log (buffer/) and recover on restart.
+    durable: bool = True
+    # Compact the durable log this often (seconds) when groups left the shard; 0 = never.
+    compact_every_s: float = 60.0
 
 
 class LearnerConfig(_Section):

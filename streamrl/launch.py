@@ -29,6 +29,7 @@ and ends every process it started.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import signal
@@ -71,6 +72,10 @@ class RunState:
     paused: bool = False
     generators: dict[int, GeneratorReport] = field(default_factory=dict)
     shards: dict[int, Any] = field(default_factory=dict)
+    # Live generator knobs set through the admin API; None = the generators' own config.
+    temperature: float | None = None
+    prompts_per_call: int | None = None
+    last_seen: dict[str, float] = field(default_factory=dict)  # role -> last report time
 
     def current_version(self) -> int:
         return self.version
@@ -183,6 +188,10 @@ class Controller:
         self.learners: list[Any] = []
         self.roles: dict[Any, str] = {}
         self.stopping = False
+        self.last_record: dict[str, Any] = {}
+        self._step_times: list[float] = []
+        self._watched: list[Any] = []
+        self.admin = self.live = None
         self._token_samples: collections.deque = collections.deque(maxlen=4096)
 
     def run(self) -> dict[str, Any]:
@@ -197,21 +206,66 @@ class Controller:
             check_rewards(cfg.rewards)
             model_dir = str(
                 resolve_model(
-                    cfg.model.name, tiny_hidden=cfg.model.tiny_hidden,
+                    cfg.model.name,
+                    tiny_hidden=cfg.model.tiny_hidden,
                     tiny_layers=cfg.model.tiny_layers,
                 )
             )
             self.run_dir = prepare_run_dir(cfg)
-            self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.console)
+            self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.console, cfg)
             init_ray(self.address)
             import ray
 
+            if threading.current_thread() is threading.main_thread():
+                # After ray.init, which installs a SIGTERM handler of its own that exits at once.
+                signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
             try:
                 return self._run(model_dir)
             except ray.exceptions.RayError as exc:  # a role failed to start
                 raise RunError(f"{_last_line(exc)} (see {self.run_dir / 'logs'})") from None
         finally:
             self.shutdown()
+
+    def _start_admin(self, shard_request_endpoints: list[str]) -> None:
+        from streamrl.admin.server import start_admin
+        from streamrl.control import LiveRun
+
+        self.live = LiveRun(self, shard_request_endpoints)
+        self.admin = start_admin(
+            self.live,
+            self.config.admin,
+            self.run_dir,
+            on_event=lambda kind, fields: self.metrics.event(kind, **fields),
+        )
+        print(
+            f"admin: {self.admin.url} (token in {self.run_dir / 'admin.token'})",
+            file=self.console,
+            flush=True,
+        )
+
+    def steps_per_s(self, window: int = 10) -> float:
+        times = self._step_times[-window:]
+        return (
+            (len(times) - 1) / (times[-1] - times[0])
+            if len(times) > 1 and times[-1] > times[0]
+            else 0.0
+        )
+
+    def role_health(self, now: float) -> dict[str, dict[str, Any]]:
+        import ray
+
+        running = set()
+        if self._watched:
+            _, not_done = ray.wait(list(self._watched), timeout=0, num_returns=len(self._watched))
+            running = {self.roles.get(ref) for ref in not_done}
+        return {
+            role: {
+                "alive": role in running,
+                "last_heartbeat": self.state.last_seen.get(role),
+                "restarts": 0,
+            }
+            for role in self.roles.values()
+        }
 
     def request_stop(self) -> None:
         """Graceful stop: no new groups start, learners finish their current step, the model
@@ -245,6 +299,7 @@ class Controller:
         self.actors += shards
         shard_eps = ray.get([s.endpoints.remote() for s in shards])
         serve_refs = [s.serve.remote() for s in shards]
+        self._start_admin([req for _, req in shard_eps])
         port = free_port()
         learners = [
             LearnerActor.remote(
@@ -278,6 +333,9 @@ class Controller:
         ]
         self.actors += generators
         self.pids = ray.get([a.pid.remote() for a in self.actors])
+        # Operators (and tests) can see exactly which processes this run owns.
+        (self.run_dir / "pids.json").write_text(json.dumps({"controller": os.getpid(),
+                                                            "roles": self.pids}))
         gen_refs = [g.run.remote() for g in generators]
         learner_refs = [learner.run.remote(cfg.run.max_steps) for learner in learners]
         self.roles = {
@@ -293,7 +351,8 @@ class Controller:
             flush=True,
         )
 
-        self._loop(learner_refs + serve_refs + gen_refs, learner_refs)
+        self._watched = learner_refs + serve_refs + gen_refs
+        self._loop(self._watched, learner_refs)
         # Learners are done: stop admission, let generators drain to the final version.
         self.state.stop = True
         self._wait_generators(gen_refs)
@@ -318,8 +377,11 @@ class Controller:
             except KeyboardInterrupt:
                 if self.stopping:
                     raise
-                print("stopping: finishing the current step (Ctrl-C again to abort)",
-                      file=self.console, flush=True)
+                print(
+                    "stopping: finishing the current step (Ctrl-C again to abort)",
+                    file=self.console,
+                    flush=True,
+                )
                 self.request_stop()
 
     def _check_roles(self, watched: list) -> None:
@@ -359,13 +421,17 @@ class Controller:
             match report:
                 case LearnerStep() as step:
                     self.state.version = max(self.state.version, step.version)
+                    self._step_times.append(step.time)
+                    self.state.last_seen["learner rank 0"] = step.time
                     self._steps.append(step)
                 case GeneratorReport() as g:
                     self.state.generators[g.generator_id] = g
+                    self.state.last_seen[f"generator {g.generator_id}"] = g.time
                     total = sum(r.tokens_generated for r in self.state.generators.values())
                     self._token_samples.append((g.time, total))
-                case ShardReport(stats=stats):
+                case ShardReport(stats=stats) as report:
                     self.state.shards[stats.shard_id] = stats
+                    self.state.last_seen[f"buffer shard {stats.shard_id}"] = report.time
                     dropped = sum(sum(s.dropped.values()) for s in self.state.shards.values())
                     with self.admission.lock:
                         self.policy.set_dropped(dropped)
@@ -382,6 +448,7 @@ class Controller:
             "generators/min_version": min((g.applied_version for g in gens), default=0),
             "generators/max_version": max((g.applied_version for g in gens), default=0),
         }
+        self.last_record = record
         self.metrics.write(record)
 
     def _wait_generators(self, gen_refs: list) -> None:
@@ -413,6 +480,10 @@ class Controller:
     def shutdown(self) -> None:
         import ray
 
+        if self.admin is not None:
+            self.admin.stop()
+        if self.live is not None:
+            self.live.close()
         for actor in self.actors:
             try:
                 ray.kill(actor)
@@ -441,8 +512,6 @@ def launch(config: Config, address: str | None = None, console=sys.stdout) -> di
     """Run one job to ``run.max_steps``; returns a summary (also written to summary.json).
     Ctrl-C or SIGTERM stops gracefully (the model is still exported); a second one aborts."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         return Controller(config, address, console).run()
     except KeyboardInterrupt:

@@ -1,34 +1,90 @@
-"""Per-step metrics: one JSON object per learner step in ``metrics.jsonl`` plus a console line."""
+"""Per-step metrics: ``metrics.jsonl`` always, a console line per step with a progress bar, and
+Weights & Biases when configured (step axis = learner version; the resolved config attached).
+
+Writes come from the controller loop (steps) and from admin API threads (events): one lock.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from streamrl.config import Config, to_dict
+
 
 class MetricsLog:
-    def __init__(self, path: Path, console: TextIO | None = None) -> None:
+    def __init__(
+        self, path: Path, console: TextIO | None = None, config: Config | None = None
+    ) -> None:
         self.file = path.open("a", buffering=1)
         self.console = console
         self.start = time.time()
+        self.lock = threading.Lock()
+        self.progress = self.task = None
+        self.wandb = None
+        if config is not None:
+            self._start_progress(config)
+            self._start_wandb(config, path.parent)
+
+    def _start_progress(self, config: Config) -> None:
+        if self.console is None or not config.logging.progress:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        console = Console(file=self.console, highlight=False, soft_wrap=True)
+        self.progress = Progress(
+            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+            TimeRemainingColumn(), console=console, transient=True,
+        )
+        self.task = self.progress.add_task("steps", total=config.run.max_steps)
+        self.progress.start()
+
+    def _start_wandb(self, config: Config, run_dir: Path) -> None:
+        if config.logging.wandb == "disabled":
+            return
+        import wandb
+
+        self.wandb = wandb.init(
+            project=config.logging.wandb_project, name=config.run.name, dir=str(run_dir),
+            mode=config.logging.wandb, config=to_dict(config),
+        )
+        # One explicit step axis: the learner version.
+        self.wandb.define_metric("step")
+        self.wandb.define_metric("*", step_metric="step")
 
     def write(self, record: dict[str, Any]) -> None:
         clean = {
             k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in record.items()
         }
-        self.file.write(json.dumps(clean) + "\n")
-        if self.console is not None:
+        with self.lock:
+            self.file.write(json.dumps(clean) + "\n")
+            if self.wandb is not None:
+                self.wandb.log({k: v for k, v in clean.items() if v is not None})
+        if self.progress is not None:
+            self.progress.console.print(summary_line(record))
+            self.progress.update(self.task, completed=record["step"])
+        elif self.console is not None:
             print(summary_line(record), file=self.console, flush=True)
 
     def event(self, kind: str, **fields: Any) -> None:
-        self.file.write(json.dumps({"event": kind, "time": time.time(), **fields}) + "\n")
+        with self.lock:
+            self.file.write(json.dumps({"event": kind, "time": time.time(), **fields}) + "\n")
 
     def close(self) -> None:
-        self.file.close()
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+        with self.lock:
+            if self.wandb is not None:
+                self.wandb.finish()
+                self.wandb = None
+            self.file.close()
 
 
 def summary_line(r: dict[str, Any]) -> str:

@@ -41,6 +41,8 @@ class Trajectory(msgspec.Struct):
     finish_reason: Literal["stop", "length", "abort"]
     generator_id: int
     response_text: str = ""
+    # Sampling temperature of this response; the learner scores it at the same temperature.
+    temperature: float = 1.0
 
     @property
     def min_version(self) -> int:
@@ -111,6 +113,15 @@ class ShardStats(msgspec.Struct, tag="shard_stats"):
     bytes: int
     malformed: int = 0
     staleness_hist: dict[int, int] = {}
+    # Malformed frames by kind (e.g. ``DecodeError``, ``ValidationError``, ``frames``).
+    malformed_by_kind: dict[str, int] = {}
+    # Peers that dropped their connection; libzmq also drops a peer that sends a frame over
+    # ``max_message_bytes``, so oversized frames show up here (libzmq gives no reason).
+    disconnects: int = 0
+    # Groups recovered from the durable log when this shard process started.
+    recovered: int = 0
+    # overflow=block: groups received while full, waiting for space (not yet accepted).
+    held: int = 0
 
 
 class Reconfigure(msgspec.Struct, tag="reconfigure"):
@@ -128,8 +139,45 @@ class Ack(msgspec.Struct, tag="ack"):
     error: str = ""
 
 
-ShardRequest = BatchRequest | StatsRequest | Reconfigure
-ShardReply = Batch | ShardStats | Ack
+class Peek(msgspec.Struct, tag="peek"):
+    """Ask a shard, without taking anything, which groups it would hand out next.
+
+    The shard answers with a ``PeekReply`` at once if it holds at least one group with
+    ``min_version >= floor``, else when one arrives or ``wait_ms`` runs out (long poll).
+    """
+
+    request_id: int
+    k: int
+    floor: int
+    learner_version: int
+    wait_ms: int = 0
+
+
+class PeekReply(msgspec.Struct, tag="peek_reply"):
+    """``order[i]`` is the sort key of the ``i``-th group the shard would hand out next (at
+    most ``k``): ``(0, finished_at)`` for fifo and random sampling, ``(-min_version,
+    finished_at)`` for freshest. Smaller keys go first when a client merges shards.
+    ``size`` is every group the shard holds, eligible or not."""
+
+    request_id: int
+    order: list[tuple[int, float]]
+    size: int
+
+
+class Checkpoint(msgspec.Struct, tag="checkpoint"):
+    """Compact the shard's durable log now (answered with ``Ack``)."""
+
+
+class RawBatch(msgspec.Struct, tag="batch"):
+    """A ``Batch`` as a shard sends it: each group is the msgpack frame it arrived in,
+    forwarded without re-encoding. Same bytes on the wire as ``Batch``: decode either way."""
+
+    request_id: int
+    groups: list[msgspec.Raw]
+
+
+ShardRequest = BatchRequest | StatsRequest | Reconfigure | Peek | Checkpoint
+ShardReply = Batch | ShardStats | Ack | PeekReply
 
 
 # ------------------------------------------------------------------ generator <-> controller
@@ -152,6 +200,9 @@ class AdmissionReply(msgspec.Struct, tag="admission_reply"):
     learner_version: int
     max_staleness: int
     stop: bool = False
+    # Live generator knobs (PATCH /config): applied from the next call on; None = unchanged.
+    temperature: float | None = None
+    prompts_per_call: int | None = None
 
 
 # --------------------------------------------------------------------------- weights

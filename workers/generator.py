@@ -9,6 +9,7 @@ Loop (waits for -> unblocked by):
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -111,6 +112,7 @@ class Generator:
             stop_token_ids=stop_token_ids(self.tokenizer),
         )
         self.learner_version = 0
+        self.prompts_per_call = gen.prompts_per_call
         self.tokens_generated = self.groups_pushed = 0
         self._last_report = 0.0
 
@@ -135,10 +137,10 @@ class Generator:
     # ------------------------------------------------------------------ loop
 
     def run(self) -> dict[str, int]:
-        gen = self.config.generator
         while True:
-            reply = self.admission.request(gen.prompts_per_call)
+            reply = self.admission.request(self.prompts_per_call)
             self.learner_version = reply.learner_version
+            self._apply_live_knobs(reply)
             if reply.stop:
                 break
             if reply.granted == 0:
@@ -156,6 +158,13 @@ class Generator:
         )
         self.report(force=True)
         return {"version": self.engine.version, "groups": self.groups_pushed}
+
+    def _apply_live_knobs(self, reply: AdmissionReply) -> None:
+        if reply.prompts_per_call is not None:
+            self.prompts_per_call = reply.prompts_per_call
+        if reply.temperature is not None and reply.temperature != self.sampling.temperature:
+            self.sampling = dataclasses.replace(self.sampling, temperature=reply.temperature)
+            log.info("generator[%d]: temperature -> %s", self.generator_id, reply.temperature)
 
     def generate_groups(self, prompts: list[Prompt]) -> list[TrajectoryGroup]:
         gen = self.config.generator
@@ -185,6 +194,7 @@ class Generator:
                         finish_reason=out.finish_reason,
                         generator_id=self.generator_id,
                         response_text=text,
+                        temperature=self.sampling.temperature,
                     )
                 )
                 self.tokens_generated += len(out.response_ids)

@@ -49,6 +49,7 @@ class MicroBatch:
     mask: torch.Tensor  # [B, T-1] 1 on response tokens
     behavior: torch.Tensor  # [B, T-1] behaviour logprobs at response tokens
     advantages: torch.Tensor  # [B]
+    temperatures: torch.Tensor  # [B] sampling temperature of each response
 
 
 def build_micro_batches(
@@ -69,7 +70,10 @@ def build_micro_batches(
             mask[i, p - 1 : p - 1 + r] = 1.0
             behavior[i, p - 1 : p - 1 + r] = torch.tensor(t.behavior_logprobs)
         batches.append(
-            MicroBatch(ids, ids[:, 1:], mask, behavior, advantages[start : start + len(chunk)])
+            MicroBatch(
+                ids, ids[:, 1:], mask, behavior, advantages[start : start + len(chunk)],
+                torch.tensor([t.temperature for t in chunk]),
+            )
         )
     return batches
 
@@ -180,10 +184,14 @@ class Learner:
 
     def _micro_step(self, batch: MicroBatch, denominator: torch.Tensor) -> dict[str, torch.Tensor]:
         alg = self.config.algorithm
-        temperature = self.config.generator.temperature
         ids = batch.input_ids.to(self.device)
         attention = (ids != self.pad_id).long()
         logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        # Score each response at the temperature it was sampled with (it can change live).
+        temperature = float(batch.temperatures[0])
+        if not bool((batch.temperatures == temperature).all()):
+            logits = logits / batch.temperatures.to(logits)[:, None, None]
+            temperature = 1.0
         logprobs = losses.token_logprobs(
             logits, batch.targets.to(self.device), temperature=temperature
         )

@@ -13,8 +13,14 @@ from streamrl.config import load_config
 from streamrl.launch import Controller
 
 ROOT = Path(__file__).resolve().parents[2]
-REQUIRED_KEYS = {"step", "reward/mean", "staleness/mean", "staleness/max",
-                 "throughput/tokens_per_s", "buffer/size"}
+REQUIRED_KEYS = {
+    "step",
+    "reward/mean",
+    "staleness/mean",
+    "staleness/max",
+    "throughput/tokens_per_s",
+    "buffer/size",
+}
 
 pytestmark = pytest.mark.slow
 
@@ -74,8 +80,12 @@ def test_sync_mode_trains_on_policy(tmp_path: Path) -> None:
 def test_learning_signal_flows(tmp_path: Path) -> None:
     """A trivially learnable reward (share of one target token) must rise clearly."""
     _, steps, _ = _run(
-        tmp_path, "run.max_steps=20", "generator.group_size=8", "learner.lr=3e-3",
-        "buffer.max_staleness=1", "rewards=[{name: target_token_share, args: {token_id: 27}}]",
+        tmp_path,
+        "run.max_steps=20",
+        "generator.group_size=8",
+        "learner.lr=3e-3",
+        "buffer.max_staleness=1",
+        "rewards=[{name: target_token_share, args: {token_id: 27}}]",
     )
     first = sum(r["reward/mean"] for r in steps[:3]) / 3
     last = sum(r["reward/mean"] for r in steps[-3:]) / 3

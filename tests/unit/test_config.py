@@ -32,7 +32,10 @@ def test_mistyped_value_names_its_path() -> None:
 
 def test_overrides_parse_yaml_values() -> None:
     assert parse_overrides(["a.b=3", "c.d=true", "e.f=[1, 2]", "g.h=1e-4"]) == [
-        ("a.b", 3), ("c.d", True), ("e.f", [1, 2]), ("g.h", 1e-4)
+        ("a.b", 3),
+        ("c.d", True),
+        ("e.f", [1, 2]),
+        ("g.h", 1e-4),
     ]
     with pytest.raises(ConfigError, match="expected section.key=value"):
         parse_overrides(["novalue"])

@@ -27,11 +27,16 @@ def test_arithmetic_is_seeded_and_streams_are_disjoint() -> None:
 
 
 def test_parquet_in_verl_layout(tmp_path: Path) -> None:
-    table = pa.table({
-        "prompt": [[{"role": "user", "content": "2+2?"}], [{"role": "user", "content": "3+3?"}]],
-        "reward_model": [{"ground_truth": "4"}, {"ground_truth": "6"}],
-        "data_source": ["toy", "toy"],
-    })
+    table = pa.table(
+        {
+            "prompt": [
+                [{"role": "user", "content": "2+2?"}],
+                [{"role": "user", "content": "3+3?"}],
+            ],
+            "reward_model": [{"ground_truth": "4"}, {"ground_truth": "6"}],
+            "data_source": ["toy", "toy"],
+        }
+    )
     path = tmp_path / "train.parquet"
     pq.write_table(table, path)
     prompts = load_prompt_file(path)
@@ -71,10 +76,12 @@ def test_verifiers(name: str, text: str, truth: str, expected: float) -> None:
 
 
 def test_combined_weights_and_plugins() -> None:
-    reward = CombinedReward([
-        RewardSpec(name="exact_match", weight=0.5),
-        RewardSpec(name="target_token_share", weight=2.0, args={"token_id": 7}),
-    ])
+    reward = CombinedReward(
+        [
+            RewardSpec(name="exact_match", weight=0.5),
+            RewardSpec(name="target_token_share", weight=2.0, args={"token_id": 7}),
+        ]
+    )
     assert reward(RewardInput("x", [7, 1, 7, 1], "x")) == pytest.approx(0.5 + 2.0 * 0.5)
     assert resolve_reward("os.path:basename") is not None
     with pytest.raises(ConfigError, match="unknown reward"):

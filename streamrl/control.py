@@ -1,0 +1,164 @@
+"""The controller's side of the admin API: ``RunControl`` over the live run (issue: operating).
+
+Every method runs on an HTTP worker thread. Shared state is guarded by the admission lock
+(admission decisions, live generator knobs) and by ``self.lock`` (the config and the shard
+control sockets, which only this class uses).
+
+Live changes are all-or-nothing: buffer knobs go to every shard as one ``Reconfigure``; if a
+shard refuses, the shards that accepted are set back and the patch answers 422.
+Example: ``{"buffer.max_staleness": 0}`` -> admission uses 0 from its next decision, every
+shard evicts with 0 from its next batch, and ``/status`` shows 0.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import zmq
+
+from streamrl.config import to_dict
+from streamrl.protocol import Ack, Reconfigure
+from streamrl.transport import Codec, make_socket
+
+if TYPE_CHECKING:
+    from streamrl.launch import Controller
+
+_SHARD_KEYS = {"capacity", "max_staleness", "sampling", "max_reuse", "overflow"}
+
+
+class LiveRun:
+    def __init__(self, controller: Controller, shard_endpoints: list[str]) -> None:
+        self.c = controller
+        self.lock = threading.Lock()
+        self.ctx = zmq.Context()
+        self.shards = []
+        for endpoint in shard_endpoints:
+            sock = make_socket(self.ctx, zmq.DEALER)
+            sock.connect(endpoint)
+            self.shards.append(sock)
+        self.codec: Codec[Ack] = Codec(Ack, "shard control")
+
+    # ------------------------------------------------------------------ reads
+
+    def config(self) -> dict[str, Any]:
+        with self.lock:
+            return to_dict(self.c.config)
+
+    def status(self) -> dict[str, Any]:
+        c, state = self.c, self.c.state
+        now = time.time()
+        hist: dict[str, int] = {}
+        for stats in state.shards.values():
+            for staleness, n in stats.staleness_hist.items():
+                hist[str(staleness)] = hist.get(str(staleness), 0) + n
+        return {
+            "run": c.config.run.name,
+            "mode": c.config.run.mode,
+            "state": "stopping" if state.stop else "paused" if state.paused else "running",
+            "version": state.version,
+            "max_steps": c.config.run.max_steps,
+            "steps_per_s": c.steps_per_s(),
+            "tokens_per_s": c.tokens_per_s(),
+            "roles": c.role_health(now),
+            "shards": [
+                {
+                    "shard_id": s.shard_id,
+                    "size": s.size,
+                    "capacity": s.capacity,
+                    "dropped": s.dropped,
+                    "ingested": s.ingested,
+                    "consumed": s.consumed,
+                }
+                for s in sorted(state.shards.values(), key=lambda s: s.shard_id)
+            ],
+            "staleness_hist": hist,
+            "generators": [
+                {"generator_id": g.generator_id, "applied_version": g.applied_version}
+                for g in sorted(state.generators.values(), key=lambda g: g.generator_id)
+            ],
+            "admission": {
+                "started": c.policy.started,
+                "dropped": c.policy.dropped,
+                "max_staleness": c.policy.max_staleness,
+            },
+        }
+
+    def metrics(self) -> dict[str, float]:
+        out = {k: v for k, v in self.c.last_record.items() if isinstance(v, int | float)}
+        out["version"] = self.c.state.version
+        out["throughput/tokens_per_s"] = self.c.tokens_per_s()
+        return out
+
+    # ------------------------------------------------------------------ writes
+
+    def apply_live(self, changes: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+        with self.lock:
+            config = self.c.config
+            old = {key: _get(config, key) for key in changes}
+            buffer_changes = {
+                key.split(".", 1)[1]: value
+                for key, value in changes.items()
+                if key.startswith("buffer.") and key.split(".", 1)[1] in _SHARD_KEYS
+            }
+            if buffer_changes:
+                self._reconfigure_shards(
+                    buffer_changes,
+                    {key: _get(config, f"buffer.{key}") for key in buffer_changes},
+                )
+            with self.c.admission.lock:
+                for key, value in changes.items():
+                    _set(config, key, value)
+                self.c.policy.max_staleness = config.buffer.max_staleness
+                self.c.state.temperature = config.generator.temperature
+                self.c.state.prompts_per_call = config.generator.prompts_per_call
+            return {key: (old[key], changes[key]) for key in changes}
+
+    def _reconfigure_shards(self, changes: dict[str, Any], previous: dict[str, Any]) -> None:
+        accepted = []
+        for i, sock in enumerate(self.shards):
+            ack = self._ask(sock, Reconfigure(**changes))
+            if not ack.ok:
+                for j in accepted:  # all or nothing: put the others back
+                    self._ask(self.shards[j], Reconfigure(**previous))
+                raise ValueError(f"buffer shard {i} refused: {ack.error}")
+            accepted.append(i)
+
+    def _ask(self, sock: zmq.Socket, message: Reconfigure, timeout_s: float = 10.0) -> Ack:
+        sock.send(msgspec.msgpack.encode(message))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if sock.poll(100):
+                reply = self.codec.decode(sock.recv())
+                if reply is not None:
+                    return reply
+        raise RuntimeError("a buffer shard did not answer the reconfigure request in time")
+
+    def pause(self) -> None:
+        with self.c.admission.lock:
+            self.c.state.paused = True
+
+    def resume(self) -> None:
+        with self.c.admission.lock:
+            self.c.state.paused = False
+
+    def stop(self) -> None:
+        self.c.request_stop()
+
+    def checkpoint(self) -> dict[str, Any]:
+        raise NotImplementedError("checkpoints are not implemented yet")
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+
+
+def _get(config: Any, dotted: str) -> Any:
+    section, key = dotted.split(".", 1)
+    return getattr(getattr(config, section), key)
+
+
+def _set(config: Any, dotted: str, value: Any) -> None:
+    section, key = dotted.split(".", 1)
+    setattr(getattr(config, section), key, value)
