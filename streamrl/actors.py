@@ -52,13 +52,22 @@ class BufferShardActor:
 
 @ray.remote(num_cpus=0, max_concurrency=2)
 class LearnerActor:
-    def __init__(self, log_file: str, *args: Any) -> None:
+    """Two-phase start: rank 0's address must be known before any rank joins the group."""
+
+    def __init__(self, log_file: str) -> None:
         _setup_process(log_file)
+        self.learner = None
+
+    def rendezvous_address(self) -> str:
+        from streamrl.transport import bind_host, free_port
+
+        host = bind_host()
+        return f"{host}:{free_port(host)}"
+
+    def setup(self, *args: Any) -> tuple[str, str]:
         from streamrl.workers.learner import Learner
 
         self.learner = Learner(*args)
-
-    def endpoints(self) -> tuple[str, str]:
         return self.learner.endpoints()
 
     def pid(self) -> int:
@@ -71,7 +80,8 @@ class LearnerActor:
         self.learner.export_hf(out_dir)
 
     def stop(self) -> None:
-        self.learner.request_stop()
+        if self.learner is not None:
+            self.learner.request_stop()
 
     def close(self) -> None:
         self.learner.close()

@@ -22,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--mode", choices=["async", "sync"], help="run.mode")
     launch.add_argument("--name", help="run name (run.name): the run directory is runs/NAME")
     launch.add_argument("--address", help="join an existing Ray cluster (HOST:PORT or auto)")
+    launch.add_argument("--gpus-per-generator", type=float, help="generator.gpus")
+    launch.add_argument("--gpus-per-learner", type=float, help="learner.gpus")
 
     validate = sub.add_parser("validate", help="check a config and print it resolved")
     validate.add_argument("config")
@@ -88,6 +90,8 @@ def _launch(args: argparse.Namespace) -> int:
         ("generators", "generator.count"),
         ("mode", "run.mode"),
         ("name", "run.name"),
+        ("gpus_per_generator", "generator.gpus"),
+        ("gpus_per_learner", "learner.gpus"),
     ):
         value = getattr(args, flag)
         if value is not None:

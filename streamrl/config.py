@@ -72,6 +72,8 @@ class GeneratorConfig(_Section):
     count: int = 1
     engine: Literal["hf", "sglang"] = "hf"
     device: str = "cpu"
+    # GPUs per generator actor (Ray placement group); > 0 implies device=cuda.
+    gpus: float = 0.0
     group_size: int = 4
     prompts_per_call: int = 2
     temperature: float = 1.0
@@ -103,6 +105,8 @@ class LearnerConfig(_Section):
     count: int = 1
     device: str = "cpu"
     backend: Literal["gloo", "nccl"] = "gloo"
+    # GPUs per learner rank (Ray placement group, packed); > 0 implies device=cuda, nccl.
+    gpus: float = 0.0
     # Prompt groups per optimizer step, across all ranks (must divide by `count`).
     groups_per_step: int = 4
     lr: float = 1e-5
@@ -216,6 +220,10 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
 
 def _finalize(config: Config) -> Config:
     """Apply the settings one choice implies, then check what the types cannot express."""
+    if config.learner.gpus > 0 and config.learner.device == "cpu":
+        config.learner.device, config.learner.backend = "cuda", "nccl"
+    if config.generator.gpus > 0 and config.generator.device == "cpu":
+        config.generator.device = "cuda"
     if config.run.mode == "sync":
         # Synchronous mode is the async machinery with no staleness and no in-flight updates.
         config.buffer.max_staleness = 0

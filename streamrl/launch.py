@@ -145,6 +145,19 @@ def prepare_run_dir(config: Config) -> Path:
     return run_dir
 
 
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, not after Ray's minute of retries, when nothing listens there."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto" and other forms are Ray's to resolve
+    import socket
+
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RunError(f"cannot reach the Ray cluster at {address}: {exc}") from None
+
+
 def init_ray(address: str | None) -> None:
     """Embedded loopback-only Ray by default; ``address`` joins an existing cluster."""
     # Keeps Ray's node on loopback (Ray otherwise binds the host's routable address).
@@ -160,7 +173,10 @@ def init_ray(address: str | None) -> None:
     if address is None:
         kwargs.update(num_cpus=os.cpu_count() or 2, _node_ip_address="127.0.0.1")
     else:
+        _check_reachable(address)
         kwargs["address"] = address
+        if address.split(":")[0] in ("127.0.0.1", "localhost"):
+            kwargs["_node_ip_address"] = "127.0.0.1"  # a loopback head: stay on loopback
     try:
         ray.init(**kwargs)
     except ConnectionError as exc:
@@ -175,13 +191,11 @@ class Controller:
         self.config, self.address, self.console = config, address, console
         self.state = RunState()
         self.ctx = zmq.Context()
-        self.report_sock = make_socket(self.ctx, zmq.PULL, rcvhwm=0)
-        self.report_endpoint = bind_random(self.report_sock, role="controller reports")
         self.report_codec: Codec[Report] = Codec(Report, "reports")
         self.policy = AdmissionPolicy(
             config.learner.groups_per_step, config.buffer.max_staleness, self.state
         )
-        self.admission = AdmissionServer(self.ctx, self.policy, self.state)
+        self.report_sock = self.admission = None
         self.actors: list[Any] = []
         self.pids: list[int] = []
         self._steps: list[LearnerStep] = []
@@ -192,6 +206,7 @@ class Controller:
         self._step_times: list[float] = []
         self._watched: list[Any] = []
         self.admin = self.live = None
+        self._groups: dict[str, Any] = {}
         self._token_samples: collections.deque = collections.deque(maxlen=4096)
 
     def run(self) -> dict[str, Any]:
@@ -216,6 +231,7 @@ class Controller:
             init_ray(self.address)
             import ray
 
+            self._open_control_plane()
             if threading.current_thread() is threading.main_thread():
                 # After ray.init, which installs a SIGTERM handler of its own that exits at once.
                 signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
@@ -225,6 +241,50 @@ class Controller:
                 raise RunError(f"{_last_line(exc)} (see {self.run_dir / 'logs'})") from None
         finally:
             self.shutdown()
+
+    def _open_control_plane(self) -> None:
+        """Report and admission sockets; on a cluster they bind this node's address so roles
+        on other nodes reach them (after ray.init, which knows that address)."""
+        if self.address is not None:
+            os.environ["STREAMRL_BIND_HOST"] = "node"
+        self.report_sock = make_socket(self.ctx, zmq.PULL, rcvhwm=0)
+        self.report_endpoint = bind_random(self.report_sock, role="controller reports")
+        self.admission = AdmissionServer(self.ctx, self.policy, self.state)
+
+    def _placement(self, role: str, index: int) -> dict[str, Any]:
+        """Ray options for one actor: where its sockets bind, and its GPU bundle if it has one.
+        GPU roles get one placement group per role (learners packed for NCCL, generators
+        spread), created on first use."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bind = "127.0.0.1" if self.address is None else "node"
+        options: dict[str, Any] = {"runtime_env": {"env_vars": {"STREAMRL_BIND_HOST": bind}}}
+        gpus = {"learner": self.config.learner.gpus, "generator": self.config.generator.gpus}
+        count = {"learner": self.config.learner.count, "generator": self.config.generator.count}
+        if gpus.get(role, 0) <= 0:
+            return options
+        if role not in self._groups:
+            from ray.util.placement_group import placement_group
+
+            strategy = "PACK" if role == "learner" else "SPREAD"
+            group = placement_group([{"GPU": gpus[role], "CPU": 1}] * count[role], strategy)
+            import ray
+
+            try:
+                ray.get(group.ready(), timeout=120)
+            except ray.exceptions.GetTimeoutError:
+                raise RunError(
+                    f"cannot place {count[role]} {role}(s) with {gpus[role]} GPU each: "
+                    "not enough GPUs in the cluster"
+                ) from None
+            self._groups[role] = group
+        options.update(
+            num_gpus=gpus[role],
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=self._groups[role], placement_group_bundle_index=index
+            ),
+        )
+        return options
 
     def _start_admin(self, shard_request_endpoints: list[str]) -> None:
         from streamrl.admin.server import start_admin
@@ -283,11 +343,10 @@ class Controller:
         import ray
 
         from streamrl.actors import BufferShardActor, GeneratorActor, LearnerActor
-        from streamrl.transport import free_port
 
         cfg = self.config
         shards = [
-            BufferShardActor.remote(
+            BufferShardActor.options(**self._placement("buffer", 0)).remote(
                 self._log_file(f"buffer-{i}"),
                 cfg.buffer,
                 i,
@@ -300,25 +359,31 @@ class Controller:
         shard_eps = ray.get([s.endpoints.remote() for s in shards])
         serve_refs = [s.serve.remote() for s in shards]
         self._start_admin([req for _, req in shard_eps])
-        port = free_port()
         learners = [
-            LearnerActor.remote(
-                self._log_file(f"learner-{r}"),
-                cfg,
-                r,
-                cfg.learner.count,
-                port,
-                model_dir,
-                [req for _, req in shard_eps],
-                self.report_endpoint,
+            LearnerActor.options(**self._placement("learner", r)).remote(
+                self._log_file(f"learner-{r}")
             )
             for r in range(cfg.learner.count)
         ]
         self.actors += learners
         self.learners = learners
-        weight_eps = ray.get([learner.endpoints.remote() for learner in learners])
+        master = ray.get(learners[0].rendezvous_address.remote())
+        weight_eps = ray.get(
+            [
+                learner.setup.remote(
+                    cfg,
+                    r,
+                    cfg.learner.count,
+                    master,
+                    model_dir,
+                    [req for _, req in shard_eps],
+                    self.report_endpoint,
+                )
+                for r, learner in enumerate(learners)
+            ]
+        )
         generators = [
-            GeneratorActor.remote(
+            GeneratorActor.options(**self._placement("generator", g)).remote(
                 self._log_file(f"generator-{g}"),
                 cfg,
                 g,
@@ -334,8 +399,9 @@ class Controller:
         self.actors += generators
         self.pids = ray.get([a.pid.remote() for a in self.actors])
         # Operators (and tests) can see exactly which processes this run owns.
-        (self.run_dir / "pids.json").write_text(json.dumps({"controller": os.getpid(),
-                                                            "roles": self.pids}))
+        (self.run_dir / "pids.json").write_text(
+            json.dumps({"controller": os.getpid(), "roles": self.pids})
+        )
         gen_refs = [g.run.remote() for g in generators]
         learner_refs = [learner.run.remote(cfg.run.max_steps) for learner in learners]
         self.roles = {
@@ -489,8 +555,8 @@ class Controller:
                 ray.kill(actor)
             except Exception:  # already gone
                 pass
-        self.admission.close()
-        self.report_sock.close()
+        if self.admission is not None:
+            self.admission.close()
         self.ctx.destroy(linger=0)
         if getattr(self, "metrics", None):
             self.metrics.close()

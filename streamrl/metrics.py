@@ -38,8 +38,12 @@ class MetricsLog:
 
         console = Console(file=self.console, highlight=False, soft_wrap=True)
         self.progress = Progress(
-            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-            TimeRemainingColumn(), console=console, transient=True,
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
         )
         self.task = self.progress.add_task("steps", total=config.run.max_steps)
         self.progress.start()
@@ -50,8 +54,11 @@ class MetricsLog:
         import wandb
 
         self.wandb = wandb.init(
-            project=config.logging.wandb_project, name=config.run.name, dir=str(run_dir),
-            mode=config.logging.wandb, config=to_dict(config),
+            project=config.logging.wandb_project,
+            name=config.run.name,
+            dir=str(run_dir),
+            mode=config.logging.wandb,
+            config=to_dict(config),
         )
         # One explicit step axis: the learner version.
         self.wandb.define_metric("step")

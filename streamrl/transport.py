@@ -8,6 +8,7 @@ per socket, and malformed frames counted and dropped instead of crashing the pro
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from collections import Counter
 from typing import Any, Generic, TypeVar
@@ -19,6 +20,17 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 LOOPBACK = "127.0.0.1"
+
+
+def bind_host() -> str:
+    """Where this process binds its sockets: 127.0.0.1 unless the controller placed it on a
+    cluster (``STREAMRL_BIND_HOST=node``: this node's address, reachable from other nodes)."""
+    host = os.environ.get("STREAMRL_BIND_HOST", LOOPBACK)
+    if host == "node":
+        import ray.util
+
+        return ray.util.get_node_ip_address()
+    return host
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -41,8 +53,10 @@ def make_socket(
     return sock
 
 
-def bind_random(sock: zmq.Socket, host: str = LOOPBACK, role: str = "") -> str:
-    """Bind to a free port on ``host`` and return the endpoint (logged once)."""
+def bind_random(sock: zmq.Socket, host: str | None = None, role: str = "") -> str:
+    """Bind to a free port on ``host`` (default: ``bind_host()``); return the endpoint (logged
+    once)."""
+    host = host or bind_host()
     port = sock.bind_to_random_port(f"tcp://{host}")
     endpoint = f"tcp://{host}:{port}"
     log.info("%s bound %s", role or "socket", endpoint)

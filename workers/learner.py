@@ -71,7 +71,11 @@ def build_micro_batches(
             behavior[i, p - 1 : p - 1 + r] = torch.tensor(t.behavior_logprobs)
         batches.append(
             MicroBatch(
-                ids, ids[:, 1:], mask, behavior, advantages[start : start + len(chunk)],
+                ids,
+                ids[:, 1:],
+                mask,
+                behavior,
+                advantages[start : start + len(chunk)],
                 torch.tensor([t.temperature for t in chunk]),
             )
         )
@@ -84,7 +88,7 @@ class Learner:
         config: Config,
         rank: int,
         world_size: int,
-        master_port: int,
+        master: str,
         model_dir: str,
         shard_endpoints: list[str],
         report_endpoint: str,
@@ -95,9 +99,11 @@ class Learner:
         self.config, self.rank, self.world_size = config, rank, world_size
         self.model_dir = Path(model_dir)
         self.device = torch.device(lc.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device.index or 0)
         dist.init_process_group(
             lc.backend,
-            init_method=f"tcp://127.0.0.1:{master_port}",
+            init_method=f"tcp://{master}",
             rank=rank,
             world_size=world_size,
         )
@@ -166,7 +172,7 @@ class Learner:
         counts = torch.tensor(
             [sum(b.mask.sum() for b in batches), sum((b.mask.sum(-1) > 0).sum() for b in batches)],
             dtype=torch.float64,
-        )
+        ).to(self.device)
         dist.all_reduce(counts)
         denominator = counts[1] if alg.loss_agg.startswith("seq") else counts[0]
         sums: dict[str, torch.Tensor] = {}
@@ -244,10 +250,10 @@ class Learner:
                 torch.tensor(float(len(groups)), dtype=torch.float64),
                 torch.tensor(float(tokens), dtype=torch.float64),
             ]
-            + [sums[n] / n_batches for n in names]
-        )
+            + [(sums[n] / n_batches).cpu() for n in names]
+        ).to(self.device)
         dist.all_reduce(total)
-        peak = torch.stack([staleness.max().double(), rewards.max().double()])
+        peak = torch.stack([staleness.max().double(), rewards.max().double()]).to(self.device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         out = {
             "reward/mean": float(total[0] / total[1]),

@@ -79,7 +79,13 @@ def test_each_loss_option_trains_without_nan(model_dir: str, overrides: list[str
         ],
     )
     learner = Learner(
-        config, 0, 1, free_port(), model_dir, ["tcp://127.0.0.1:9"], "tcp://127.0.0.1:9"
+        config,
+        0,
+        1,
+        f"127.0.0.1:{free_port()}",
+        model_dir,
+        ["tcp://127.0.0.1:9"],
+        "tcp://127.0.0.1:9",
     )
     try:
         before = {n: p.detach().full_tensor().clone() for n, p in learner.model.named_parameters()}
