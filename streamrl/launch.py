@@ -141,7 +141,10 @@ def prepare_run_dir(config: Config) -> Path:
 
         shutil.rmtree(run_dir)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(config))
+    resolved = msgspec.structs.replace(
+        config, admin=msgspec.structs.replace(config.admin, token=None)  # never on disk in clear
+    )
+    (run_dir / "config.yaml").write_text(to_yaml(resolved))
     return run_dir
 
 

