@@ -164,10 +164,21 @@ class Learner:
         alg, start = self.config.algorithm, time.perf_counter()
         rewards = torch.tensor([t.reward for g in groups for t in g.trajectories])
         group_ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.trajectories])
-        advantages = adv.ADVANTAGES[alg.advantage](rewards, group_ids)
         batches = build_micro_batches(
-            groups, advantages, self.config.learner.micro_batch_size, self.pad_id
+            groups, torch.zeros_like(rewards), self.config.learner.micro_batch_size, self.pad_id
         )
+        scores, sums = rewards, {}
+        if self.ref_model is not None and alg.kl.in_reward:
+            seq_kl = self._sequence_kl(batches)
+            scores = rewards - self.kl_controller.value * seq_kl
+            # Per-token KL, in the same units as the in-loss metric (sums are averaged later).
+            tokens = sum(b.mask.sum() for b in batches).clamp(min=1)
+            sums["kl/ref"] = (seq_kl.sum() / tokens).double() * len(batches)
+        advantages = adv.ADVANTAGES[alg.advantage](scores, group_ids)
+        offset = 0
+        for batch in batches:
+            batch.advantages = advantages[offset : offset + len(batch.advantages)]
+            offset += len(batch.advantages)
         # Global denominators so micro-batch losses sum to the whole-batch loss (see module doc).
         counts = torch.tensor(
             [sum(b.mask.sum() for b in batches), sum((b.mask.sum(-1) > 0).sum() for b in batches)],
@@ -175,7 +186,6 @@ class Learner:
         ).to(self.device)
         dist.all_reduce(counts)
         denominator = counts[1] if alg.loss_agg.startswith("seq") else counts[0]
-        sums: dict[str, torch.Tensor] = {}
         for batch in batches:
             for key, value in self._micro_step(batch, denominator).items():
                 sums[key] = sums.get(key, 0.0) + value.detach().double()
@@ -187,6 +197,22 @@ class Learner:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return self._reduce_metrics(groups, rewards, sums, len(batches), grad_norm, start)
+
+    @torch.no_grad()
+    def _sequence_kl(self, batches: list[MicroBatch]) -> torch.Tensor:
+        """KL(behaviour || reference) summed over each response: the in-reward penalty
+        (Ziegler et al. 2019 / InstructGPT), subtracted from the score before advantages."""
+        kind, out = self.config.algorithm.kl.kind, []
+        for batch in batches:
+            ids = batch.input_ids.to(self.device)
+            logits = self.ref_model(input_ids=ids, attention_mask=(ids != self.pad_id).long())
+            ref = losses.token_logprobs(
+                logits.logits[:, :-1] / batch.temperatures.to(self.device)[:, None, None],
+                ids[:, 1:],
+            )
+            kl = kl_lib.estimate(batch.behavior.to(self.device), ref, kind)
+            out.append((kl * batch.mask.to(self.device)).sum(-1).cpu())
+        return torch.cat(out)
 
     def _micro_step(self, batch: MicroBatch, denominator: torch.Tensor) -> dict[str, torch.Tensor]:
         alg = self.config.algorithm
@@ -226,7 +252,7 @@ class Learner:
             kl = kl_lib.estimate(logprobs, ref, alg.kl.kind)
             kl_loss = losses.aggregate(kl, mask, alg.loss_agg, denominator=denominator)
             loss = loss + self.kl_controller.value * kl_loss
-            metrics["kl/ref"] = kl_loss
+            metrics["kl/ref"] = kl_loss.detach()
         if alg.entropy_coef > 0:
             ent = losses.entropy(logits, mask, temperature=temperature)
             loss = loss - alg.entropy_coef * ent

@@ -65,6 +65,12 @@ def model_dir() -> str:
             "algorithm.kl.coef=0.05",
             "algorithm.kl.kind=k3",
         ],
+        [
+            "algorithm.kl.coef=0.1",
+            "algorithm.kl.in_reward=true",
+            "algorithm.kl.kind=k1",
+            "algorithm.kl.adaptive_target=0.01",
+        ],
     ],
     ids=lambda o: ",".join(x.split(".", 1)[1] for x in o),
 )
