@@ -143,6 +143,12 @@ class AlgorithmConfig(_Section):
     ] = "token-mean"
     kl: KLConfig = msgspec.field(default_factory=KLConfig)
     entropy_coef: float = 0.0
+    # GAE (advantage=gae trains a critic beside the policy).
+    gamma: float = 1.0
+    lam: float = 0.95
+    value_clip: float = 0.2
+    value_coef: float = 0.5
+    critic_lr: float | None = None  # None = learner.lr
     # Allow an asynchronous run without an off-policy correction (usually a mistake).
     allow_uncorrected: bool = False
 
@@ -263,10 +269,6 @@ def _finalize(config: Config) -> Config:
             "an asynchronous run (buffer.max_staleness > 0) with algorithm.correction=none trains "
             "on stale data without correction; pick a correction or set "
             "algorithm.allow_uncorrected=true",
-        ),
-        (
-            config.algorithm.advantage != "gae",
-            "algorithm.advantage=gae needs a critic, which the learner does not train yet",
         ),
     ]
     for ok, message in checks:

@@ -31,6 +31,7 @@ import zmq
 from streamrl.algorithms import advantages as adv
 from streamrl.algorithms import kl as kl_lib
 from streamrl.algorithms import losses
+from streamrl.algorithms import rewards as shaping
 from streamrl.buffers.client import BufferClient
 from streamrl.config import Config
 from streamrl.models import load_causal_lm, load_tokenizer
@@ -50,6 +51,8 @@ class MicroBatch:
     behavior: torch.Tensor  # [B, T-1] behaviour logprobs at response tokens
     advantages: torch.Tensor  # [B]
     temperatures: torch.Tensor  # [B] sampling temperature of each response
+    returns: torch.Tensor | None = None  # [B, T-1] GAE returns (critic only)
+    old_values: torch.Tensor | None = None  # [B, T-1] values before this step (critic only)
 
 
 def build_micro_batches(
@@ -118,6 +121,11 @@ class Learner:
         if config.algorithm.kl.coef > 0:
             self.ref_model = load_causal_lm(Path(model_dir), "bfloat16", lc.device).eval()
             self.ref_model.requires_grad_(False)
+        self.critic = None
+        if config.algorithm.advantage == "gae":
+            from streamrl.workers.critic import Critic
+
+            self.critic = Critic(config, self.model_dir, mesh, self.device)
         self.kl_controller = kl_lib.make_controller(
             config.algorithm.kl.coef,
             config.algorithm.kl.adaptive_target,
@@ -174,11 +182,7 @@ class Learner:
             # Per-token KL, in the same units as the in-loss metric (sums are averaged later).
             tokens = sum(b.mask.sum() for b in batches).clamp(min=1)
             sums["kl/ref"] = (seq_kl.sum() / tokens).double() * len(batches)
-        advantages = adv.ADVANTAGES[alg.advantage](scores, group_ids)
-        offset = 0
-        for batch in batches:
-            batch.advantages = advantages[offset : offset + len(batch.advantages)]
-            offset += len(batch.advantages)
+        self._set_advantages(batches, scores, group_ids)
         # Global denominators so micro-batch losses sum to the whole-batch loss (see module doc).
         counts = torch.tensor(
             [sum(b.mask.sum() for b in batches), sum((b.mask.sum(-1) > 0).sum() for b in batches)],
@@ -196,7 +200,35 @@ class Learner:
             grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.critic is not None:
+            sums["critic/grad_norm"] = self.critic.step().double().cpu() * len(batches)
         return self._reduce_metrics(groups, rewards, sums, len(batches), grad_norm, start)
+
+    def _set_advantages(
+        self, batches: list[MicroBatch], scores: torch.Tensor, group_ids: torch.Tensor
+    ) -> None:
+        """Group advantages ([B] per micro-batch), or GAE from the critic ([B, T-1])."""
+        alg = self.config.algorithm
+        sizes = [len(b.advantages) for b in batches]
+        if self.critic is None:
+            advantages = adv.ADVANTAGES[alg.advantage](scores, group_ids)
+            for batch, part in zip(batches, advantages.split(sizes), strict=True):
+                batch.advantages = part
+            return
+        for batch, part in zip(batches, scores.split(sizes), strict=True):
+            ids = batch.input_ids.to(self.device)
+            with torch.no_grad():
+                values = self.critic.values(ids, (ids != self.pad_id).long()).cpu()
+            rewards = shaping.token_level_rewards(part, batch.mask)
+            batch.advantages, batch.returns = adv.gae(
+                rewards, values, batch.mask, gamma=alg.gamma, lam=alg.lam
+            )
+            batch.old_values = values
+        # Whiten over every response token of this rank (PPO's usual normalisation).
+        flat = torch.cat([b.advantages[b.mask.bool()] for b in batches])
+        mean, std = flat.mean(), flat.std() if flat.numel() > 1 else torch.tensor(1.0)
+        for batch in batches:
+            batch.advantages = (batch.advantages - mean) / (std + 1e-8) * batch.mask
 
     @torch.no_grad()
     def _sequence_kl(self, batches: list[MicroBatch]) -> torch.Tensor:
@@ -230,11 +262,12 @@ class Learner:
         mask = batch.mask.to(self.device)
         behavior = batch.behavior.to(self.device)
         proximal = logprobs.detach() if alg.proximal == "recompute" else behavior
+        advantages = batch.advantages.to(self.device)
         loss, metrics = losses.policy_loss(
             logprobs,
             proximal,
             behavior,
-            batch.advantages.to(self.device)[:, None],
+            advantages[:, None] if advantages.dim() == 1 else advantages,
             mask,
             clip_low=alg.clip_low,
             clip_high=alg.clip_high,
@@ -257,6 +290,19 @@ class Learner:
             ent = losses.entropy(logits, mask, temperature=temperature)
             loss = loss - alg.entropy_coef * ent
             metrics["policy/entropy"] = ent
+        if self.critic is not None:
+            values = self.critic.values(ids, attention)
+            value_loss = losses.value_loss(
+                values,
+                batch.returns.to(self.device),
+                batch.old_values.to(self.device),
+                mask,
+                clip=alg.value_clip,
+                agg=alg.loss_agg,
+                agg_denominator=denominator,
+            )
+            loss = loss + alg.value_coef * value_loss
+            metrics["critic/value_loss"] = value_loss.detach()
         (loss * self.world_size).backward()
         metrics["loss/total"] = loss
         return metrics

@@ -65,6 +65,7 @@ def model_dir() -> str:
             "algorithm.kl.coef=0.05",
             "algorithm.kl.kind=k3",
         ],
+        ["algorithm.advantage=gae", "algorithm.lam=0.9", "algorithm.critic_lr=1e-3"],
         [
             "algorithm.kl.coef=0.1",
             "algorithm.kl.in_reward=true",
