@@ -168,7 +168,10 @@ def test_launch_joins_a_loopback_cluster(tmp_path: Path) -> None:
     try:
         _wait_for(lambda: _port_open(port), 60, "the Ray head")
         proc = _launch(run_dir, "run.max_steps=3", "--address", f"127.0.0.1:{port}", env=env)
-        output, _ = proc.communicate(timeout=300)
+        try:
+            output, _ = proc.communicate(timeout=300)
+        finally:
+            _end(proc)
         assert proc.returncode == 0, output
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["version"] == 3
@@ -184,6 +187,9 @@ def test_launch_joins_a_loopback_cluster(tmp_path: Path) -> None:
 
 def test_unreachable_cluster_is_one_line(tmp_path: Path) -> None:
     proc = _launch(tmp_path / "nowhere", "--address", f"127.0.0.1:{free_port()}")
-    output, _ = proc.communicate(timeout=120)
+    try:
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        _end(proc)
     assert proc.returncode == 1
     assert "cannot reach the Ray cluster" in output.strip().splitlines()[-1]
