@@ -79,6 +79,15 @@ class LearnerActor:
     def export_hf(self, out_dir: str) -> None:
         self.learner.export_hf(out_dir)
 
+    def version(self) -> int:
+        return self.learner.version
+
+    def request_checkpoint(self) -> None:
+        self.learner.request_checkpoint()
+
+    def final_checkpoint(self) -> str:
+        return str(self.learner.final_checkpoint())
+
     def stop(self) -> None:
         if self.learner is not None:
             self.learner.request_stop()

@@ -22,6 +22,11 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--mode", choices=["async", "sync"], help="run.mode")
     launch.add_argument("--name", help="run name (run.name): the run directory is runs/NAME")
     launch.add_argument("--address", help="join an existing Ray cluster (HOST:PORT or auto)")
+    launch.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue RUN_DIR from its newest checkpoint with its config (plus overrides)",
+    )
     launch.add_argument("--gpus-per-generator", type=float, help="generator.gpus")
     launch.add_argument("--gpus-per-learner", type=float, help="learner.gpus")
 
@@ -84,6 +89,19 @@ def _split_config_arg(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 def _launch(args: argparse.Namespace) -> int:
     path, overrides = _split_config_arg(args)
+    if args.resume:
+        from pathlib import Path
+
+        run_dir = Path(args.resume)
+        if path is not None:
+            raise ConfigError("--resume uses the run's own config.yaml; pass overrides only")
+        path = str(run_dir / "config.yaml")
+        overrides = [
+            f"run.output_dir={run_dir.parent}",
+            f"run.name={run_dir.name}",
+            "run.resume=true",
+            *overrides,
+        ]
     path = path or _default_config()
     for flag, key in (
         ("learners", "learner.count"),

@@ -36,6 +36,10 @@ class RunConfig(_Section):
     overwrite: bool = False
     # Seconds to wait, after the last step, for every generator to report the final version.
     drain_timeout_s: float = 120.0
+    # Save a learner checkpoint every N steps (0: only at the end and when asked by the admin).
+    checkpoint_every: int = 0
+    # Continue the run in <output_dir>/<name> from its newest checkpoint (`launch --resume`).
+    resume: bool = False
 
 
 class ModelConfig(_Section):
@@ -160,6 +164,9 @@ class WeightsConfig(_Section):
     pub_hwm: int = 64
     # Bytes per published chunk.
     chunk_bytes: int = 16 * 1024 * 1024
+    # A subscriber that knows of a newer version (or holds an incomplete diff) but cannot move
+    # for this long asks the learner ranks for anchors.
+    anchor_timeout_s: float = 5.0
 
 
 class AdminConfig(_Section):
@@ -236,6 +243,7 @@ def _finalize(config: Config) -> Config:
         config.generator.in_flight_updates = False
     checks = [
         (config.run.max_steps >= 1, "run.max_steps must be >= 1"),
+        (config.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0"),
         (config.learner.count >= 1, "learner.count must be >= 1"),
         (config.generator.count >= 1, "generator.count must be >= 1"),
         (config.buffer.shards >= 1, "buffer.shards must be >= 1"),

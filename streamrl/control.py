@@ -148,7 +148,15 @@ class LiveRun:
         self.c.request_stop()
 
     def checkpoint(self) -> dict[str, Any]:
-        raise NotImplementedError("checkpoints are not implemented yet")
+        """Ask every learner rank to save at the end of its current step (asynchronous)."""
+        for learner in self.c.learners:
+            learner.request_checkpoint.remote()
+        version = self.c.state.version
+        return {
+            "requested": True,
+            "expected_version": version + 1,
+            "directory": str(self.c.run_dir / "checkpoints"),
+        }
 
     def close(self) -> None:
         self.ctx.destroy(linger=0)

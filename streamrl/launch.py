@@ -130,8 +130,18 @@ class AdmissionServer:
 # --------------------------------------------------------------------------- run directory
 
 
+def _without_secrets(config: Config) -> Config:
+    # The admin token never goes on disk in clear (admin.token, 0600, is the place for it).
+    return msgspec.structs.replace(config, admin=msgspec.structs.replace(config.admin, token=None))
+
+
 def prepare_run_dir(config: Config) -> Path:
     run_dir = Path(config.run.output_dir) / config.run.name
+    if config.run.resume:
+        if not (run_dir / "config.yaml").is_file():
+            raise RunError(f"nothing to resume: {run_dir} is not a run directory")
+        (run_dir / "config.yaml").write_text(to_yaml(_without_secrets(config)))
+        return run_dir
     if run_dir.exists() and any(run_dir.iterdir()) and not config.run.overwrite:
         raise RunError(
             f"run directory {run_dir} already exists; pick another --name or set run.overwrite=true"
@@ -141,10 +151,7 @@ def prepare_run_dir(config: Config) -> Path:
 
         shutil.rmtree(run_dir)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    resolved = msgspec.structs.replace(
-        config, admin=msgspec.structs.replace(config.admin, token=None)  # never on disk in clear
-    )
-    (run_dir / "config.yaml").write_text(to_yaml(resolved))
+    (run_dir / "config.yaml").write_text(to_yaml(_without_secrets(config)))
     return run_dir
 
 
@@ -381,10 +388,17 @@ class Controller:
                     model_dir,
                     [req for _, req in shard_eps],
                     self.report_endpoint,
+                    str((self.run_dir / "checkpoints").resolve()),
                 )
                 for r, learner in enumerate(learners)
             ]
         )
+        start_version = ray.get(learners[0].version.remote())
+        if start_version:
+            # Resumed: the budget of the batches already trained on is spent.
+            self.state.version = start_version
+            self.policy.started = start_version * cfg.learner.groups_per_step
+            print(f"resumed at version {start_version}", file=self.console, flush=True)
         generators = [
             GeneratorActor.options(**self._placement("generator", g)).remote(
                 self._log_file(f"generator-{g}"),
@@ -425,6 +439,7 @@ class Controller:
         # Learners are done: stop admission, let generators drain to the final version.
         self.state.stop = True
         self._wait_generators(gen_refs)
+        ray.get([learner.final_checkpoint.remote() for learner in learners])
         hf_dir = str((self.run_dir / "hf").resolve())
         ray.get([learner.export_hf.remote(hf_dir) for learner in learners])
         return self._summary()

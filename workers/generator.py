@@ -139,6 +139,10 @@ class Generator:
     def run(self) -> dict[str, int]:
         while True:
             reply = self.admission.request(self.prompts_per_call)
+            if self.learner_version == 0 and reply.learner_version > self.engine.version:
+                # A fresh generator behind the learner (late join, resumed run): anchor now.
+                for rank in range(len(self.subscriber.ranks)):
+                    self.subscriber.request_anchor(rank)
             self.learner_version = reply.learner_version
             self._apply_live_knobs(reply)
             if reply.stop:

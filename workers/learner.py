@@ -37,6 +37,7 @@ from streamrl.config import Config
 from streamrl.models import load_causal_lm, load_tokenizer
 from streamrl.protocol import LearnerStep, TrajectoryGroup
 from streamrl.transport import make_socket
+from streamrl.workers import checkpoint
 from streamrl.workers.fsdp import apply_fsdp
 from streamrl.workers.publisher import WeightPublisher
 
@@ -95,6 +96,7 @@ class Learner:
         model_dir: str,
         shard_endpoints: list[str],
         report_endpoint: str,
+        checkpoint_dir: str = "checkpoints",
     ) -> None:
         lc = config.learner
         torch.set_num_threads(lc.threads)
@@ -132,7 +134,13 @@ class Learner:
             config.algorithm.kl.adaptive_horizon,
         )
         self.pad_id = int(load_tokenizer(Path(model_dir)).pad_token_id or 0)
-        self.publisher = WeightPublisher(self.model, rank, world_size, config.weights)
+        self._checkpoint_requested = False
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.version = self._resume() if config.run.resume else 0
+        # Created after resuming: its first image (and anchors) are the resumed version.
+        self.publisher = WeightPublisher(
+            self.model, rank, world_size, config.weights, version=self.version
+        )
         self.buffer = BufferClient(
             shard_endpoints, name=f"learner[{rank}]", log_every_s=lc.batch_wait_log_s
         )
@@ -140,7 +148,6 @@ class Learner:
         self.reporter = make_socket(self.ctx, zmq.PUSH)
         self.reporter.connect(report_endpoint)
         self.encoder = msgspec.msgpack.Encoder()
-        self.version = 0
         self._stop = False
 
     def endpoints(self) -> tuple[str, str]:
@@ -162,11 +169,55 @@ class Learner:
             self.version += 1
             metrics.update(self.publisher.publish(self.version))
             metrics["time/wait_batch_s"] = wait_s
+            if self._checkpoint_due():
+                metrics["checkpoint/version"] = float(self.save_checkpoint().name[5:])
             if self.rank == 0:
                 self.reporter.send(
                     self.encoder.encode(LearnerStep(self.version, metrics, time.time()))
                 )
         return self.version
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _modules(self) -> checkpoint.Modules:
+        modules = {"policy": (self.model, self.optimizer)}
+        if self.critic is not None:
+            modules["critic"] = (self.critic.model, self.critic.optimizer)
+        return modules
+
+    def request_checkpoint(self) -> None:
+        self._checkpoint_requested = True
+
+    def _checkpoint_due(self) -> bool:
+        # Ranks hear a request at different moments: agree (one scalar all-reduce) on the step.
+        every = self.config.run.checkpoint_every
+        due = self._checkpoint_requested or (every > 0 and self.version % every == 0)
+        flag = torch.tensor([float(due)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def save_checkpoint(self) -> Path:
+        """Collective: every rank saves its shards of the policy/critic and optimizers."""
+        self._checkpoint_requested = False
+        return checkpoint.save(self._modules(), self.checkpoint_dir, self.version)
+
+    def final_checkpoint(self) -> Path:
+        """Collective: save unless the newest checkpoint already holds this version."""
+        path = checkpoint.latest(self.checkpoint_dir)
+        if path is not None and path.name == f"step-{self.version:06d}":
+            return path
+        return self.save_checkpoint()
+
+    def _resume(self) -> int:
+        """Load the newest checkpoint, if any (collective); returns the version to go on from."""
+        path = checkpoint.latest(self.checkpoint_dir)
+        if path is None:
+            return 0
+        version = checkpoint.load(self._modules(), path)
+        log.info("learner[%d]: resumed from %s (version %d)", self.rank, path, version)
+        return version
+
+    # ------------------------------------------------------------------ training
 
     def train_step(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
         alg, start = self.config.algorithm, time.perf_counter()

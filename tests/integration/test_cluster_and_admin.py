@@ -126,6 +126,8 @@ def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
         assert cli(["admin", "set", "generator.temperature=0.8", "--run", str(run_dir)]) == 0
         assert cli(["admin", "status", "--run", str(run_dir)]) == 0
 
+        assert cli(["admin", "checkpoint", "--run", str(run_dir)]) == 0
+        _wait_for(lambda: (run_dir / "checkpoints" / "latest").is_file(), 120, "a checkpoint")
         assert cli(["admin", "stop", "--run", str(run_dir)]) == 0
         assert proc.wait(120) == 0, proc.stdout.read()
     finally:

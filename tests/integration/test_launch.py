@@ -122,3 +122,19 @@ def test_default_job_runs_smollm2_and_exports(tmp_path: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "default" / "hf")
     assert model.config.model_type == "llama"
     assert sum(p.numel() for p in model.parameters()) > 100_000_000
+
+
+def test_resume_continues_from_the_last_checkpoint(tmp_path: Path) -> None:
+    summary, steps, _ = _run(tmp_path, "run.max_steps=3", "run.name=resumable")
+    run_dir = Path(summary["run_dir"])
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step-000003"
+    config = load_config(
+        run_dir / "config.yaml", ["run.resume=true", "run.max_steps=5", "logging.progress=false"]
+    )
+    resumed = Controller(config, console=io.StringIO()).run()
+    assert resumed["version"] == 5
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "step" in r] == [1, 2, 3, 4, 5]
+    for gen in resumed["generators"].values():
+        # Fresh generators start from version 0 files and anchor onto the resumed learner.
+        assert gen["applied_version"] == 5 and gen["anchors_applied"] >= 1
