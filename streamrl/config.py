@@ -86,6 +86,9 @@ class GeneratorConfig(_Section):
     max_new_tokens: int = 32
     # Apply weight updates between decode steps (tokens after it carry the new version).
     in_flight_updates: bool = True
+    # HF engine: rows decoded together; finished rows are refilled from the waiting prompts
+    # (continuous batching). None = every prompt of a call at once.
+    max_batch_size: int | None = None
     threads: int = 1
 
 

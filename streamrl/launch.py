@@ -531,6 +531,10 @@ class Controller:
             "buffer/dropped": sum(sum(s.dropped.values()) for s in self.state.shards.values()),
             "generators/min_version": min((g.applied_version for g in gens), default=0),
             "generators/max_version": max((g.applied_version for g in gens), default=0),
+            "weights/publish_to_applied_s_max": max(
+                (g.weights_latency_s for g in gens), default=0.0
+            ),
+            "weights/anchors_requested": sum(g.anchors_requested for g in gens),
         }
         self.last_record = record
         self.metrics.write(record)

@@ -285,7 +285,12 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     checksum_failures: int
     anchors_applied: int
     time: float
+    # The most recent versions applied and checksum-verified (the last 100 at most).
     verified_versions: list[int] = []
+    anchors_requested: int = 0
+    weights_bytes_received: int = 0
+    weights_apply_s: float = 0.0
+    weights_latency_s: float = 0.0  # publish to applied, for the last version
 
 
 class ShardReport(msgspec.Struct, tag="shard_report"):

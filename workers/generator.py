@@ -90,7 +90,12 @@ class Generator:
                 image.update({k: v.to(torch.bfloat16) for k, v in load_file(f).items()})
         self.ctx = zmq.Context()
         self.subscriber = WeightSubscriber(
-            image, publisher_endpoints, anchor_endpoints, generator_id, ctx=self.ctx
+            image,
+            publisher_endpoints,
+            anchor_endpoints,
+            generator_id,
+            ctx=self.ctx,
+            anchor_timeout_s=config.weights.anchor_timeout_s,
         )
         self.admission = AdmissionClient(self.ctx, admission_endpoint, generator_id)
         self.pushers = []
@@ -131,7 +136,7 @@ class Generator:
     def wait_for_version(self, version: int, stop_at: float = float("inf")) -> bool:
         while self.engine.version < version and time.monotonic() < stop_at:
             self.poll_weights()
-            time.sleep(0.01)
+            self.subscriber.wait(0.01)
         return self.engine.version >= version
 
     # ------------------------------------------------------------------ loop
@@ -236,7 +241,11 @@ class Generator:
                     checksum_failures=sub.checksum_failures,
                     anchors_applied=sub.anchors_applied,
                     time=time.time(),
-                    verified_versions=list(sub.verified_versions),
+                    verified_versions=list(sub.verified_versions[-100:]),
+                    anchors_requested=sub.anchors_requested,
+                    weights_bytes_received=sub.bytes_received,
+                    weights_apply_s=sub.last_apply_s,
+                    weights_latency_s=sub.last_latency_s,
                 )
             ),
             zmq.NOBLOCK,

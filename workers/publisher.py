@@ -41,6 +41,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -75,10 +76,13 @@ class LocalShard:
         return self.bits.size // max(math.prod(self.full_shape[1:]), 1)
 
 
-def local_bf16_shards(model: torch.nn.Module) -> dict[str, LocalShard]:
+def local_bf16_shards(
+    model: torch.nn.Module, shard_rank: int | None = None
+) -> dict[str, LocalShard]:
     """name -> bf16 snapshot of this rank's rows, for every parameter (tied weights once).
     FSDP2 parameters are DTensors sharded ``Shard(0)`` with ``torch.chunk`` row ranges; plain
-    parameters are the whole tensor at offset 0."""
+    parameters are the whole tensor at offset 0. ``shard_rank``: this rank's index on the
+    (1-D) FSDP mesh; by default the mesh is asked, which needs its process group."""
     out = {}
     for name, param in model.named_parameters():
         data = param.detach()
@@ -88,7 +92,8 @@ def local_bf16_shards(model: torch.nn.Module) -> dict[str, LocalShard]:
             if placements != ("Shard",) or data.placements[0].dim != 0:
                 raise ValueError(f"{name}: expected FSDP2 Shard(0), got {data.placements}")
             mesh = data.device_mesh
-            offset, stop = shard_rows(data.shape[0], mesh.get_local_rank(), mesh.size())
+            index = mesh.get_local_rank() if shard_rank is None else shard_rank
+            offset, stop = shard_rows(data.shape[0], index, mesh.size())
             local = data.to_local()
             if local.shape[0] != stop - offset:
                 raise ValueError(f"{name}: local rows {local.shape[0]} != {stop - offset}")
@@ -168,8 +173,10 @@ class WeightPublisher:
         host: str = "127.0.0.1",
         *,
         version: int = 0,
+        shard_rank: int | None = None,
     ) -> None:
         self.model, self.rank, self.world_size, self.config = model, rank, world_size, config
+        self.shard_rank = shard_rank
         self.ctx = ctx or zmq.Context.instance()
         self.pub = make_socket(self.ctx, zmq.PUB, sndhwm=config.pub_hwm)
         self.pub_endpoint = bind_random(self.pub, host, f"publisher[{rank}] PUB")
@@ -180,15 +187,16 @@ class WeightPublisher:
         self._pub_encoder = msgspec.msgpack.Encoder()
         self._lock = threading.Condition()
         self.version = version  # last version sent (the image anchors serve)
-        self.image = local_bf16_shards(model)
+        self.image = local_bf16_shards(model, shard_rank)
         self._pending: _Snapshot | None = None
         self._busy = False
         self.anchors_served = 0
         self.coalesced = 0
         self.last_metrics: dict[str, float] = {}
-        # Test hook: called with (version, chunk index, frames) before each send; returning
-        # False drops that chunk as the PUB high-water mark would.
-        self.send_filter = None
+        # Test hook: (version, chunk index, frames) -> the frames to send, or None to drop the
+        # chunk as the PUB high-water mark would (never mutate a frame: dense payloads are
+        # views of the image).
+        self.send_filter: Callable[[int, int, list], list | None] | None = None
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._encode_loop, name=f"publisher[{rank}]", daemon=True),
@@ -203,8 +211,8 @@ class WeightPublisher:
         """Snapshot the shard as ``version`` and hand it to the encoder thread; returns at once.
         The metrics returned are those of the last version the encoder finished
         (``weights/version`` says which) plus this call's snapshot time."""
-        start = time.perf_counter()
-        snapshot = _Snapshot(version, local_bf16_shards(self.model), time.time())
+        start, now = time.perf_counter(), time.time()
+        snapshot = _Snapshot(version, local_bf16_shards(self.model, self.shard_rank), now)
         with self._lock:
             if self._pending is not None:
                 self.coalesced += 1  # the encoder is behind: skip straight to the newest
@@ -263,8 +271,10 @@ class WeightPublisher:
                 payload_frames=True,
             )
             frames = message_frames(self._pub_encoder, header, chunk)
-            if self.send_filter is not None and not self.send_filter(snapshot.version, i, frames):
-                continue
+            if self.send_filter is not None:
+                frames = self.send_filter(snapshot.version, i, frames)
+                if frames is None:
+                    continue
             # PUB never blocks: at the HWM libzmq drops the whole message for that subscriber.
             self.pub.send_multipart(frames, copy=False)
             sent += sum(memoryview(f).nbytes for f in frames)

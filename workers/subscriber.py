@@ -16,17 +16,25 @@ Recovery: a rank whose diffs cannot reach the others' is asked for an anchor, a 
 of its shard, and the diffs after it chain on from it. Triggers: a complete diff that does not
 chain (a whole message lost, or a late join), a hole in the rank's chunk sequence (one
 publisher's messages arrive in order, so chunk 3 after chunk 1 proves chunk 2 was dropped), a
-diff left incomplete for ``anchor_timeout_s``, the learner's version being ahead with no
-progress for ``anchor_timeout_s``, and a checksum mismatch.
+diff left incomplete for ``anchor_timeout_s``, a newer version being known (from the learner's
+version the caller passes, or from another rank's messages) with no progress for
+``anchor_timeout_s`` (a rank whose last messages were all dropped says nothing), and a
+checksum mismatch.
 
-Invariant: a diff with ``base_version = b`` is applied only to rows at version ``b``, and every
-new block is checked against its checksum before any block is written (two phases: verify,
-then write). Example: holding v3, diffs v4 (base 3) and v5 (base 4) arrive from all ranks ->
-one ``poll`` moves to v5; if rank 1's v4 was lost, rank 1 is re-anchored at v5 (or later) and
-the image moves to the newest version both ranks reach.
+Invariant: a diff with ``base_version = b`` is applied only to rows at version ``b``, and the
+image moves to a version whole or not at all: blocks are written in place and each is checked
+against its checksum as it is written; on any failure an undo log (the old values at the
+changed positions) puts every block back before ``poll`` returns. ``poll`` runs between decode
+steps, so the engine never sees a half-applied version.
 
-Memory: besides the image, diffs received but not yet applied, and during ``poll`` a copy of
-each block a sparse diff touches (a dense part is verified in its receive buffer, no copy).
+Example: holding v3, diffs v4 (base 3) and v5 (base 4) arrive from all ranks -> one ``poll``
+moves to v5; if rank 1's v4 was lost, rank 1 is re-anchored at v5 (or later) and the image
+moves to the newest version both ranks reach.
+
+The image lives in host memory (a GPU engine gets the changed tensors via ``update_weights``).
+Memory: besides the image, diffs received but not yet applied, and during ``poll`` the undo
+log: the old values at the changed positions, plus a copy of the rows a dense part replaces
+(an anchor: transiently the size of that rank's shard).
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ import zmq
 
 from streamrl.protocol import AnchorRequest, WeightAnchor, WeightDiff, WeightMessage
 from streamrl.transport import Codec, make_socket
-from streamrl.workers.weight_codec import EncodedPart, apply_part, as_i16
+from streamrl.workers.weight_codec import EncodedPart, Undo, apply_in_place, as_i16, undo
 
 log = logging.getLogger(__name__)
 
@@ -133,13 +141,13 @@ class WeightSubscriber:
         subscriber_id: int,
         *,
         version: int = 0,
-        anchor_timeout_s: float = 10.0,
+        anchor_timeout_s: float = 5.0,
         rcvhwm: int = 0,
         ctx: zmq.Context | None = None,
     ) -> None:
         for name, tensor in image.items():
-            if tensor.dtype != torch.bfloat16 or not tensor.is_contiguous():
-                raise ValueError(f"{name}: the image must be contiguous bf16 tensors")
+            if tensor.dtype != torch.bfloat16 or not tensor.is_contiguous() or tensor.is_cuda:
+                raise ValueError(f"{name}: the image must be contiguous bf16 tensors on the host")
         self.image, self.subscriber_id = image, subscriber_id
         self.version = version
         self.anchor_timeout_s = anchor_timeout_s
@@ -165,6 +173,7 @@ class WeightSubscriber:
         # (version, wall time applied, apply seconds, publish-to-applied seconds)
         self.history: deque[tuple[int, float, float, float]] = deque(maxlen=10_000)
         self.last_progress = time.monotonic()
+        self.newest_seen = version  # the newest version any rank has sent us
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -185,8 +194,12 @@ class WeightSubscriber:
         if header is None or not 0 <= header.rank < len(self.ranks):
             return None
         if header.world_size != len(self.ranks):
-            log.warning("subscriber[%d]: world size %d != %d ranks", self.subscriber_id,
-                        header.world_size, len(self.ranks))
+            log.warning(
+                "subscriber[%d]: world size %d != %d ranks",
+                self.subscriber_id,
+                header.world_size,
+                len(self.ranks),
+            )
             return None
         if not header.payload_frames:
             return _Message(header, [EncodedPart.inline(p) for p in header.parts])
@@ -204,6 +217,7 @@ class WeightSubscriber:
     def _stage(self, msg: _Message) -> None:
         state = self.ranks[msg.header.rank]
         state.last_arrival = time.monotonic()
+        self.newest_seen = max(self.newest_seen, msg.header.version)
         match msg.header:
             case WeightDiff(version=v, chunk=c) as diff:
                 state.track(diff)
@@ -227,10 +241,18 @@ class WeightSubscriber:
                 if msg is not None:
                     self._stage(msg)
 
+    def wait(self, timeout_s: float) -> bool:
+        """Block until a message is waiting (then ``poll``) or ``timeout_s`` passes."""
+        poller = zmq.Poller()
+        for sock in [self.sub, *self.dealers]:
+            poller.register(sock, zmq.POLLIN)
+        return bool(poller.poll(int(timeout_s * 1000)))
+
     def request_anchor(self, rank: int) -> None:
         state = self.ranks[rank]
         now = time.monotonic()
-        if state.anchor_requested_at is not None and now - state.anchor_requested_at < ANCHOR_RETRY_S:
+        asked = state.anchor_requested_at
+        if asked is not None and now - asked < ANCHOR_RETRY_S:
             return  # one request in flight is enough
         state.anchor_requested_at = now
         state.anchor = {}
@@ -244,6 +266,8 @@ class WeightSubscriber:
             if anchor[0].header.version > self.version:
                 return False  # waiting for the other ranks to reach it
             state.anchor, state.anchor_requested_at = {}, None  # stale: we are past it
+        elif state.anchor and time.monotonic() - state.last_arrival < ANCHOR_RETRY_S:
+            return False  # an anchor is arriving
         if state.lost > self.version:
             return True
         newest = max(state.diffs, default=self.version)
@@ -267,84 +291,81 @@ class WeightSubscriber:
         target = max(common, default=self.version)
         if target > self.version:
             return self._apply(target, [p[target] for p in paths])
-        self._maybe_catch_up(learner_version)
+        self._maybe_catch_up(learner_version, paths)
         return []
 
     def _apply(self, target: int, plans: list[tuple[Steps, bool]]) -> list[str]:
+        """Apply every rank's steps in place, each block verified against its checksum as it is
+        written; on any failure the undo log puts every block back, so the image is either all
+        at ``target`` or untouched."""
         start = time.perf_counter()
-        # Phase 1: compute and verify every new block; nothing is written on failure.
-        staged: dict[tuple[str, int], tuple[int, np.ndarray]] = {}
+        undo_log: list[tuple[np.ndarray, Undo]] = []
+        changed: set[str] = set()
         for rank, (steps, _) in enumerate(plans):
             try:
                 for parts in steps:
                     for part in parts:
-                        key = (part.header.name, part.header.row_offset)
-                        base = staged.get(key)
-                        if base is None or base[0] != part.header.rows:
-                            base = (part.header.rows, self._block(part))
-                        staged[key] = (part.header.rows, apply_part(part, base[1]))
+                        block = self._block(part)
+                        undo_log.append((block, apply_in_place(part, block)))
+                        changed.add(part.header.name)
             except (ValueError, KeyError) as exc:
+                for block, record in reversed(undo_log):
+                    undo(block, record)
                 self.checksum_failures += 1
                 log.warning("subscriber[%d]: rank %d rejected: %s", self.subscriber_id, rank, exc)
                 state = self.ranks[rank]
                 state.diffs, state.anchor, state.anchor_requested_at = {}, {}, None
                 self.request_anchor(rank)
                 return []
-        # Phase 2: write.
-        for (name, offset), (rows, bits) in staged.items():
-            _write(self.image[name][offset : offset + rows], bits)
+        now = time.time()
+        self.last_apply_s = time.perf_counter() - start
+        self.last_latency_s = now - self._published_at(target, now)
+        self.history.append((target, now, self.last_apply_s, self.last_latency_s))
         for state, (_, used_anchor) in zip(self.ranks, plans, strict=True):
             if used_anchor:
                 self.anchors_applied += 1
                 state.anchor, state.anchor_requested_at = {}, None
             state.diffs = {v: c for v, c in state.diffs.items() if v > target}
-        self.last_apply_s = time.perf_counter() - start
-        self.last_latency_s = time.time() - self._published_at(target)
-        self.history.append((target, time.time(), self.last_apply_s, self.last_latency_s))
         self.version = target
         self.verified_versions.append(target)
         self.last_progress = time.monotonic()
-        return sorted({name for name, _ in staged})
+        return sorted(changed)
 
-    def _published_at(self, target: int) -> float:
-        """When the learner published ``target`` (its earliest rank), from the diffs we hold."""
+    def _published_at(self, target: int, now: float) -> float:
+        """When the learner published ``target`` (its earliest rank), from the diffs we hold
+        (``now`` when every rank reached it by anchor: no publish time to measure from)."""
         times = [
             m.header.published_at
             for state in self.ranks
             for m in state.diffs.get(target, {}).values()
         ]
-        return min(times, default=time.time())
+        return min(times, default=now)
 
     def _block(self, part: EncodedPart) -> np.ndarray:
-        """The current bits of the rows ``part`` covers (a view for a CPU image)."""
+        """The rows ``part`` covers, as a writable flat int16 view into the image."""
         head = part.header
         full = self.image[head.name]
         if tuple(full.shape) != tuple(head.full_shape):
             raise ValueError(f"{head.name}: shape {tuple(head.full_shape)} != {tuple(full.shape)}")
         if head.row_offset < 0 or head.row_offset + head.rows > full.shape[0]:
             raise ValueError(f"{head.name}: rows {head.row_offset}+{head.rows} out of range")
-        return as_i16(full[head.row_offset : head.row_offset + head.rows].cpu())
+        return as_i16(full[head.row_offset : head.row_offset + head.rows])
 
-    def _maybe_catch_up(self, learner_version: int | None) -> None:
-        """Nothing arrives but the learner is ahead (e.g. the last diff was dropped): anchor."""
-        if learner_version is None or learner_version <= self.version:
-            self.last_progress = time.monotonic()
+    def _maybe_catch_up(self, learner_version: int | None, paths: list[dict]) -> None:
+        """A newer version exists but nothing moves (e.g. a rank's last diffs were all dropped):
+        after ``anchor_timeout_s``, anchor every rank that cannot reach it."""
+        known = max(learner_version or 0, self.newest_seen)
+        now = time.monotonic()
+        if known <= self.version:
+            self.last_progress = now
             return
-        if time.monotonic() - self.last_progress > self.anchor_timeout_s:
-            for rank in range(len(self.ranks)):
-                self.request_anchor(rank)
-            self.last_progress = time.monotonic()
+        if now - self.last_progress > self.anchor_timeout_s:
+            for rank, reach in enumerate(paths):
+                if max(reach) < known:
+                    self.request_anchor(rank)
+            self.last_progress = now
 
     def close(self) -> None:
         self.sub.close()
         for dealer in self.dealers:
             dealer.close()
-
-
-def _write(dst: torch.Tensor, bits: np.ndarray) -> None:
-    """Copy flat int16 ``bits`` into the bf16 rows ``dst`` (a contiguous slice of the image)."""
-    if dst.device.type == "cpu":
-        np.copyto(as_i16(dst), bits)  # as_i16 of a contiguous CPU slice is a writable view
-    else:
-        src = torch.from_numpy(bits if bits.flags.writeable else bits.copy())
-        dst.copy_(src.view(torch.bfloat16).reshape(dst.shape))

@@ -112,8 +112,13 @@ def encode_positions(positions: np.ndarray) -> bytes:
     return encode_varints(gaps)
 
 
-def decode_positions(data: bytes | memoryview) -> np.ndarray:
-    return np.cumsum(decode_varints(data).astype(np.int64) + 1) - 1
+def decode_positions(data: bytes | memoryview, limit: int = 2**62) -> np.ndarray:
+    """Inverse of ``encode_positions``; raises ``ValueError`` if a gap reaches ``limit`` (the
+    block size: a larger gap cannot be valid, and it keeps the int64 sum from wrapping)."""
+    gaps = decode_varints(data)
+    if gaps.size and gaps.max() >= limit:
+        raise ValueError(f"position gap {int(gaps.max())} beyond a block of {limit}")
+    return np.cumsum(gaps.astype(np.int64) + 1) - 1
 
 
 # --------------------------------------------------------------------------- parts
@@ -187,30 +192,54 @@ def encode_part(
     return EncodedPart(_header(*head, encoding, new, num_changed), values, indices)
 
 
-def apply_part(part: EncodedPart, old: np.ndarray) -> np.ndarray:
-    """The block's new flat int16 bits after applying ``part`` to ``old`` (which is never
-    modified; a dense part returns a read-only view of its payload, no copy).
-    Raises ``ValueError`` on a malformed part or a checksum mismatch."""
-    head, total = part.header, old.size
+Undo = tuple[np.ndarray | None, np.ndarray]  # (positions, or None for all; old values)
+
+
+def apply_in_place(part: EncodedPart, block: np.ndarray) -> Undo:
+    """Apply ``part`` to ``block`` (the flat, writable int16 bits of its rows) in place and
+    verify the checksum of the result. Returns what ``undo`` needs to restore the block: the
+    old values at the changed positions (the whole old block for a dense part). On a malformed
+    part or a checksum mismatch the block is left as it was and ``ValueError`` is raised."""
+    head, total = part.header, block.size
     if head.encoding == "dense":
         new = np.frombuffer(part.values, dtype="<i2")
         if new.size != total:
             raise ValueError(f"{head.name}: dense size {new.size} != block size {total}")
+        if checksum(new) != head.checksum:  # verified before anything is written
+            raise ValueError(f"{head.name}[{head.row_offset}:]: checksum mismatch")
+        old = block.copy()
+        block[:] = new
+        return None, old
+    values = np.frombuffer(part.values, dtype="<i2")
+    if head.encoding == "bitmap":
+        packed = np.frombuffer(part.indices, dtype=np.uint8)
+        if packed.size != math.ceil(total / 8):
+            raise ValueError(f"{head.name}: bitmap of {packed.size} bytes for {total}")
+        positions = np.flatnonzero(np.unpackbits(packed, count=total))
+    elif head.encoding == "sparse":
+        positions = decode_positions(part.indices, total)
     else:
-        values = np.frombuffer(part.values, dtype="<i2")
-        if head.encoding == "bitmap":
-            packed = np.frombuffer(part.indices, dtype=np.uint8)
-            if packed.size != math.ceil(total / 8):
-                raise ValueError(f"{head.name}: bitmap of {packed.size} bytes for {total}")
-            positions = np.flatnonzero(np.unpackbits(packed, count=total))
-        elif head.encoding == "sparse":
-            positions = decode_positions(part.indices)
-        else:
-            raise ValueError(f"{head.name}: unknown encoding {head.encoding!r}")
-        if positions.size != values.size or (positions.size and positions[-1] >= total):
-            raise ValueError(f"{head.name}: {positions.size} positions for {values.size} values")
-        new = old.copy()
-        new[positions] = values
-    if checksum(new) != head.checksum:
+        raise ValueError(f"{head.name}: unknown encoding {head.encoding!r}")
+    if positions.size != values.size or (positions.size and positions[-1] >= total):
+        raise ValueError(f"{head.name}: {positions.size} positions for {values.size} values")
+    old = block[positions]
+    block[positions] = values
+    if checksum(block) != head.checksum:
+        block[positions] = old
         raise ValueError(f"{head.name}[{head.row_offset}:]: checksum mismatch")
+    return positions, old
+
+
+def undo(block: np.ndarray, record: Undo) -> None:
+    positions, old = record
+    if positions is None:
+        block[:] = old
+    else:
+        block[positions] = old
+
+
+def apply_part(part: EncodedPart, old: np.ndarray) -> np.ndarray:
+    """The block's new bits after applying ``part`` to ``old`` (a copy; ``old`` is unchanged)."""
+    new = old.copy()
+    apply_in_place(part, new)
     return new

@@ -15,7 +15,9 @@ def make_engine(config: GeneratorConfig, model_dir: Path, seed: int) -> Engine:
     if config.engine == "hf":
         from streamrl.workers.engines.hf import HFEngine
 
-        return HFEngine(model_dir, device=config.device, seed=seed)
+        return HFEngine(
+            model_dir, device=config.device, seed=seed, max_batch_size=config.max_batch_size
+        )
     if config.engine == "sglang":
         from streamrl.workers.engines.sglang_engine import SGLangEngine
 

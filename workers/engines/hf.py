@@ -1,21 +1,34 @@
 """Hugging Face transformers engine: batched prefill + decode with a KV cache (CPU or GPU).
 
-Sampling: logits / temperature, then top-k, then top-p (nucleus) truncation, then one draw.
-The logprob recorded for a token is ``log p(token)`` under that final truncated, renormalised
-distribution: the distribution actually sampled from, which is what importance correction
-needs as the behaviour policy. (With top-p/top-k < full the learner's untruncated
-distribution differs from it on the tail; the IS weight absorbs that.)
+Sampling: logits / temperature, then top-k, then top-p (nucleus) truncation, then one draw
+(temperature 0 is greedy: argmax, logprob 0). The logprob recorded for a token is
+``log p(token)`` under that final truncated, renormalised distribution: the distribution
+actually sampled from, which is what importance correction needs as the behaviour policy.
+(With top-p/top-k < full the learner's untruncated distribution differs from it on the tail;
+the IS weight absorbs that.) A sequence ends at a stop token (kept in the response,
+``finish_reason="stop"``) or after ``max_new_tokens`` (``"length"``).
+
+Continuous batching: at most ``max_batch_size`` sequences decode together (``None``: every
+prompt of the call at once). Each step, finished rows leave the batch and waiting prompts are
+prefilled and join it; rows are left-padded in one KV cache (``DynamicCache``), each with its
+own attention mask and position ids, and leading columns no row uses are trimmed.
+
+    step:  admit waiting prompts (prefill) -> sample every row -> drop finished rows
+           -> on_step(self) (may update weights) -> one decode forward for the rest
 
 In-flight updates: ``on_step`` runs between decode steps; when it swaps weights the running
-sequences continue with the cached keys/values of the old weights and new tokens are tagged
-with the new version (PipelineRL-style; the KV cache is not recomputed).
+sequences continue with the cached keys/values of the old weights, and every token sampled
+after the update (from logits of the new weights) is tagged with the new version
+(PipelineRL-style; the KV cache is not recomputed). A prompt admitted after an update is
+prefilled with the new weights.
 
-Batching is static: a call runs until every sequence stops; finished slots are not refilled
-with new prompts (no continuous batching in this engine).
+Example: an update to version 1 arriving in ``on_step`` after the third token gives
+``token_versions == [0, 0, 0, 1, 1, ...]`` and the sequence goes on from its third token.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -28,15 +41,18 @@ def sample_tokens(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, V] -> (tokens [B], logprobs [B]) under the truncated distribution."""
+    if params.temperature <= 0:
+        tokens = logits.argmax(dim=-1)
+        return tokens, torch.zeros(tokens.shape, dtype=torch.float32, device=logits.device)
     scores = logits.float() / params.temperature
-    if params.top_k > 0 and params.top_k < scores.shape[-1]:
+    if 0 < params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if params.top_p < 1.0:
         sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-        cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
+        probs = torch.softmax(sorted_scores, dim=-1)
         # Drop a token when the mass before it already reaches top_p (keeps at least one).
-        drop_sorted = (cumulative - torch.softmax(sorted_scores, dim=-1)) >= params.top_p
+        drop_sorted = (probs.cumsum(dim=-1) - probs) >= params.top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
     logprobs = torch.log_softmax(scores, dim=-1)
@@ -44,9 +60,79 @@ def sample_tokens(
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+def _left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    if n == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = n
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+class _Batch:
+    """The rows decoding together: row ``r`` is sequence ``seqs[r]`` of the call."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.seqs: list[int] = []
+        self.cache = None  # DynamicCache, [rows, heads, columns, head_dim] per layer
+        self.attention = torch.zeros((0, 0), dtype=torch.long, device=device)  # [rows, columns]
+        self.next_pos = torch.zeros(0, dtype=torch.long, device=device)  # [rows]
+        self.logits: torch.Tensor | None = None  # [rows, vocab], next-token logits
+
+    def _kv(self):
+        return [(layer, layer.keys, layer.values) for layer in self.cache.layers]
+
+    def _resizable(self) -> bool:
+        """Rows can be padded and columns trimmed only in full-attention layers (a sliding-window
+        layer keeps a running length that padding would break)."""
+        from transformers.cache_utils import DynamicLayer
+
+        return all(type(layer) is DynamicLayer for layer in self.cache.layers)
+
+    def join(self, seqs: list[int], cache, attention, next_pos, logits) -> None:
+        """Append rows (their own cache) to the batch, left-padding whichever is shorter."""
+        if self.cache is None or not self.seqs:
+            self.seqs, self.cache, self.attention = list(seqs), cache, attention
+            self.next_pos, self.logits = next_pos, logits
+            return
+        if not self._resizable():
+            raise NotImplementedError("continuous batching needs full-attention cache layers")
+        width = max(self.attention.shape[1], attention.shape[1])
+        pad_old, pad_new = width - self.attention.shape[1], width - attention.shape[1]
+        for (layer, k, v), new in zip(self._kv(), cache.layers, strict=True):
+            layer.keys = torch.cat([_left_pad(k, pad_old, -2), _left_pad(new.keys, pad_new, -2)])
+            layer.values = torch.cat(
+                [_left_pad(v, pad_old, -2), _left_pad(new.values, pad_new, -2)]
+            )
+        self.attention = torch.cat(
+            [_left_pad(self.attention, pad_old, 1), _left_pad(attention, pad_new, 1)]
+        )
+        self.seqs += seqs
+        self.next_pos = torch.cat([self.next_pos, next_pos])
+        self.logits = torch.cat([self.logits, logits])
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only ``rows`` and trim leading columns that no remaining row attends to."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.attention.device)
+        self.seqs = [self.seqs[r] for r in rows]
+        self.attention = self.attention[index]
+        self.next_pos = self.next_pos[index]
+        self.logits = self.logits[index]
+        used = self.attention.any(dim=0).nonzero()
+        first = int(used[0]) if used.numel() and self._resizable() else 0
+        self.attention = self.attention[:, first:]
+        for layer, k, v in self._kv():
+            layer.keys, layer.values = k[index, :, first:], v[index, :, first:]
+
+
 class HFEngine(Engine):
     def __init__(
-        self, model_dir: Path, *, device: str = "cpu", dtype: str = "bfloat16", seed: int = 0
+        self,
+        model_dir: Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        max_batch_size: int | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.model = load_causal_lm(model_dir, dtype=dtype, device=device).eval()
@@ -54,10 +140,17 @@ class HFEngine(Engine):
         self.params = dict(self.model.named_parameters())
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.pad_id = int(self.model.config.pad_token_id or 0)
+        self.max_batch_size = max_batch_size
         self.version = 0
 
-    def shared_weights(self) -> dict[str, torch.Tensor]:
-        """The live parameter tensors: a subscriber writing into them updates the engine."""
+    def shared_weights(self) -> dict[str, torch.Tensor] | None:
+        """The live parameter tensors, so that a subscriber writing into them updates the
+        engine with no copy; ``None`` on a GPU (the subscriber's image is host memory, and
+        ``update_weights`` copies the changed tensors over)."""
+        if self.device.type != "cpu" or any(
+            p.dtype != torch.bfloat16 for p in self.params.values()
+        ):
+            return None
         return {name: p.data for name, p in self.params.items()}
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
@@ -72,55 +165,70 @@ class HFEngine(Engine):
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, on_step: StepHook | None = None
     ) -> list[GenerationOutput]:
-        from transformers import DynamicCache
-
-        batch = len(prompts)
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((batch, width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):  # left padding keeps the next position aligned
-            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
-            attention[i, width - len(prompt) :] = 1
-        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        stop = torch.tensor(params.stop_token_ids or [-1], device=self.device)
-        outputs = [GenerationOutput([], [], [], "length") for _ in range(batch)]
-        done = torch.zeros(batch, dtype=torch.bool, device=self.device)
-
-        logits = self.model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-        ).logits[:, -1]
-        for step in range(params.max_new_tokens):
-            tokens, logprobs = sample_tokens(logits, params, self.generator)
-            hit_stop = torch.isin(tokens, stop)
-            for i, (tok, lp, stopped) in enumerate(
-                zip(tokens.tolist(), logprobs.tolist(), hit_stop.tolist(), strict=True)
-            ):
-                if done[i]:
-                    continue
-                out = outputs[i]
+        outputs = [GenerationOutput([], [], [], "length") for _ in prompts]
+        if params.max_new_tokens <= 0:
+            return outputs
+        waiting = deque(range(len(prompts)))
+        batch = _Batch(self.device)
+        stop = set(params.stop_token_ids)
+        slots = self.max_batch_size or len(prompts)
+        while waiting or batch.seqs:
+            admit = [waiting.popleft() for _ in range(min(slots - len(batch.seqs), len(waiting)))]
+            if admit:
+                batch.join(admit, *self._prefill([prompts[i] for i in admit]))
+            tokens, logprobs = sample_tokens(batch.logits, params, self.generator)
+            running = []
+            for row, (tok, lp) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
+                out = outputs[batch.seqs[row]]
                 out.response_ids.append(tok)
                 out.logprobs.append(lp)
                 out.token_versions.append(self.version)
-                if stopped:
+                if tok in stop:
                     out.finish_reason = "stop"
-            done |= hit_stop
-            if bool(done.all()) or step == params.max_new_tokens - 1:
+                elif len(out.response_ids) < params.max_new_tokens:
+                    running.append(row)
+            if len(running) < len(batch.seqs):
+                batch.keep(running)
+                tokens = tokens[running]
+            if not batch.seqs and not waiting:
                 break
             if on_step is not None:
                 on_step(self)
-            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)
-            positions = positions[:, -1:] + 1
-            logits = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=attention,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]
+            if batch.seqs:
+                batch.logits = self._decode(batch, tokens)
         return outputs
+
+    def _prefill(self, prompts: list[list[int]]):
+        """Left-padded prefill of new prompts in a cache of their own."""
+        from transformers import DynamicCache
+
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            attention[i, width - len(prompt) :] = 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
+        return cache, attention, attention.sum(-1), logits
+
+    def _decode(self, batch: _Batch, tokens: torch.Tensor) -> torch.Tensor:
+        batch.attention = torch.cat(
+            [batch.attention, torch.ones_like(batch.attention[:, :1])], dim=-1
+        )
+        logits = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=batch.attention,
+            position_ids=batch.next_pos[:, None],
+            past_key_values=batch.cache,
+            use_cache=True,
+        ).logits[:, -1]
+        batch.next_pos = batch.next_pos + 1
+        return logits

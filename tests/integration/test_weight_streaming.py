@@ -1,0 +1,405 @@
+"""Weight streaming end to end over real loopback sockets (DESIGN.md §4).
+
+Two harnesses, one reference: every subscriber's image must equal, bit for bit, the bf16 image
+of the learner's full weights.
+
+- ``FakeRanks``: ``world`` FSDP2 shards of one model in this process. Each rank's model is
+  sharded by the real ``fully_shard`` under a fake process group (nothing is communicated);
+  an "optimizer step" changes full fp32 weights and copies each rank's rows into its shard.
+  Fast, so it carries the recovery cases: uneven splits and empty ranks, PUB high-water mark
+  overflow, late join, lost chunks, a corrupted diff, coalesced versions.
+- ``test_two_gloo_learners_stream_to_subscribers``: two real gloo ranks training a tiny Llama
+  (tied embeddings, odd sizes) with AdamW, publishers on each rank, subscribers in this
+  process; rank 0 gathers the full state dict at the end as the reference.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from streamrl.config import WeightsConfig
+from streamrl.protocol import WeightDiff
+from streamrl.transport import free_port
+from streamrl.workers.fsdp import apply_fsdp
+from streamrl.workers.publisher import WeightPublisher
+from streamrl.workers.subscriber import WeightSubscriber
+from streamrl.workers.weight_codec import shard_rows
+
+
+def assert_bitwise_equal(image: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]):
+    assert image.keys() <= reference.keys()
+    for name, tensor in image.items():
+        expected = reference[name].to(torch.bfloat16)
+        assert torch.equal(tensor.view(torch.int16), expected.view(torch.int16)), name
+
+
+def poll_until(subs, version: int, timeout_s: float = 20.0, learner_version=None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(s.version < version for s in subs):
+        assert time.monotonic() < deadline, [s.version for s in subs]
+        for sub in subs:
+            sub.poll(learner_version)
+        time.sleep(0.005)
+
+
+def corrupt_first_value(frames: list) -> list:
+    """A copy of the chunk with one byte of its first part's values flipped."""
+    values = bytearray(memoryview(frames[1]).cast("B"))
+    values[0] ^= 0x01
+    return [frames[0], bytes(values), *frames[2:]]
+
+
+# --------------------------------------------------------------------------- in-process ranks
+
+
+class Uneven(torch.nn.Module):
+    """Shapes that split unevenly: on 3 ranks ``single`` leaves ranks 1-2 empty, ``vector``
+    splits 2/2/1, ``embed`` 34/34/33; ``big`` is cut into several row blocks."""
+
+    def __init__(self, big_rows: int = 300, big_cols: int = 64) -> None:
+        super().__init__()
+        self.embed = torch.nn.Parameter(torch.randn(101, 48))
+        self.up = torch.nn.Parameter(torch.randn(97, 48))
+        self.norm = torch.nn.Parameter(torch.randn(48))
+        self.vector = torch.nn.Parameter(torch.randn(5))
+        self.single = torch.nn.Parameter(torch.randn(1, 4))
+        self.big = torch.nn.Parameter(torch.randn(big_rows, big_cols))
+
+
+class FakeRanks:
+    def __init__(self, world: int, config: WeightsConfig, **model_kwargs) -> None:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        torch.manual_seed(0)
+        reference = Uneven(**model_kwargs)
+        # Start from bf16-exact values so version 0 is the same image on both sides.
+        self.full = {
+            n: p.detach().to(torch.bfloat16).float() for n, p in reference.named_parameters()
+        }
+        self.world = world
+        self.models = []
+        for rank in range(world):
+            dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+            try:
+                mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
+                model = Uneven(**model_kwargs)
+                self.models.append(apply_fsdp(model, mesh, "bfloat16"))
+            finally:
+                dist.destroy_process_group()
+        self._copy_rows()
+        self.publishers = [
+            WeightPublisher(m, r, world, config, shard_rank=r) for r, m in enumerate(self.models)
+        ]
+        self.generator = torch.Generator().manual_seed(1)
+        self.version = 0
+
+    @property
+    def pub_endpoints(self) -> list[str]:
+        return [p.pub_endpoint for p in self.publishers]
+
+    @property
+    def anchor_endpoints(self) -> list[str]:
+        return [p.anchor_endpoint for p in self.publishers]
+
+    def subscriber(self, sid: int, **kwargs) -> WeightSubscriber:
+        image = {n: t.to(torch.bfloat16) for n, t in self.initial.items()}
+        return WeightSubscriber(image, self.pub_endpoints, self.anchor_endpoints, sid, **kwargs)
+
+    def _copy_rows(self) -> None:
+        if not hasattr(self, "initial"):
+            self.initial = {n: t.clone() for n, t in self.full.items()}
+        with torch.no_grad():
+            for rank, model in enumerate(self.models):
+                for name, param in model.named_parameters():
+                    start, stop = shard_rows(param.shape[0], rank, self.world)
+                    param.to_local().copy_(self.full[name][start:stop])
+
+    def step(self, scale: float) -> None:
+        """An update of relative size ``scale``; 1e-3 changes ~10% of the bf16 image."""
+        for tensor in self.full.values():
+            tensor.mul_(1 + scale * torch.randn(tensor.shape, generator=self.generator))
+        self._copy_rows()
+        self.version += 1
+        for publisher in self.publishers:
+            publisher.publish(self.version)
+
+    def flush(self) -> None:
+        for publisher in self.publishers:
+            assert publisher.flush(30)
+
+    def close(self, *subs: WeightSubscriber) -> None:
+        for sub in subs:
+            sub.close()
+        for publisher in self.publishers:
+            publisher.close()
+
+
+SCALES = [1e-4, 1e-3, 1e-2, 1.0]  # sparse, sparse/bitmap, mostly dense, everything changes
+
+
+def test_uneven_shards_and_empty_ranks_stream_bitwise() -> None:
+    ranks = FakeRanks(3, WeightsConfig(chunk_bytes=4096))
+    subs = [ranks.subscriber(i) for i in range(2)]
+    time.sleep(0.5)  # let the SUB sockets connect before the first diff
+    try:
+        for v in range(1, 21):
+            ranks.step(SCALES[v % len(SCALES)])
+            if v % 3 == 0:
+                subs[v % 2].poll()
+        ranks.flush()
+        poll_until(subs, 20)
+        for sub in subs:
+            assert_bitwise_equal(sub.image, ranks.full)
+            assert sub.anchors_applied == sub.checksum_failures == 0
+        metrics = ranks.publishers[0].last_metrics
+        assert metrics["weights/version"] == 20 and metrics["weights/changed_frac"] > 0
+    finally:
+        ranks.close(*subs)
+
+
+def test_hwm_overflow_and_late_join_recover_by_anchor() -> None:
+    # ~8 MB of bf16 per rank per version, every element changing: far past the socket buffers.
+    ranks = FakeRanks(2, WeightsConfig(pub_hwm=1), big_rows=4096, big_cols=2048)
+    slow = ranks.subscriber(0, rcvhwm=1, anchor_timeout_s=1.0)
+    time.sleep(0.5)
+    late = None
+    try:
+        for v in range(1, 11):
+            ranks.step(1.0)
+            if v == 5:
+                ranks.flush()
+                late = ranks.subscriber(
+                    1, anchor_timeout_s=1.0
+                )  # joins at version 5 holding version 0
+        ranks.flush()
+        # Everything after some version may have been dropped: only the learner's version
+        # (which the generator gets from the controller) says that there is more.
+        poll_until([slow, late], 10, timeout_s=60, learner_version=10)
+        for sub in (slow, late):
+            assert_bitwise_equal(sub.image, ranks.full)
+            assert sub.anchors_applied >= 1
+    finally:
+        ranks.close(slow, *([late] if late else []))
+
+
+def test_lost_chunks_recover_by_anchor() -> None:
+    ranks = FakeRanks(2, WeightsConfig(chunk_bytes=4096))
+    hint = ranks.subscriber(0, anchor_timeout_s=0.5)  # told the learner's version
+    stall = ranks.subscriber(1, anchor_timeout_s=0.5)  # notices an incomplete diff stalling
+    time.sleep(0.5)
+    pub0 = ranks.publishers[0]
+    try:
+        # A chunk in the middle of version 3: the hole in the sequence is noticed at once.
+        pub0.send_filter = lambda v, c, frames: None if (v, c) == (3, 1) else frames
+        for _ in range(4):
+            ranks.step(1e-2)
+            ranks.flush()  # no coalescing: version 3 is sent
+        poll_until([hint, stall], 4)
+        assert hint.anchors_applied == stall.anchors_applied == 1
+        # The last chunk of the last version: nothing follows it.
+        pub0.send_filter = lambda v, c, frames: frames if c == 0 else None
+        ranks.step(1.0)
+        ranks.flush()
+        poll_until([hint], 5, learner_version=5)
+        poll_until([stall], 5)
+        for sub in (hint, stall):
+            assert_bitwise_equal(sub.image, ranks.full)
+            assert sub.anchors_applied == 2 and sub.checksum_failures == 0
+    finally:
+        ranks.close(hint, stall)
+
+
+def test_corrupted_diff_is_detected_and_repaired() -> None:
+    ranks = FakeRanks(2, WeightsConfig())
+    sub = ranks.subscriber(0)
+    time.sleep(0.5)
+    ranks.publishers[1].send_filter = lambda v, c, f: corrupt_first_value(f) if v == 3 else f
+    try:
+        for _ in range(6):
+            ranks.step(1e-3)
+            ranks.flush()  # no coalescing: version 3 is sent
+        poll_until([sub], 6)
+        assert_bitwise_equal(sub.image, ranks.full)
+        assert sub.checksum_failures == 1 and sub.anchors_applied == 1
+        assert sub.verified_versions[-1] == 6
+    finally:
+        ranks.close(sub)
+
+
+def test_coalesced_versions_follow_the_base_chain() -> None:
+    ranks = FakeRanks(2, WeightsConfig())
+    sub = ranks.subscriber(0)
+    time.sleep(0.5)
+    bases: list[tuple[int, int]] = []
+
+    def slow_send(version: int, chunk: int, frames: list) -> list:
+        header = msgspec.msgpack.decode(frames[0], type=WeightDiff)
+        bases.append((header.base_version, header.version))
+        time.sleep(0.2)  # the network is slower than the learner
+        return frames
+
+    ranks.publishers[0].send_filter = slow_send
+    try:
+        for _ in range(8):
+            ranks.step(1e-3)
+        ranks.flush()
+        poll_until([sub], 8)
+        assert ranks.publishers[0].coalesced > 0
+        assert any(v - b > 1 for b, v in bases) and bases[-1][1] == 8
+        assert_bitwise_equal(sub.image, ranks.full)
+        assert sub.anchors_applied == 0
+    finally:
+        ranks.close(sub)
+
+
+# --------------------------------------------------------------------------- two gloo ranks
+
+VERSIONS = 24
+LATE_JOIN_AT = 6
+# (rank, from version, chunk): the first version sent from then on loses / corrupts that chunk
+# (the first version sent: the publisher may coalesce the exact one away).
+DROP = (0, 4, 1)
+CORRUPT = (1, 9, 0)
+
+
+def _tiny_llama(model_dir: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=101,  # odd sizes: uneven FSDP2 splits on 2 ranks
+        hidden_size=48,
+        intermediate_size=97,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(model_dir)
+
+
+def _rank_main(rank: int, port: int, model_dir: str, out: str, to_test, go, done) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from streamrl.models import load_causal_lm
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    mesh = dist.device_mesh.init_device_mesh("cpu", (2,))
+    model = load_causal_lm(Path(model_dir), "float32")
+    apply_fsdp(model, mesh, "bfloat16")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5)
+    publisher = WeightPublisher(model, rank, 2, WeightsConfig(chunk_bytes=8192))
+    encodings: Counter[str] = Counter()
+    done_actions: set[str] = set()
+
+    def hook(version: int, chunk: int, frames: list) -> list | None:
+        for part in msgspec.msgpack.decode(frames[0], type=WeightDiff).parts:
+            encodings[part.encoding] += 1
+        for (hit_rank, from_version, hit_chunk), action in [(DROP, "drop"), (CORRUPT, "corrupt")]:
+            if (rank, chunk) == (hit_rank, hit_chunk) and version >= from_version:
+                if action not in done_actions:
+                    done_actions.add(action)
+                    return None if action == "drop" else corrupt_first_value(frames)
+        return frames
+
+    publisher.send_filter = hook
+    to_test.put(("endpoints", rank, publisher.pub_endpoint, publisher.anchor_endpoint))
+    go.wait()
+    gen = torch.Generator().manual_seed(rank)
+    for version in range(1, VERSIONS + 1):
+        ids = torch.randint(0, 101, (4, 16), generator=gen)
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        publisher.publish(version)
+        if rank == 0:
+            to_test.put(("version", version))
+    publisher.flush()
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    if rank == 0:
+        torch.save({k: v.to(torch.bfloat16) for k, v in state.items()}, out)
+    to_test.put(("finished", rank, dict(encodings)))
+    done.wait()
+    publisher.close()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_gloo_learners_stream_to_subscribers(tmp_path: Path) -> None:
+    from streamrl.models import load_causal_lm
+
+    _tiny_llama(tmp_path / "model")
+    initial = dict(load_causal_lm(tmp_path / "model", "bfloat16").named_parameters())
+
+    def fresh_image() -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in initial.items()}
+
+    ctx = mp.get_context("spawn")
+    to_test, go, done = ctx.Queue(), ctx.Event(), ctx.Event()
+    reference = tmp_path / "reference.pt"
+    args = (free_port(), str(tmp_path / "model"), str(reference), to_test, go, done)
+    procs = [ctx.Process(target=_rank_main, args=(r, *args), daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    subs: list[WeightSubscriber] = []
+    try:
+        endpoints = {}
+        while len(endpoints) < 2:
+            _, rank, pub, anchor = to_test.get(timeout=60)
+            endpoints[rank] = (pub, anchor)
+        pubs, anchors = [endpoints[r][0] for r in range(2)], [endpoints[r][1] for r in range(2)]
+        subs = [WeightSubscriber(fresh_image(), pubs, anchors, i) for i in range(2)]
+        time.sleep(0.5)
+        go.set()
+        finished, encodings, learner_version = 0, Counter(), 0
+        deadline = time.monotonic() + 90
+        while finished < 2 or any(s.version < VERSIONS for s in subs):
+            assert time.monotonic() < deadline, [s.version for s in subs]
+            try:
+                msg = to_test.get_nowait()
+            except queue.Empty:
+                msg = None
+            if msg and msg[0] == "version":
+                learner_version = msg[1]
+                if learner_version == LATE_JOIN_AT:
+                    subs.append(WeightSubscriber(fresh_image(), pubs, anchors, 2))
+            elif msg and msg[0] == "finished":
+                finished += 1
+                encodings.update(msg[2])
+            for sub in subs:
+                sub.poll(learner_version)
+            time.sleep(0.005)
+        expected = torch.load(reference)
+        for sub in subs:
+            assert_bitwise_equal(sub.image, expected)
+            assert sub.version == VERSIONS
+        late = subs[2]
+        # Every early subscriber lost rank 0's v4 and rejected rank 1's corrupted v9.
+        for sub in subs[:2]:
+            assert sub.checksum_failures == 1
+            assert sub.anchors_applied >= 2
+        assert late.anchors_applied >= 1
+        assert len(encodings) >= 2, encodings  # the learner's diffs were not all one encoding
+        # Training moved every matrix (norm weights at 1.0 move less than a bf16 step).
+        for name, param in initial.items():
+            assert param.dim() == 1 or not torch.equal(param, expected[name]), name
+    finally:
+        done.set()
+        for sub in subs:
+            sub.close()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]

@@ -1,0 +1,195 @@
+"""The bf16 diff codec: round trips of every encoding, checksums, and FSDP2's row split.
+
+References: the new image itself (a decoded diff must reproduce it bit for bit), ``torch.chunk``
+(what FSDP2 documents for dim-0 sharding) and FSDP2's own local shards under a fake process
+group (one process plays each rank in turn; nothing is communicated).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from streamrl.workers.fsdp import apply_fsdp
+from streamrl.workers.publisher import chunk_parts, encode_shard, local_bf16_shards
+from streamrl.workers.weight_codec import (
+    EncodedPart,
+    apply_part,
+    decode_positions,
+    decode_varints,
+    encode_part,
+    encode_positions,
+    encode_varints,
+    row_blocks,
+    shard_rows,
+)
+
+
+def bits(n: int, seed: int = 0) -> np.ndarray:
+    t = torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    return t.view(torch.int16).numpy().copy()
+
+
+def changed(old: np.ndarray, fraction: float, seed: int = 1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    new = old.copy()
+    where = rng.random(old.size) < fraction
+    new[where] ^= 1  # flip the lowest mantissa bit: the smallest change bf16 can make
+    return new
+
+
+def encode(new, old, dense_threshold=0.25) -> EncodedPart | None:
+    return encode_part(
+        "w",
+        new,
+        old,
+        full_shape=(new.size,),
+        row_offset=0,
+        rows=new.size,
+        dense_threshold=dense_threshold,
+    )
+
+
+def test_varints_round_trip_edge_values() -> None:
+    values = np.array([0, 1, 127, 128, 16383, 16384, 2**32 - 1, 2**35, 2**63 - 1], np.uint64)
+    data = encode_varints(values)
+    assert len(encode_varints(np.array([127], np.uint64))) == 1
+    assert len(encode_varints(np.array([128], np.uint64))) == 2
+    np.testing.assert_array_equal(decode_varints(data), values)
+    with pytest.raises(ValueError, match="truncated"):
+        decode_varints(data[:-1])
+    assert decode_varints(b"").size == 0
+
+
+@pytest.mark.parametrize("n", [1, 7, 1000, 100_000])
+def test_positions_round_trip(n: int) -> None:
+    rng = np.random.default_rng(n)
+    for k in {0, 1, n // 3, n}:
+        positions = np.sort(rng.choice(n, size=k, replace=False))
+        np.testing.assert_array_equal(decode_positions(encode_positions(positions)), positions)
+
+
+@pytest.mark.parametrize(
+    ("fraction", "encoding"),
+    [(0.001, "sparse"), (0.02, "sparse"), (0.2, "bitmap"), (0.6, "dense"), (1.0, "dense")],
+)
+def test_each_encoding_reproduces_the_new_image(fraction: float, encoding: str) -> None:
+    old = bits(50_000)
+    new = changed(old, fraction)
+    part = encode(new, old, dense_threshold=0.5)
+    assert part is not None and part.header.encoding == encoding
+    assert part.header.num_changed == int((new != old).sum())
+    out = apply_part(part, old)
+    np.testing.assert_array_equal(out, new)
+    assert part.nbytes <= new.nbytes
+    np.testing.assert_array_equal(old, bits(50_000))  # the base is never modified
+
+
+def test_unchanged_block_is_left_out_and_snapshot_is_dense() -> None:
+    old = bits(100)
+    assert encode(old.copy(), old) is None
+    snapshot = encode(old, None)
+    assert snapshot.header.encoding == "dense"
+    np.testing.assert_array_equal(apply_part(snapshot, np.zeros_like(old)), old)
+
+
+def test_sparse_positions_beyond_uint16_gaps() -> None:
+    old = bits(200_000)
+    new = old.copy()
+    new[[0, 3, 70_000, 199_999]] ^= 1
+    part = encode(new, old)
+    assert part.header.encoding == "sparse"
+    np.testing.assert_array_equal(apply_part(part, old), new)
+
+
+@pytest.mark.parametrize("fraction", [0.01, 0.2, 1.0])
+def test_corrupted_values_fail_the_checksum(fraction: float) -> None:
+    old = bits(10_000)
+    new = changed(old, fraction)
+    part = encode(new, old, dense_threshold=0.5)
+    values = bytearray(memoryview(part.values).cast("B"))
+    values[len(values) // 2] ^= 0x10
+    with pytest.raises(ValueError, match="checksum"):
+        apply_part(EncodedPart(part.header, bytes(values), part.indices), old)
+    # Applied to the wrong base (a missed version), a sparse diff fails the same way.
+    if part.header.encoding != "dense":
+        with pytest.raises(ValueError, match="checksum"):
+            apply_part(part, changed(old, 0.01, seed=9))
+
+
+def test_malformed_parts_are_rejected() -> None:
+    old = bits(1000)
+    part = encode(changed(old, 0.01), old)
+    with pytest.raises(ValueError):
+        apply_part(EncodedPart(part.header, part.values[:-1], part.indices), old)
+    with pytest.raises(ValueError):
+        apply_part(part, old[:10])  # positions beyond the block
+    dense = encode(old, None)
+    with pytest.raises(ValueError, match="dense size"):
+        apply_part(dense, old[:-1])
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 7, 8, 16])
+def test_shard_rows_matches_torch_chunk(world: int) -> None:
+    for n in range(0, 40):
+        chunks = torch.arange(n).chunk(world) if n else []
+        for rank in range(world):
+            start, stop = shard_rows(n, rank, world)
+            expected = chunks[rank].tolist() if rank < len(chunks) else []
+            assert list(range(start, stop)) == expected, (n, world, rank)
+
+
+def test_row_blocks_cover_rows_within_the_size_bound() -> None:
+    for rows, row_elems, max_bytes in [(10, 3, 12), (10, 3, 1000), (7, 100, 50), (0, 4, 64)]:
+        blocks = row_blocks(rows, row_elems, max_bytes)
+        assert [r for a, b in blocks for r in range(a, b)] == list(range(rows))
+        for a, b in blocks:
+            assert (b - a) * row_elems * 2 <= max_bytes or b - a == 1
+
+
+def test_chunks_hold_whole_parts_within_the_bound() -> None:
+    parts = [encode(bits(n, seed=n), None) for n in (10, 500, 20, 300, 300, 1000)]
+    chunks = chunk_parts(parts, chunk_bytes=1200)
+    assert [p for c in chunks for p in c] == parts
+    for chunk in chunks:
+        assert sum(p.nbytes for p in chunk) <= 1200 or len(chunk) == 1
+    assert chunk_parts([], 100) == [[]]  # a version with no change still sends one message
+
+
+class _Uneven(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide = torch.nn.Parameter(torch.randn(10, 3))
+        self.vector = torch.nn.Parameter(torch.randn(5))
+        self.single = torch.nn.Parameter(torch.randn(1, 4))
+        self.cube = torch.nn.Parameter(torch.randn(7, 2, 3))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_local_shards_match_fsdp2_layout(world: int) -> None:
+    """FSDP2's real local shards (fake process group) sit where ``shard_rows`` says, and the
+    blocks of all ranks tile every tensor exactly once."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    torch.manual_seed(0)
+    full = {n: p.detach().to(torch.bfloat16) for n, p in _Uneven().named_parameters()}
+    covered = {n: torch.zeros(t.shape[0], dtype=torch.int) for n, t in full.items()}
+    for rank in range(world):
+        dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+        try:
+            mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
+            torch.manual_seed(0)
+            model = apply_fsdp(_Uneven(), mesh, "bfloat16")
+            shards = local_bf16_shards(model)  # raises if FSDP2's rows differ from ours
+        finally:
+            dist.destroy_process_group()
+        for part in encode_shard(shards, None, chunk_bytes=16, dense_threshold=1.0):
+            head = part.header
+            rows = slice(head.row_offset, head.row_offset + head.rows)
+            expected = full[head.name][rows].contiguous().view(torch.int16).reshape(-1).numpy()
+            np.testing.assert_array_equal(np.frombuffer(part.values, np.int16), expected)
+            covered[head.name][rows] += 1
+    for name, count in covered.items():
+        assert count.eq(1).all(), name
