@@ -1,25 +1,107 @@
 """Learner-side buffer client: assemble exactly ``k`` groups for one rank from S shards.
 
-Each request asks a shard for at most the groups still missing, and a shard removes what it
-hands out, so a group is never given to two ranks and a rank never gets more than ``k``.
-Groups are never split. Shards are visited round-robin, long-polling briefly on each, so a
-slow shard does not starve the rank while another has data.
+``fetch`` repeats one round until it holds ``k`` groups:
+
+1. peek: ask every shard (``Peek``, no wait) for the sort keys of the groups it would hand
+   out next, at most the number still missing, all with ``min_version >= floor``;
+2. plan: merge the shards' key lists oldest first and count how many of the missing groups
+   come from each shard (``plan_takes``);
+3. take: ask each planned shard for exactly its count (``BatchRequest``, no wait).
+
+A shard removes what it hands out and never returns more than asked, and the client never
+asks for more than it is missing, so a rank gets exactly ``k``, no group goes to two ranks,
+and groups are never split. Another rank may take some of the planned groups first: the
+shard then returns fewer, and the next round asks again. When no shard has an eligible
+group the peek becomes a long poll (``poll_ms``) that returns as soon as any shard has one,
+and a line is logged every ``log_every_s`` while the rank waits.
+
+A shard forwards each group as the frame it arrived in (``RawBatch``); the client decodes
+every group on its own, so a group that fails to decode (counted, logged once) costs one
+group, not the batch. A shard that does not answer within ``reply_timeout_s`` is skipped
+for that round (logged); a reply that comes after its request timed out is discarded, and
+any groups in it are lost rather than duplicated.
 """
 
 from __future__ import annotations
 
+import gc
+import heapq
 import logging
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import zmq
 
-from streamrl.protocol import Batch, BatchRequest, ShardReply, TrajectoryGroup
+from streamrl.protocol import (
+    Ack,
+    BatchRequest,
+    Checkpoint,
+    Peek,
+    PeekReply,
+    RawBatch,
+    Reconfigure,
+    ShardStats,
+    StatsRequest,
+    TrajectoryGroup,
+)
 from streamrl.transport import Codec, make_socket
 
 log = logging.getLogger(__name__)
 
+_Reply = RawBatch | PeekReply | ShardStats | Ack
+T = TypeVar("T")
+
+
+def count_malformed(codec: Codec[Any], kind: str, detail: str) -> None:
+    """Count a malformed message on ``codec``'s counter, logging the first of each kind."""
+    if not codec.malformed[kind]:
+        log.warning("%s: dropped malformed message (%s): %s", codec.name, kind, detail)
+    codec.malformed[kind] += 1
+
+
+def decode_or_count(codec: Codec[T], frame: Any) -> T | None:
+    """``codec.decode``, also counting what msgspec raises besides ``DecodeError`` and
+    ``ValidationError``: ``UnicodeDecodeError`` (invalid UTF-8 in a string) and
+    ``RecursionError`` (arrays nested too deep)."""
+    try:
+        return codec.decode(frame)
+    except (UnicodeDecodeError, RecursionError) as exc:
+        count_malformed(codec, type(exc).__name__, str(exc))
+        return None
+
+
+def _has_eligible(reply: Any) -> bool:
+    return isinstance(reply, PeekReply) and bool(reply.order)
+
+
+def plan_takes(orders: dict[int, list[tuple[int, float]]], n: int) -> dict[int, int]:
+    """How many groups to take from each shard for the ``n`` oldest overall.
+
+    ``orders[shard]`` lists the sort keys of the groups that shard would hand out next, in
+    its order; a shard hands out a prefix, so this merges prefixes (ties: lower shard first).
+
+    Example: ``plan_takes({0: [(0, 1.0), (0, 4.0)], 1: [(0, 2.0), (0, 3.0)]}, 3)``
+    is ``{0: 1, 1: 2}`` (keys 1, 2, 3).
+    """
+    heads = [(keys[0], shard, 0) for shard, keys in orders.items() if keys]
+    heapq.heapify(heads)
+    counts: dict[int, int] = {}
+    while heads and n > 0:
+        _, shard, i = heapq.heappop(heads)
+        counts[shard] = counts.get(shard, 0) + 1
+        n -= 1
+        if i + 1 < len(orders[shard]):
+            heapq.heappush(heads, (orders[shard][i + 1], shard, i + 1))
+    return counts
+
 
 class BufferClient:
+    """One learner rank's view of every buffer shard (one DEALER per shard).
+
+    Not thread-safe: one fetch at a time per client.
+    """
+
     def __init__(
         self,
         endpoints: list[str],
@@ -28,59 +110,165 @@ class BufferClient:
         ctx: zmq.Context | None = None,
         poll_ms: int = 100,
         log_every_s: float = 30.0,
+        reply_timeout_s: float = 30.0,
     ) -> None:
         self.ctx = ctx or zmq.Context.instance()
         self.name, self.poll_ms, self.log_every_s = name, poll_ms, log_every_s
-        self.sockets = []
+        self.reply_timeout_s = reply_timeout_s
+        self.sockets: list[zmq.Socket] = []
         for endpoint in endpoints:
             sock = make_socket(self.ctx, zmq.DEALER)
             sock.connect(endpoint)
             self.sockets.append(sock)
-        self.codec: Codec[ShardReply] = Codec(ShardReply, f"{name} buffer client")
+        self.poller = zmq.Poller()
+        for sock in self.sockets:
+            self.poller.register(sock, zmq.POLLIN)
+        self.codec: Codec[_Reply] = Codec(_Reply, f"{name} buffer client")
+        self.group_codec: Codec[TrajectoryGroup] = Codec(TrajectoryGroup, f"{name} groups")
         self._request_id = 0
-        self._next = 0
 
-    def _ask(
-        self, shard: int, k: int, floor: int, version: int, wait_ms: int
-    ) -> list[TrajectoryGroup]:
-        self._request_id += 1
-        sock = self.sockets[shard]
-        sock.send(self.codec.encode(BatchRequest(self._request_id, k, floor, version, wait_ms)))
-        # The shard always answers a request by its deadline; allow generous slack on top.
-        deadline = time.monotonic() + wait_ms / 1e3 + 60.0
-        while time.monotonic() < deadline:
-            if not sock.poll(1000):
-                continue
-            reply = self.codec.decode(sock.recv())
-            if isinstance(reply, Batch) and reply.request_id == self._request_id:
-                return reply.groups
-        raise TimeoutError(f"{self.name}: buffer shard {shard} did not answer within 60s")
+    # ------------------------------------------------------------------ fetching
 
     def fetch(
         self, k: int, floor: int, learner_version: int, timeout_s: float | None = None
     ) -> list[TrajectoryGroup]:
-        """Block until ``k`` groups with ``min_version >= floor`` are in hand."""
+        """Block until ``k`` groups with ``min_version >= floor`` are in hand, oldest first
+        across shards; ``TimeoutError`` after ``timeout_s`` (``None``: wait for ever)."""
         groups: list[TrajectoryGroup] = []
         start = last_log = time.monotonic()
+        wait_ms = 0
         while len(groups) < k:
-            shard = self._next
-            self._next = (self._next + 1) % len(self.sockets)
-            groups.extend(self._ask(shard, k - len(groups), floor, learner_version, self.poll_ms))
+            missing = k - len(groups)
+            requests = {
+                shard: Peek(self._next_id(), missing, floor, learner_version, wait_ms)
+                for shard in range(len(self.sockets))
+            }
+            # A quick peek waits for every shard (to order them all); a long poll returns
+            # as soon as one shard has something (the others had nothing a moment ago).
+            until_any = _has_eligible if wait_ms else None
+            peeks = self._exchange(requests, wait_ms=wait_ms, until_any=until_any)
+            orders = {s: r.order for s, r in peeks.items() if isinstance(r, PeekReply)}
+            plan = plan_takes(orders, missing)
+            if plan:
+                groups += self._take(plan, floor, learner_version)
+                wait_ms = 0
+                continue
+            wait_ms = self.poll_ms  # nothing eligible anywhere: long-poll next round
             now = time.monotonic()
-            if now - last_log > self.log_every_s:
+            if timeout_s is not None and now - start > timeout_s:
+                raise TimeoutError(
+                    f"{self.name}: only {len(groups)}/{k} groups with min_version >= {floor} "
+                    f"after {timeout_s}s"
+                )
+            if now - last_log >= self.log_every_s:
                 last_log = now
+                sizes = [p.size if isinstance(p, PeekReply) else "?" for p in peeks.values()]
                 log.info(
-                    "%s: waiting for data: %d/%d groups with min_version >= %d after %.0fs",
+                    "%s: waiting for data: %d/%d groups with min_version >= %d after %.0fs "
+                    "(learner version %d; shards hold %s groups, none eligible)",
                     self.name,
                     len(groups),
                     k,
                     floor,
                     now - start,
+                    learner_version,
+                    sizes,
                 )
-            if timeout_s is not None and now - start > timeout_s:
-                raise TimeoutError(f"{self.name}: only {len(groups)}/{k} groups after {timeout_s}s")
         return groups
+
+    def _take(self, plan: dict[int, int], floor: int, version: int) -> list[TrajectoryGroup]:
+        requests = {
+            shard: BatchRequest(self._next_id(), count, floor, version, 0)
+            for shard, count in plan.items()
+        }
+        replies = self._exchange(requests)
+        frames = [frame for reply in replies.values() for frame in reply.groups]
+        # Decoding a batch allocates thousands of lists and no cycles: pausing the collector
+        # saves a pass in the middle of it (measured: fetch p99 about halved).
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            groups = [decode_or_count(self.group_codec, frame) for frame in frames]
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        return [group for group in groups if group is not None]
+
+    # ------------------------------------------------------------------ control
+
+    def stats(self) -> list[ShardStats | None]:
+        """Every shard's stats, by shard index (``None``: no answer in time)."""
+        return self._control(StatsRequest())
+
+    def reconfigure(self, **changes: Any) -> list[Ack | None]:
+        """Change live knobs on every shard (``Reconfigure`` fields); one ``Ack`` each."""
+        return self._control(Reconfigure(**changes))
+
+    def checkpoint(self) -> list[Ack | None]:
+        """Compact every shard's durable log."""
+        return self._control(Checkpoint())
+
+    def _control(self, message: Any) -> list[Any]:
+        replies = self._exchange(dict.fromkeys(range(len(self.sockets)), message))
+        return [replies.get(shard) for shard in range(len(self.sockets))]
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _next_id(self) -> int:
+        self._request_id += 1
+        return self._request_id
+
+    def _exchange(
+        self,
+        requests: dict[int, Any],
+        *,
+        wait_ms: int = 0,
+        until_any: Callable[[Any], bool] | None = None,
+    ) -> dict[int, Any]:
+        """Send ``requests[shard]`` to each shard and collect the replies, by shard.
+
+        Returns when every shard answered, when one answer satisfies ``until_any``, or after
+        ``wait_ms`` plus ``reply_timeout_s`` (shards that did not answer are left out, and
+        logged). Replies to earlier requests are dropped; a reply matches by ``request_id``
+        (``ShardStats``/``Ack`` carry none and match any outstanding control request).
+        """
+        expected: dict[int, int | None] = {}
+        for shard, message in requests.items():
+            try:
+                self.sockets[shard].send(self.codec.encode(message), zmq.NOBLOCK)
+            except zmq.Again:  # the shard is gone and its queue is full
+                log.warning("%s: buffer shard %d is not reachable", self.name, shard)
+                continue
+            expected[shard] = getattr(message, "request_id", None)
+        replies: dict[int, Any] = {}
+        deadline = time.monotonic() + wait_ms / 1e3 + self.reply_timeout_s
+        while len(replies) < len(expected):
+            remaining_ms = int((deadline - time.monotonic()) * 1e3)
+            if remaining_ms <= 0:
+                missing = sorted(set(expected) - set(replies))
+                log.warning(
+                    "%s: buffer shard(s) %s did not answer within %.1fs; skipped this round",
+                    self.name,
+                    missing,
+                    self.reply_timeout_s,
+                )
+                break
+            for sock, _ in self.poller.poll(remaining_ms):
+                shard = self.sockets.index(sock)
+                while True:
+                    try:
+                        frame = sock.recv(zmq.NOBLOCK, copy=False)  # batches are MBs
+                    except zmq.Again:
+                        break
+                    reply = decode_or_count(self.codec, frame)
+                    if reply is None or shard not in expected or shard in replies:
+                        continue
+                    if getattr(reply, "request_id", None) == expected[shard]:
+                        replies[shard] = reply
+            if until_any is not None and any(until_any(r) for r in replies.values()):
+                break
+        return replies
 
     def close(self) -> None:
         for sock in self.sockets:
-            sock.close()
+            sock.close(linger=0)

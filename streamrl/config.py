@@ -253,6 +253,7 @@ def _finalize(config: Config) -> Config:
         (config.buffer.capacity >= 1, "buffer.capacity must be >= 1"),
         (config.buffer.max_staleness >= 0, "buffer.max_staleness must be >= 0"),
         (config.buffer.max_reuse >= 1, "buffer.max_reuse must be >= 1"),
+        (config.buffer.compact_every_s >= 0, "buffer.compact_every_s must be >= 0"),
         (config.generator.group_size >= 1, "generator.group_size must be >= 1"),
         (config.generator.prompts_per_call >= 1, "generator.prompts_per_call must be >= 1"),
         (config.generator.max_new_tokens >= 1, "generator.max_new_tokens must be >= 1"),

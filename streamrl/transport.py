@@ -83,7 +83,14 @@ class Codec(Generic[T]):
         data = frame.buffer if isinstance(frame, zmq.Frame) else frame
         try:
             return self.decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        # UnicodeDecodeError (bad UTF-8 in a str field) and RecursionError (absurd nesting)
+        # escape msgspec's own error types; a peer's bytes must never crash the process.
+        except (
+            msgspec.DecodeError,
+            msgspec.ValidationError,
+            UnicodeDecodeError,
+            RecursionError,
+        ) as exc:
             kind = type(exc).__name__
             if not self.malformed[kind]:
                 log.warning("%s: dropped malformed message (%s): %s", self.name, kind, exc)

@@ -1,0 +1,340 @@
+"""Buffer shards over loopback sockets: exactly-k fetches across shards, oldest first, long
+polls, staleness, live reconfiguration, backpressure, checkpoints and reports.
+
+Each shard serves from a thread of the test process (its own uvloop); everything talks
+through real ZeroMQ sockets on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import msgspec
+import pytest
+import zmq
+
+from streamrl.buffers.client import BufferClient, plan_takes
+from streamrl.buffers.durable_log import scan_shard
+from streamrl.buffers.server import BufferShard
+from streamrl.config import BufferConfig
+from streamrl.protocol import (
+    Batch,
+    BatchRequest,
+    ShardReport,
+    Trajectory,
+    TrajectoryGroup,
+)
+
+
+def make_group(gid: str, version: int = 0, finished_at: float = 0.0) -> TrajectoryGroup:
+    trajectories = [
+        Trajectory([1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], [version] * 3, reward, "stop", 0)
+        for reward in (0.0, 1.0)
+    ]
+    return TrajectoryGroup(gid, f"p-{gid}", trajectories, finished_at, finished_at)
+
+
+def wait_until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def ctx():
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+@pytest.fixture
+def start_shard():
+    """``start_shard(shard_id, log_dir=None, **config)`` -> a serving ``BufferShard``."""
+    running: list[tuple[BufferShard, threading.Thread]] = []
+
+    def start(shard_id: int = 0, log_dir=None, report_endpoint=None, **config) -> BufferShard:
+        shard = BufferShard(
+            BufferConfig(**config), shard_id, log_dir=log_dir, report_endpoint=report_endpoint
+        )
+        thread = threading.Thread(target=shard.serve, daemon=True)
+        thread.start()
+        running.append((shard, thread))
+        return shard
+
+    yield start
+    for shard, thread in running:
+        shard.stop()
+        thread.join(10)
+        assert not thread.is_alive()
+        shard.close()
+
+
+def pusher(ctx: zmq.Context, *shards: BufferShard) -> zmq.Socket:
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    for shard in shards:
+        sock.connect(shard.ingest_endpoint)
+    return sock
+
+
+def push(sock: zmq.Socket, groups: list[TrajectoryGroup]) -> None:
+    for group in groups:
+        sock.send(msgspec.msgpack.encode(group))
+
+
+def client_for(ctx: zmq.Context, *shards: BufferShard, **kwargs) -> BufferClient:
+    return BufferClient([s.request_endpoint for s in shards], ctx=ctx, **kwargs)
+
+
+def wait_ingested(client: BufferClient, n: int) -> None:
+    wait_until(lambda: sum(s.ingested for s in client.stats()) >= n)
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def test_plan_takes_merges_prefixes_oldest_first():
+    orders = {0: [(0, 1.0), (0, 4.0)], 1: [(0, 2.0), (0, 3.0), (0, 5.0)], 2: []}
+    assert plan_takes(orders, 3) == {0: 1, 1: 2}
+    assert plan_takes(orders, 10) == {0: 2, 1: 3}
+    assert plan_takes(orders, 0) == {}
+    # freshest keys (-min_version, finished_at): the higher version goes first
+    assert plan_takes({0: [(-1, 0.0)], 1: [(-3, 9.0)]}, 1) == {1: 1}
+
+
+# --------------------------------------------------------------------------- fetching
+
+
+def test_fetch_takes_exactly_k_oldest_first_across_shards(ctx, start_shard):
+    shards = [start_shard(0), start_shard(1)]
+    groups = [make_group(f"g{i}", finished_at=float(i)) for i in range(12)]
+    to_first, to_second = pusher(ctx, shards[0]), pusher(ctx, shards[1])
+    push(to_first, groups[0::2])
+    push(to_second, groups[1::2])
+    client = client_for(ctx, *shards)
+    wait_ingested(client, 12)
+
+    first = client.fetch(5, floor=0, learner_version=0)
+    assert sorted(g.finished_at for g in first) == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert groups[0] in first  # groups arrive whole and intact
+    rest = client.fetch(7, floor=0, learner_version=0)
+    assert sorted(g.group_id for g in first + rest) == sorted(g.group_id for g in groups)
+    stats = client.stats()
+    assert [s.size for s in stats] == [0, 0]
+    assert [s.consumed for s in stats] == [6, 6]
+    client.close()
+
+
+def test_concurrent_ranks_never_share_a_group(ctx, start_shard):
+    shards = [start_shard(0), start_shard(1)]
+    groups = [make_group(f"g{i}", finished_at=float(i)) for i in range(60)]
+    sock = pusher(ctx, *shards)
+    push(sock, groups)
+    wait_ingested(client_for(ctx, *shards), 60)
+
+    got: dict[int, list[list[str]]] = {rank: [] for rank in range(3)}
+
+    def rank_loop(rank: int) -> None:
+        client = client_for(ctx, *shards, name=f"rank{rank}")
+        for _ in range(5):
+            got[rank].append([g.group_id for g in client.fetch(4, 0, 0, timeout_s=20)])
+        client.close()
+
+    threads = [threading.Thread(target=rank_loop, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    batches = [batch for rank in got.values() for batch in rank]
+    assert len(batches) == 15 and all(len(b) == 4 for b in batches)
+    ids = [gid for batch in batches for gid in batch]
+    assert len(set(ids)) == 60 == len(ids)
+
+
+def test_fetch_long_polls_until_data_arrives(ctx, start_shard):
+    shards = [start_shard(0), start_shard(1)]
+    client = client_for(ctx, *shards, poll_ms=50)
+    result: list[TrajectoryGroup] = []
+    fetcher = threading.Thread(target=lambda: result.extend(client.fetch(2, 0, 0, timeout_s=20)))
+    start = time.monotonic()
+    fetcher.start()
+    time.sleep(0.3)
+    assert not result
+    sock = pusher(ctx, shards[1])
+    push(sock, [make_group("late-0"), make_group("late-1")])
+    fetcher.join(20)
+    assert sorted(g.group_id for g in result) == ["late-0", "late-1"]
+    assert time.monotonic() - start >= 0.3
+
+
+def test_fetch_times_out_with_a_clear_log_line(ctx, start_shard, caplog):
+    shard = start_shard(0)
+    sock = pusher(ctx, shard)
+    push(sock, [make_group("old", version=0)])
+    client = client_for(ctx, shard, poll_ms=20, log_every_s=0.05)
+    wait_ingested(client, 1)
+    with caplog.at_level(logging.INFO, logger="streamrl.buffers.client"):
+        with pytest.raises(TimeoutError, match="0/1 groups with min_version >= 1"):
+            client.fetch(1, floor=1, learner_version=1, timeout_s=0.3)
+    lines = [r.getMessage() for r in caplog.records if "waiting for data" in r.getMessage()]
+    assert lines
+    assert "0/1 groups with min_version >= 1" in lines[0]
+    assert "shards hold [1] groups, none eligible" in lines[0]
+
+
+def test_floor_and_staleness_bound_what_is_handed_out(ctx, start_shard):
+    shard = start_shard(0, max_staleness=1)
+    sock = pusher(ctx, shard)
+    push(sock, [make_group(f"v{v}", version=v) for v in range(4)])
+    client = client_for(ctx, shard)
+    wait_ingested(client, 4)
+    assert client.stats()[0].staleness_hist == {0: 1, -1: 1, -2: 1, -3: 1}
+
+    # The learner at version 3: v0 and v1 are past max_staleness=1 and are evicted.
+    got = client.fetch(2, floor=2, learner_version=3)
+    assert sorted(g.group_id for g in got) == ["v2", "v3"]
+    stats = client.stats()[0]
+    assert stats.dropped["stale"] == 2
+    assert stats.size == 0
+
+
+def test_batch_request_long_poll_speaks_plain_batch(ctx, start_shard):
+    """The shard's ``RawBatch`` reply decodes as a ``Batch``; a long poll answers as soon as
+    ``k`` groups exist, or with what there is when its wait runs out."""
+    shard = start_shard(0)
+    sock = pusher(ctx, shard)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(shard.request_endpoint)
+    decoder = msgspec.msgpack.Decoder(Batch)
+
+    def ask(request_id: int, k: int, wait_ms: int) -> None:
+        dealer.send(msgspec.msgpack.encode(BatchRequest(request_id, k, 0, 0, wait_ms)))
+
+    ask(1, k=2, wait_ms=0)
+    assert decoder.decode(dealer.recv()) == Batch(1, [])
+
+    dealer.send(
+        msgspec.msgpack.encode(BatchRequest(2, k=2, floor=0, learner_version=0, wait_ms=5000))
+    )
+    push(sock, [make_group("a")])
+    assert not dealer.poll(300)  # one group is not enough
+    push(sock, [make_group("b")])
+    assert dealer.poll(5000)
+    reply = decoder.decode(dealer.recv())
+    assert reply.request_id == 2 and [g.group_id for g in reply.groups] == ["a", "b"]
+
+    start = time.monotonic()
+    dealer.send(
+        msgspec.msgpack.encode(BatchRequest(3, k=5, floor=0, learner_version=0, wait_ms=200))
+    )
+    push(sock, [make_group("c")])
+    assert dealer.poll(5000)
+    reply = decoder.decode(dealer.recv())
+    assert [g.group_id for g in reply.groups] == ["c"]
+    assert time.monotonic() - start >= 0.19
+    dealer.close(linger=0)
+
+
+# --------------------------------------------------------------------------- live tuning
+
+
+def test_reconfigure_changes_knobs_live(ctx, start_shard):
+    shard = start_shard(0, capacity=8)
+    sock = pusher(ctx, shard)
+    push(sock, [make_group(f"g{i}", finished_at=float(i)) for i in range(8)])
+    client = client_for(ctx, shard)
+    wait_ingested(client, 8)
+
+    assert [a.ok for a in client.reconfigure(capacity=3)] == [True]
+    stats = client.stats()[0]
+    assert (stats.capacity, stats.size, stats.dropped["capacity"]) == (3, 3, 5)
+
+    (bad,) = client.reconfigure(sampling="bogus")
+    assert not bad.ok and "sampling" in bad.error
+
+    assert client.reconfigure(sampling="freshest", capacity=10)[0].ok
+    push(sock, [make_group("fresh", version=2), make_group("mid", version=1)])
+    wait_ingested(client, 10)
+    got = client.fetch(2, floor=0, learner_version=2)
+    assert [g.group_id for g in got] == ["fresh", "mid"]
+    assert [g.group_id for g in client.fetch(3, 0, 2)] == ["g5", "g6", "g7"]
+
+
+def test_overflow_block_holds_groups_until_space_frees(ctx, start_shard):
+    shard = start_shard(0, capacity=2, overflow="block")
+    sock = pusher(ctx, shard)
+    push(sock, [make_group(f"g{i}") for i in range(5)])
+    client = client_for(ctx, shard)
+    wait_until(lambda: client.stats()[0].held == 1)
+    stats = client.stats()[0]
+    assert (stats.ingested, stats.size, sum(stats.dropped.values())) == (2, 2, 0)
+
+    got = client.fetch(2, 0, 0) + client.fetch(3, 0, 0, timeout_s=10)
+    assert [g.group_id for g in got] == [f"g{i}" for i in range(5)]
+    assert client.stats()[0].held == 0
+
+    assert client.reconfigure(overflow="drop-oldest")[0].ok
+
+
+# --------------------------------------------------------------------------- durability
+
+
+def test_checkpoint_compacts_the_durable_log(ctx, start_shard, tmp_path):
+    shard = start_shard(0, log_dir=tmp_path)
+    sock = pusher(ctx, shard)
+    push(sock, [make_group(f"g{i}", finished_at=float(i)) for i in range(6)])
+    client = client_for(ctx, shard)
+    wait_ingested(client, 6)
+    client.fetch(4, 0, 0)
+
+    assert [a.ok for a in client.checkpoint()] == [True]
+    shard_dir = tmp_path / "shard-0"
+    assert list(shard_dir.glob("*.compact.arrows"))
+    assert [(g.group_id, consumed) for g, consumed in scan_shard(shard_dir)] == [
+        ("g4", False),
+        ("g5", False),
+    ]
+
+
+def test_periodic_compaction_runs_after_consumption(ctx, start_shard, tmp_path):
+    shard = start_shard(0, log_dir=tmp_path, compact_every_s=0.2)
+    sock = pusher(ctx, shard)
+    push(sock, [make_group(f"g{i}") for i in range(3)])
+    client = client_for(ctx, shard)
+    wait_ingested(client, 3)
+    assert not list((tmp_path / "shard-0").glob("*.compact.arrows"))
+    client.fetch(2, 0, 0)
+    wait_until(lambda: list((tmp_path / "shard-0").glob("*.compact.arrows")))
+    assert [g.group_id for g, _ in scan_shard(tmp_path / "shard-0")] == ["g2"]
+
+
+def test_durable_off_writes_no_log(ctx, start_shard, tmp_path):
+    shard = start_shard(0, log_dir=tmp_path, durable=False)
+    sock = pusher(ctx, shard)
+    push(sock, [make_group("g0")])
+    client = client_for(ctx, shard)
+    wait_ingested(client, 1)
+    (ack,) = client.checkpoint()
+    assert ack.ok and ack.error == "no durable log"
+    assert not (tmp_path / "shard-0").exists()
+
+
+def test_shard_reports_to_the_controller(ctx, start_shard):
+    pull = ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    shard = start_shard(3, report_endpoint=f"tcp://127.0.0.1:{port}")
+    sock = pusher(ctx, shard)
+    push(sock, [make_group("g0")])
+    decoder = msgspec.msgpack.Decoder(ShardReport)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        assert pull.poll(2000)
+        report = decoder.decode(pull.recv())
+        if report.stats.ingested == 1:
+            break
+    assert report.stats.shard_id == 3 and report.stats.size == 1
+    pull.close(linger=0)
