@@ -20,7 +20,7 @@ import msgspec
 import zmq
 
 from streamrl.config import to_dict
-from streamrl.protocol import Ack, Reconfigure
+from streamrl.protocol import Ack, Checkpoint, Reconfigure
 from streamrl.transport import Codec, make_socket
 
 if TYPE_CHECKING:
@@ -126,7 +126,9 @@ class LiveRun:
                 raise ValueError(f"buffer shard {i} refused: {ack.error}")
             accepted.append(i)
 
-    def _ask(self, sock: zmq.Socket, message: Reconfigure, timeout_s: float = 10.0) -> Ack:
+    def _ask(
+        self, sock: zmq.Socket, message: Reconfigure | Checkpoint, timeout_s: float = 10.0
+    ) -> Ack:
         sock.send(msgspec.msgpack.encode(message))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -134,7 +136,7 @@ class LiveRun:
                 reply = self.codec.decode(sock.recv())
                 if reply is not None:
                     return reply
-        raise RuntimeError("a buffer shard did not answer the reconfigure request in time")
+        raise RuntimeError(f"a buffer shard did not answer {type(message).__name__} in time")
 
     def pause(self) -> None:
         with self.c.admission.lock:
@@ -148,9 +150,15 @@ class LiveRun:
         self.c.request_stop()
 
     def checkpoint(self) -> dict[str, Any]:
-        """Ask every learner rank to save at the end of its current step (asynchronous)."""
+        """Ask every learner rank to save at the end of its current step (asynchronous), and
+        every buffer shard to compact its durable log now (what a resume recovers from)."""
         for learner in self.c.learners:
             learner.request_checkpoint.remote()
+        with self.lock:
+            for i, sock in enumerate(self.shards):
+                ack = self._ask(sock, Checkpoint(), timeout_s=60.0)
+                if not ack.ok:
+                    raise RuntimeError(f"buffer shard {i} could not compact: {ack.error}")
         version = self.c.state.version
         return {
             "requested": True,
