@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import alive, wait_for
 
 from streamrl.cli import main as cli
 from streamrl.transport import free_port
@@ -42,24 +43,6 @@ def _launch(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> sub
     )
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _end(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
@@ -74,7 +57,7 @@ def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "live"
     proc = _launch(run_dir, "run.max_steps=400", "buffer.max_staleness=2")
     try:
-        url = _wait_for(
+        url = wait_for(
             lambda: (
                 (run_dir / "admin.url").is_file() and (run_dir / "admin.url").read_text().strip()
             ),
@@ -89,7 +72,7 @@ def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
         assert http.get("/status").status_code == 401
         assert http.get("/status", headers={"Authorization": "Bearer nope"}).status_code == 401
         status = lambda: http.get("/status", headers=auth).json()  # noqa: E731
-        _wait_for(lambda: status()["version"] >= 2, 120, "two learner steps")
+        wait_for(lambda: status()["version"] >= 2, 120, "two learner steps")
 
         assert http.patch("/config", headers=auth, json={"buffer.capacity": 0}).status_code == 422
         assert http.patch("/config", headers=auth, json={"learner.lr": 1.0}).status_code == 409
@@ -99,7 +82,7 @@ def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
         assert answer.status_code == 200, answer.text
         version = status()["version"]
         # The shards' own stats follow within a step.
-        _wait_for(
+        wait_for(
             lambda: (
                 status()["version"] >= version + 1
                 and all(s["capacity"] == 7 for s in status()["shards"])
@@ -122,18 +105,18 @@ def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
         time.sleep(3)
         assert status()["version"] <= paused_at + 1
         assert cli(["admin", "resume", "--run", str(run_dir)]) == 0
-        _wait_for(lambda: status()["version"] > paused_at + 1, 120, "progress after resume")
+        wait_for(lambda: status()["version"] > paused_at + 1, 120, "progress after resume")
         assert cli(["admin", "set", "generator.temperature=0.8", "--run", str(run_dir)]) == 0
         assert cli(["admin", "status", "--run", str(run_dir)]) == 0
 
         assert cli(["admin", "checkpoint", "--run", str(run_dir)]) == 0
-        _wait_for(lambda: (run_dir / "checkpoints" / "latest").is_file(), 120, "a checkpoint")
+        wait_for(lambda: (run_dir / "checkpoints" / "latest").is_file(), 120, "a checkpoint")
         assert cli(["admin", "stop", "--run", str(run_dir)]) == 0
         assert proc.wait(120) == 0, proc.stdout.read()
     finally:
         _end(proc)
     pids = json.loads((run_dir / "pids.json").read_text())
-    assert not [p for p in [pids["controller"], *pids["roles"]] if _alive(p)]
+    assert not [p for p in [pids["controller"], *pids["roles"]] if alive(p)]
     assert (run_dir / "hf" / "config.json").is_file()  # a graceful stop still exports
     events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any(e.get("event") == "admin_set" for e in events)
@@ -168,7 +151,7 @@ def test_launch_joins_a_loopback_cluster(tmp_path: Path) -> None:
     )
     run_dir = tmp_path / "cluster"
     try:
-        _wait_for(lambda: _port_open(port), 60, "the Ray head")
+        wait_for(lambda: _port_open(port), 60, "the Ray head")
         proc = _launch(run_dir, "run.max_steps=3", "--address", f"127.0.0.1:{port}", env=env)
         try:
             output, _ = proc.communicate(timeout=300)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 
 import pytest
+from support import alive
 
 from streamrl.config import load_config
 from streamrl.launch import Controller
@@ -34,14 +34,6 @@ def _run(tmp_path: Path, *overrides: str) -> tuple[dict, list[dict], list[int]]:
     return summary, [r for r in records if "step" in r], controller.pids
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _assert_clean_finish(summary: dict, steps: list[dict], pids: list[int], n_steps: int) -> None:
     assert [r["step"] for r in steps] == list(range(1, n_steps + 1))
     for record in steps:
@@ -53,7 +45,7 @@ def _assert_clean_finish(summary: dict, steps: list[dict], pids: list[int], n_st
         assert gen["applied_version"] == n_steps
         assert gen["verified_versions"][-1] == n_steps
         assert gen["checksum_failures"] == 0
-    assert pids and not [p for p in pids if _alive(p)], "a role process outlived the run"
+    assert pids and not [p for p in pids if alive(p)], "a role process outlived the run"
 
 
 def test_async_run_reaches_every_generator_and_exports(tmp_path: Path) -> None:
