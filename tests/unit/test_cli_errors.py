@@ -1,0 +1,55 @@
+"""Bad input to `streamrl launch` fails with one clear line before any process starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "launch",
+            "configs/tiny.yaml",
+            f"run.output_dir={tmp_path}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["model.name=/no/such/model"], 1, "model '/no/such/model' not found"),
+        (["data.source=/no/such/prompts.parquet"], 1, "prompt file not found"),
+        (["rewards=[{name: no_such_reward}]"], 2, "unknown reward"),
+        (["generator.count=zero"], 2, "generator.count"),
+        (["--learners", "3"], 2, "divisible"),
+    ],
+)
+def test_one_line_errors(tmp_path: Path, args: list[str], code: int, message: str) -> None:
+    result = _launch(tmp_path, *args)
+    assert result.returncode == code, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not any(tmp_path.iterdir()), "nothing is written for a run that cannot start"
+
+
+def test_used_run_name_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "config.yaml").write_text("{}")
+    result = _launch(tmp_path, "--name", "taken")
+    assert result.returncode == 1
+    assert "already exists" in result.stderr.strip().splitlines()[-1]
