@@ -116,8 +116,9 @@ def _launch(args: argparse.Namespace) -> int:
             overrides.append(f"{key}={value}")
     config = load_config(path, overrides)
     from streamrl.data import DataError
-    from streamrl.launch import RunError, launch
+    from streamrl.launch import launch
     from streamrl.models import ModelNotFoundError
+    from streamrl.placement import RunError
 
     try:
         summary = launch(config, address=args.address)

@@ -36,161 +36,20 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import zmq
 
-from streamrl.config import Config, to_yaml
+from streamrl.admission import AdmissionServer, RunState
+from streamrl.config import Config
 from streamrl.metrics import MetricsLog
-from streamrl.protocol import (
-    AdmissionReply,
-    AdmissionRequest,
-    GeneratorReport,
-    LearnerStep,
-    Report,
-    ShardReport,
-)
-from streamrl.staleness import AdmissionPolicy, Grant
+from streamrl.placement import Placement, RunError, init_ray, prepare_run_dir
+from streamrl.protocol import GeneratorReport, LearnerStep, Report, ShardReport
+from streamrl.staleness import AdmissionPolicy
 from streamrl.transport import Codec, bind_random, make_socket
 
 log = logging.getLogger("streamrl")
-
-
-class RunError(RuntimeError):
-    """A run that cannot start or continue; the message is one line for the user."""
-
-
-@dataclass
-class RunState:
-    """What the controller knows; updated from reports, read by admission and the admin API."""
-
-    version: int = 0
-    stop: bool = False
-    paused: bool = False
-    generators: dict[int, GeneratorReport] = field(default_factory=dict)
-    shards: dict[int, Any] = field(default_factory=dict)
-    # Live generator knobs set through the admin API; None = the generators' own config.
-    temperature: float | None = None
-    prompts_per_call: int | None = None
-    last_seen: dict[str, float] = field(default_factory=dict)  # role -> last report time
-
-    def current_version(self) -> int:
-        return self.version
-
-
-class AdmissionServer:
-    """Answers generators' ``AdmissionRequest``s from one thread (DESIGN.md §3)."""
-
-    def __init__(self, ctx: zmq.Context, policy: AdmissionPolicy, state: RunState) -> None:
-        self.policy, self.state = policy, state
-        self.lock = threading.Lock()
-        self.sock = make_socket(ctx, zmq.ROUTER)
-        self.endpoint = bind_random(self.sock, role="controller admission")
-        self.codec: Codec[AdmissionRequest] = Codec(AdmissionRequest, "admission")
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True, name="admission")
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            if not self.sock.poll(100):
-                continue
-            frames = self.sock.recv_multipart()
-            request = self.codec.decode(frames[-1]) if len(frames) == 2 else None
-            if request is None:
-                continue
-            try:
-                reply = self._decide(request)
-            except Exception:  # never let one bad decision kill admission for everyone
-                log.exception("admission failed for %s", request)
-                continue
-            self.sock.send_multipart([frames[0], self.codec.encode(reply)])
-
-    def _decide(self, request: AdmissionRequest) -> AdmissionReply:
-        with self.lock:
-            closed = self.state.stop or self.state.paused
-            grant = Grant(0, 0) if closed else self.policy.request(request.n_groups)
-            return AdmissionReply(
-                granted=grant.granted,
-                min_version=grant.min_version,
-                learner_version=self.state.version,
-                max_staleness=self.policy.max_staleness,
-                stop=self.state.stop,
-            )
-
-    def close(self) -> None:
-        self._stop.set()
-        self.thread.join(timeout=2)
-        self.sock.close()
-
-
-# --------------------------------------------------------------------------- run directory
-
-
-def _without_secrets(config: Config) -> Config:
-    # The admin token never goes on disk in clear (admin.token, 0600, is the place for it).
-    return msgspec.structs.replace(config, admin=msgspec.structs.replace(config.admin, token=None))
-
-
-def prepare_run_dir(config: Config) -> Path:
-    run_dir = Path(config.run.output_dir) / config.run.name
-    if config.run.resume:
-        if not (run_dir / "config.yaml").is_file():
-            raise RunError(f"nothing to resume: {run_dir} is not a run directory")
-        (run_dir / "config.yaml").write_text(to_yaml(_without_secrets(config)))
-        return run_dir
-    if run_dir.exists() and any(run_dir.iterdir()) and not config.run.overwrite:
-        raise RunError(
-            f"run directory {run_dir} already exists; pick another --name or set run.overwrite=true"
-        )
-    if run_dir.exists() and config.run.overwrite:
-        import shutil
-
-        shutil.rmtree(run_dir)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(_without_secrets(config)))
-    return run_dir
-
-
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail in seconds, not after Ray's minute of retries, when nothing listens there."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        return  # "auto" and other forms are Ray's to resolve
-    import socket
-
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as exc:
-        raise RunError(f"cannot reach the Ray cluster at {address}: {exc}") from None
-
-
-def init_ray(address: str | None) -> None:
-    """Embedded loopback-only Ray by default; ``address`` joins an existing cluster."""
-    # Keeps Ray's node on loopback (Ray otherwise binds the host's routable address).
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    import ray
-
-    kwargs: dict[str, Any] = dict(
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-        namespace="streamrl",
-    )
-    if address is None:
-        kwargs.update(num_cpus=os.cpu_count() or 2, _node_ip_address="127.0.0.1")
-    else:
-        _check_reachable(address)
-        kwargs["address"] = address
-        if address.split(":")[0] in ("127.0.0.1", "localhost"):
-            kwargs["_node_ip_address"] = "127.0.0.1"  # a loopback head: stay on loopback
-    try:
-        ray.init(**kwargs)
-    except ConnectionError as exc:
-        raise RunError(f"cannot reach the Ray cluster at {address}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- the run
@@ -216,7 +75,7 @@ class Controller:
         self._step_times: list[float] = []
         self._watched: list[Any] = []
         self.admin = self.live = None
-        self._groups: dict[str, Any] = {}
+        self.placement = Placement(config, address)
         self._token_samples: collections.deque = collections.deque(maxlen=4096)
 
     def run(self) -> dict[str, Any]:
@@ -260,41 +119,6 @@ class Controller:
         self.report_sock = make_socket(self.ctx, zmq.PULL, rcvhwm=0)
         self.report_endpoint = bind_random(self.report_sock, role="controller reports")
         self.admission = AdmissionServer(self.ctx, self.policy, self.state)
-
-    def _placement(self, role: str, index: int) -> dict[str, Any]:
-        """Ray options for one actor: where its sockets bind, and its GPU bundle if it has one.
-        GPU roles get one placement group per role (learners packed for NCCL, generators
-        spread), created on first use."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        bind = "127.0.0.1" if self.address is None else "node"
-        options: dict[str, Any] = {"runtime_env": {"env_vars": {"STREAMRL_BIND_HOST": bind}}}
-        gpus = {"learner": self.config.learner.gpus, "generator": self.config.generator.gpus}
-        count = {"learner": self.config.learner.count, "generator": self.config.generator.count}
-        if gpus.get(role, 0) <= 0:
-            return options
-        if role not in self._groups:
-            from ray.util.placement_group import placement_group
-
-            strategy = "PACK" if role == "learner" else "SPREAD"
-            group = placement_group([{"GPU": gpus[role], "CPU": 1}] * count[role], strategy)
-            import ray
-
-            try:
-                ray.get(group.ready(), timeout=120)
-            except ray.exceptions.GetTimeoutError:
-                raise RunError(
-                    f"cannot place {count[role]} {role}(s) with {gpus[role]} GPU each: "
-                    "not enough GPUs in the cluster"
-                ) from None
-            self._groups[role] = group
-        options.update(
-            num_gpus=gpus[role],
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=self._groups[role], placement_group_bundle_index=index
-            ),
-        )
-        return options
 
     def _start_admin(self, shard_request_endpoints: list[str]) -> None:
         from streamrl.admin.server import start_admin
@@ -356,7 +180,7 @@ class Controller:
 
         cfg = self.config
         shards = [
-            BufferShardActor.options(**self._placement("buffer", 0)).remote(
+            BufferShardActor.options(**self.placement.options("buffer", 0)).remote(
                 self._log_file(f"buffer-{i}"),
                 cfg.buffer,
                 i,
@@ -370,7 +194,7 @@ class Controller:
         serve_refs = [s.serve.remote() for s in shards]
         self._start_admin([req for _, req in shard_eps])
         learners = [
-            LearnerActor.options(**self._placement("learner", r)).remote(
+            LearnerActor.options(**self.placement.options("learner", r)).remote(
                 self._log_file(f"learner-{r}")
             )
             for r in range(cfg.learner.count)
@@ -400,7 +224,7 @@ class Controller:
             self.policy.started = start_version * cfg.learner.groups_per_step
             print(f"resumed at version {start_version}", file=self.console, flush=True)
         generators = [
-            GeneratorActor.options(**self._placement("generator", g)).remote(
+            GeneratorActor.options(**self.placement.options("generator", g)).remote(
                 self._log_file(f"generator-{g}"),
                 cfg,
                 g,

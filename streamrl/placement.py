@@ -1,0 +1,126 @@
+"""Run directory and Ray: where a run's files go, how Ray starts or is joined, where roles go.
+
+Local mode (no ``--address``): an embedded Ray bound to 127.0.0.1 and every role's sockets on
+loopback. Cluster mode: join the cluster; roles bind their node's address; GPU roles get a
+placement group per role (learners packed, generators spread).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from streamrl.config import Config, to_yaml
+
+
+class RunError(RuntimeError):
+    """A run that cannot start or continue; the message is one line for the user."""
+
+
+def _without_secrets(config: Config) -> Config:
+    # The admin token never goes on disk in clear (admin.token, 0600, is the place for it).
+    return msgspec.structs.replace(config, admin=msgspec.structs.replace(config.admin, token=None))
+
+
+def prepare_run_dir(config: Config) -> Path:
+    run_dir = Path(config.run.output_dir) / config.run.name
+    if config.run.resume:
+        if not (run_dir / "config.yaml").is_file():
+            raise RunError(f"nothing to resume: {run_dir} is not a run directory")
+        (run_dir / "config.yaml").write_text(to_yaml(_without_secrets(config)))
+        return run_dir
+    if run_dir.exists() and any(run_dir.iterdir()) and not config.run.overwrite:
+        raise RunError(
+            f"run directory {run_dir} already exists; pick another --name or set run.overwrite=true"
+        )
+    if run_dir.exists() and config.run.overwrite:
+        shutil.rmtree(run_dir)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(_without_secrets(config)))
+    return run_dir
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, not after Ray's minute of retries, when nothing listens there."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto" and other forms are Ray's to resolve
+    import socket
+
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RunError(f"cannot reach the Ray cluster at {address}: {exc}") from None
+
+
+def init_ray(address: str | None) -> None:
+    """Embedded loopback-only Ray by default; ``address`` joins an existing cluster."""
+    # Keeps Ray's node on loopback (Ray otherwise binds the host's routable address).
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    kwargs: dict[str, Any] = dict(
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        namespace="streamrl",
+    )
+    if address is None:
+        kwargs.update(num_cpus=os.cpu_count() or 2, _node_ip_address="127.0.0.1")
+    else:
+        _check_reachable(address)
+        kwargs["address"] = address
+        if address.split(":")[0] in ("127.0.0.1", "localhost"):
+            kwargs["_node_ip_address"] = "127.0.0.1"  # a loopback head: stay on loopback
+    try:
+        ray.init(**kwargs)
+    except ConnectionError as exc:
+        raise RunError(f"cannot reach the Ray cluster at {address}: {exc}") from None
+
+
+class Placement:
+    """Ray actor options per role; GPU placement groups are created on first use."""
+
+    def __init__(self, config: Config, address: str | None) -> None:
+        self.config, self.address = config, address
+        self._groups: dict[str, Any] = {}
+
+    def options(self, role: str, index: int) -> dict[str, Any]:
+        """Ray options for one actor: where its sockets bind, and its GPU bundle if it has one.
+        GPU roles get one placement group per role (learners packed for NCCL, generators
+        spread), created on first use."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bind = "127.0.0.1" if self.address is None else "node"
+        options: dict[str, Any] = {"runtime_env": {"env_vars": {"STREAMRL_BIND_HOST": bind}}}
+        gpus = {"learner": self.config.learner.gpus, "generator": self.config.generator.gpus}
+        count = {"learner": self.config.learner.count, "generator": self.config.generator.count}
+        if gpus.get(role, 0) <= 0:
+            return options
+        if role not in self._groups:
+            from ray.util.placement_group import placement_group
+
+            strategy = "PACK" if role == "learner" else "SPREAD"
+            group = placement_group([{"GPU": gpus[role], "CPU": 1}] * count[role], strategy)
+            import ray
+
+            try:
+                ray.get(group.ready(), timeout=120)
+            except ray.exceptions.GetTimeoutError:
+                raise RunError(
+                    f"cannot place {count[role]} {role}(s) with {gpus[role]} GPU each: "
+                    "not enough GPUs in the cluster"
+                ) from None
+            self._groups[role] = group
+        options.update(
+            num_gpus=gpus[role],
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=self._groups[role], placement_group_bundle_index=index
+            ),
+        )
+        return options
