@@ -51,7 +51,7 @@ ID_PLACEHOLDER = b"G" * 24  # patched per frame: "<producer:4><seq:20>"
 def template_frame(group_size: int, prompt_tokens: int, response_tokens: int) -> bytes:
     rng = random.Random(0)
     trajectories = [
-        Trajectory(
+        Trajectory.from_lists(
             prompt_ids=[rng.randrange(150_000) for _ in range(prompt_tokens)],
             response_ids=[rng.randrange(150_000) for _ in range(response_tokens)],
             behavior_logprobs=[-rng.random() * 5 for _ in range(response_tokens)],

@@ -16,10 +16,16 @@ group the peek becomes a long poll (``poll_ms``) that returns as soon as any sha
 and a line is logged every ``log_every_s`` while the rank waits.
 
 A shard forwards each group as the frame it arrived in (``RawBatch``); the client decodes
-every group on its own, so a group that fails to decode (counted, logged once) costs one
-group, not the batch. A shard that does not answer within ``reply_timeout_s`` is skipped
-for that round (logged); a reply that comes after its request timed out is discarded, and
-any groups in it are lost rather than duplicated.
+and checks (``TrajectoryGroup.check``) every group on its own, so a group that fails (counted
+by kind, logged once) costs one group, not the batch. A shard that does not answer within
+``reply_timeout_s`` is skipped for that round (logged); a reply that comes after its request
+timed out is discarded, and any groups in it are lost rather than duplicated.
+
+Stopping: ``fetch(..., should_stop=...)`` raises ``FetchStopped`` at the start of a round
+once ``should_stop()`` is true and it holds no group of this fetch, so a learner blocked on
+an empty buffer can leave. Holding some, it keeps going for the rest (giving up would lose
+them) for at most ``stop_grace_s`` more, then raises ``FetchStopped`` with the groups it
+drops counted in ``dropped`` (logged).
 """
 
 from __future__ import annotations
@@ -51,6 +57,14 @@ log = logging.getLogger(__name__)
 
 _Reply = RawBatch | PeekReply | ShardStats | Ack
 T = TypeVar("T")
+
+
+class FetchStopped(Exception):
+    """``fetch`` gave up because ``should_stop()`` became true (see the module docstring)."""
+
+    def __init__(self, dropped: int = 0) -> None:
+        super().__init__(f"fetch stopped ({dropped} groups fetched and dropped)")
+        self.dropped = dropped  # groups taken from shards by this fetch, now lost
 
 
 def count_malformed(codec: Codec[Any], kind: str, detail: str) -> None:
@@ -111,10 +125,11 @@ class BufferClient:
         poll_ms: int = 100,
         log_every_s: float = 30.0,
         reply_timeout_s: float = 30.0,
+        stop_grace_s: float = 10.0,
     ) -> None:
         self.ctx = ctx or zmq.Context.instance()
         self.name, self.poll_ms, self.log_every_s = name, poll_ms, log_every_s
-        self.reply_timeout_s = reply_timeout_s
+        self.reply_timeout_s, self.stop_grace_s = reply_timeout_s, stop_grace_s
         self.sockets: list[zmq.Socket] = []
         for endpoint in endpoints:
             sock = make_socket(self.ctx, zmq.DEALER)
@@ -130,14 +145,23 @@ class BufferClient:
     # ------------------------------------------------------------------ fetching
 
     def fetch(
-        self, k: int, floor: int, learner_version: int, timeout_s: float | None = None
+        self,
+        k: int,
+        floor: int,
+        learner_version: int,
+        timeout_s: float | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> list[TrajectoryGroup]:
         """Block until ``k`` groups with ``min_version >= floor`` are in hand, oldest first
-        across shards; ``TimeoutError`` after ``timeout_s`` (``None``: wait for ever)."""
+        across shards; ``TimeoutError`` after ``timeout_s`` (``None``: wait for ever);
+        ``FetchStopped`` once ``should_stop()`` is true (see the module docstring)."""
         groups: list[TrajectoryGroup] = []
         start = last_log = time.monotonic()
+        stop_by: float | None = None  # when a stop asked while holding groups gives up
         wait_ms = 0
         while len(groups) < k:
+            if should_stop is not None and should_stop():
+                stop_by = self._stop_by(stop_by, held=len(groups))
             missing = k - len(groups)
             requests = {
                 shard: Peek(self._next_id(), missing, floor, learner_version, wait_ms)
@@ -176,6 +200,17 @@ class BufferClient:
                 )
         return groups
 
+    def _stop_by(self, stop_by: float | None, *, held: int) -> float:
+        """A stop was asked: raise ``FetchStopped`` if this fetch holds no group or its grace
+        ran out, else return when it runs out."""
+        now = time.monotonic()
+        stop_by = now + self.stop_grace_s if stop_by is None else stop_by
+        if held and now < stop_by:
+            return stop_by
+        if held:
+            log.warning("%s: stopped; dropping the %d groups fetched so far", self.name, held)
+        raise FetchStopped(held)
+
     def _take(self, plan: dict[int, int], floor: int, version: int) -> list[TrajectoryGroup]:
         requests = {
             shard: BatchRequest(self._next_id(), count, floor, version, 0)
@@ -192,7 +227,15 @@ class BufferClient:
         finally:
             if gc_was_enabled:
                 gc.enable()
-        return [group for group in groups if group is not None]
+        return [group for group in groups if group is not None and self._checked(group)]
+
+    def _checked(self, group: TrajectoryGroup) -> bool:
+        """Whether ``group``'s arrays are consistent; if not, it is counted and dropped."""
+        reason = group.check()
+        if reason is not None:
+            detail = f"group {group.group_id!r}: {reason}"
+            count_malformed(self.group_codec, "inconsistent_lengths", detail)
+        return reason is None
 
     # ------------------------------------------------------------------ control
 

@@ -10,12 +10,12 @@ batch of a file whose writer was killed mid-write and simply stops at the torn t
     LOCK                       flock'ed by the one live writer of the shard
 
 Format choice: one row per *group* with a ``payload`` column holding the group as msgspec
-msgpack (exactly the wire encoding; Python floats are float64 in msgpack, so behavior
-logprobs round-trip bit-exact), plus a few flat, queryable columns (ids, versions, token
-count, mean reward, timestamps). Encoding a group with msgspec costs microseconds, while
-building nested Arrow list columns from Python lists costs tens of nanoseconds *per token*
-- too slow for the 10,000 one-thousand-token trajectories/s a shard must log. ``export``
-turns the payloads into a flat Parquet table offline.
+msgpack (exactly the wire encoding, so the shard logs the frame it received, with no
+encoding at all; token arrays are raw bytes in it, so they round-trip bit-exact), plus a few
+flat, queryable columns (ids, versions, token count, mean reward, timestamps). ``export``
+turns the payloads into a flat Parquet table offline. A payload that no longer decodes (a
+corrupted or foreign row) is skipped and counted, logged once per read: one bad row must not
+stop a shard from restarting.
 
 Consumption marks live in the same stream (``kind`` = 1, only ``group_id`` set), so one
 ordered pass over the segments replays history exactly: appends add a group, marks remove it.
@@ -34,9 +34,9 @@ import fcntl
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 import msgspec
 import pyarrow as pa
@@ -69,6 +69,30 @@ _SEGMENT_NAME = re.compile(r"^(\d{8})(\.compact)?\.arrows$")
 _LIVE, _CONSUMED, _DUPLICATE = 0, 1, 2
 # What pyarrow raises on a truncated stream: ArrowInvalid inside metadata, OSError inside a body.
 _TORN = (pa.ArrowInvalid, OSError)
+# What msgspec raises on a payload it cannot decode (see ``transport.Codec.decode``).
+_UNDECODABLE = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
+
+
+class LoggedGroup(Protocol):
+    """What ``append_many`` reads of a group besides its payload (``TrajectoryGroup`` is one;
+    so is the shard's ``frames.StoredGroup``)."""
+
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def prompt_id(self) -> str: ...
+    @property
+    def min_version(self) -> int: ...
+    @property
+    def max_version(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def rewards(self) -> list[float]: ...
+    @property
+    def created_at(self) -> float: ...
+    @property
+    def finished_at(self) -> float: ...
 
 
 class DurableLog:
@@ -103,6 +127,8 @@ class DurableLog:
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
         self._encoder = msgspec.msgpack.Encoder()
         self._closed = False
+        # Logged groups whose payload did not decode, skipped by the last recover().
+        self.undecodable = 0
 
     # ------------------------------------------------------------------ writing
 
@@ -110,10 +136,11 @@ class DurableLog:
         self.append_many([group])
 
     def append_many(
-        self, groups: list[TrajectoryGroup], payloads: list[bytes] | None = None
+        self, groups: Sequence[LoggedGroup], payloads: list[bytes] | None = None
     ) -> None:
-        """Log ``groups`` as one record batch. ``payloads``, if given, must be the groups'
-        msgspec msgpack encodings (e.g. the frames they arrived in), saving a re-encode."""
+        """Log ``groups`` as one record batch. ``payloads`` must be the groups' msgspec
+        msgpack encodings (e.g. the frames they arrived in); without them ``groups`` must be
+        ``TrajectoryGroup``s, encoded here."""
         if not groups:
             return
         if payloads is None:
@@ -121,14 +148,13 @@ class DurableLog:
         elif len(payloads) != len(groups):
             raise ValueError(f"{len(groups)} groups but {len(payloads)} payloads")
         n = len(groups)
-        versions = [_version_range(g) for g in groups]
         columns = [
             pa.array([KIND_GROUP] * n, pa.int8()),
             pa.array([g.group_id for g in groups], pa.string()),
             pa.array([g.prompt_id for g in groups], pa.string()),
-            pa.array([lo for lo, _ in versions], pa.int64()),
-            pa.array([hi for _, hi in versions], pa.int64()),
-            pa.array([len(g.trajectories) for g in groups], pa.int32()),
+            pa.array([g.min_version for g in groups], pa.int64()),
+            pa.array([g.max_version for g in groups], pa.int64()),
+            pa.array([len(g.rewards) for g in groups], pa.int32()),
             pa.array([g.num_tokens for g in groups], pa.int64()),
             pa.array([_mean_reward(g) for g in groups], pa.float64()),
             pa.array([g.created_at for g in groups], pa.float64()),
@@ -187,8 +213,17 @@ class DurableLog:
     # ------------------------------------------------------------------ reading
 
     def recover(self) -> list[TrajectoryGroup]:
-        """Every appended, unconsumed group, in append order, each once."""
-        return [group for group, _ in _scan(self.shard_dir, (_LIVE,))]
+        """Every appended, unconsumed group, in append order, each once (payloads that do not
+        decode are skipped, counted in ``undecodable``)."""
+        skipped = [0]
+        groups = [group for group, _ in _scan(self.shard_dir, (_LIVE,), skipped)]
+        self.undecodable = skipped[0]
+        return groups
+
+    def recover_payloads(self) -> list[bytes]:
+        """The payloads (msgpack ``TrajectoryGroup``s) of what ``recover`` returns, not
+        decoded (nor checked: whoever decodes them counts what fails)."""
+        return [payload for payload, _ in _scan_payloads(self.shard_dir, (_LIVE,))]
 
     def iter_all(self) -> Iterator[TrajectoryGroup]:
         """Every group still in the log, consumed or not, in append order (a compaction
@@ -275,15 +310,42 @@ def scan_shard(shard_dir: Path) -> Iterator[tuple[TrajectoryGroup, bool]]:
     yield from _scan(Path(shard_dir), (_LIVE, _CONSUMED))
 
 
-def _scan(shard_dir: Path, wanted: tuple[int, ...]) -> Iterator[tuple[TrajectoryGroup, bool]]:
+def _scan(
+    shard_dir: Path, wanted: tuple[int, ...], skipped: list[int] | None = None
+) -> Iterator[tuple[TrajectoryGroup, bool]]:
+    """``_scan_payloads``, decoded. A payload that does not decode is skipped and counted (in
+    ``skipped[0]``), and the scan logs one warning at its end with the count and first error."""
+    decoder = msgspec.msgpack.Decoder(TrajectoryGroup)
+    failed, first_error = 0, None
+    for payload, consumed in _scan_payloads(shard_dir, wanted):
+        try:
+            group = decoder.decode(payload)
+        except _UNDECODABLE as exc:
+            failed, first_error = failed + 1, first_error or exc
+            continue
+        yield group, consumed
+    if failed:
+        log.warning(
+            "%s: skipped %d logged groups that do not decode (first: %s: %s)",
+            shard_dir,
+            failed,
+            type(first_error).__name__,
+            first_error,
+        )
+        if skipped is not None:
+            skipped[0] += failed
+
+
+def _scan_payloads(shard_dir: Path, wanted: tuple[int, ...]) -> Iterator[tuple[bytes, bool]]:
+    """The payload of every group row whose fate is in ``wanted``, in log order, with whether
+    it was consumed."""
     segments = _live_segments(shard_dir)
     fates = _replay(segments)
-    decoder = msgspec.msgpack.Decoder(TrajectoryGroup)
     for batch, batch_fates in _group_batches(segments, fates):
         payloads = batch.column("payload").to_pylist()
         for payload, fate in zip(payloads, batch_fates, strict=True):
             if fate in wanted:
-                yield decoder.decode(payload), fate == _CONSUMED
+                yield payload, fate == _CONSUMED
 
 
 def _replay(segments: list[Path]) -> list[int]:
@@ -368,17 +430,8 @@ def _live_segments(shard_dir: Path) -> list[Path]:
     return [path for _, _, path in segments[start:]]
 
 
-def _version_range(group: TrajectoryGroup) -> tuple[int, int]:
-    """``(group.min_version, group.max_version)`` in one pass: building a set of the few
-    distinct versions is about 2.5x faster than ``min`` plus ``max`` over every token."""
-    seen: set[int] = set()
-    for t in group.trajectories:
-        seen.update(t.token_versions or (0,))  # an empty response counts as version 0
-    return (min(seen), max(seen)) if seen else (0, 0)
-
-
-def _mean_reward(group: TrajectoryGroup) -> float | None:
-    rewards = [t.reward for t in group.trajectories]
+def _mean_reward(group: LoggedGroup) -> float | None:
+    rewards = group.rewards
     return sum(rewards) / len(rewards) if rewards else None
 
 

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -25,7 +26,7 @@ EXPORT_SCHEMA = pa.schema(
         ("response_ids", pa.list_(pa.int32())),
         ("response_text", pa.string()),
         ("reward", pa.float64()),
-        ("behavior_logprobs", pa.list_(pa.float64())),
+        ("behavior_logprobs", pa.list_(pa.float32())),  # the dtype they travel in
         ("token_versions", pa.list_(pa.int32())),
         # The trajectory's own versions (its group's min_version is the min over the group).
         ("min_version", pa.int64()),
@@ -35,6 +36,13 @@ EXPORT_SCHEMA = pa.schema(
         ("consumed", pa.bool_()),
     ]
 )
+# Columns built from a trajectory's raw little-endian arrays, and their numpy dtypes.
+ARRAY_COLUMNS = {
+    "prompt_ids": np.dtype("<i4"),
+    "response_ids": np.dtype("<i4"),
+    "behavior_logprobs": np.dtype("<f4"),
+    "token_versions": np.dtype("<i4"),
+}
 _ROWS_PER_BATCH = 4096
 
 
@@ -43,7 +51,8 @@ def export_parquet(run_dir: Path, out: Path) -> int:
     each in append order) to the Parquet file ``out``; return the number of rows written.
 
     ``consumed`` says whether the group had left the shard when the log was read. Groups
-    removed by a compaction are gone from the log and so from the export.
+    removed by a compaction are gone from the log and so from the export. A logged group
+    whose payload does not decode, or whose arrays are inconsistent, is left out.
     """
     buffer_dir = Path(run_dir) / "buffer"
     if not buffer_dir.is_dir():
@@ -60,11 +69,14 @@ def export_parquet(run_dir: Path, out: Path) -> int:
     with pq.ParquetWriter(tmp, EXPORT_SCHEMA) as writer:
         for shard_dir in shards:
             for group, consumed in scan_shard(shard_dir):
+                if group.check() is not None:
+                    continue
                 for t in group.trajectories:
+                    lo, hi = t.version_range()
                     row = (
                         group.group_id, group.prompt_id, group.data_source, group.ground_truth,
                         t.prompt_ids, t.response_ids, t.response_text, t.reward,
-                        t.behavior_logprobs, t.token_versions, t.min_version, t.max_version,
+                        t.behavior_logprobs, t.token_versions, lo, hi,
                         t.finish_reason, t.generator_id, consumed,
                     )  # fmt: skip
                     for column, value in zip(columns.values(), row, strict=True):
@@ -77,9 +89,27 @@ def export_parquet(run_dir: Path, out: Path) -> int:
     return rows
 
 
+def list_array(chunks: list[bytes], dtype: np.dtype) -> pa.ListArray:
+    """One list per raw array: the bytes joined once and viewed as ``dtype`` (no per-element
+    Python work), with offsets from the chunk lengths."""
+    values = np.frombuffer(b"".join(chunks), dtype=dtype).astype(
+        dtype.newbyteorder("="), copy=False
+    )
+    lengths = np.fromiter((len(c) for c in chunks), dtype=np.int32, count=len(chunks))
+    offsets = np.zeros(len(chunks) + 1, dtype=np.int32)
+    np.cumsum(lengths // dtype.itemsize, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
 def _flush(writer: pq.ParquetWriter, columns: dict[str, list[Any]]) -> None:
     if not columns["group_id"]:
         return
-    writer.write_table(pa.Table.from_pydict(columns, schema=EXPORT_SCHEMA))
+    arrays = [
+        list_array(values, ARRAY_COLUMNS[field.name])
+        if field.name in ARRAY_COLUMNS
+        else pa.array(values, field.type)
+        for field, values in zip(EXPORT_SCHEMA, columns.values(), strict=True)
+    ]
+    writer.write_table(pa.Table.from_arrays(arrays, schema=EXPORT_SCHEMA))
     for column in columns.values():
         column.clear()

@@ -2,7 +2,8 @@
 
 No sockets, no threads, no torch. The shard server owns the sockets and calls these methods
 from its one loop thread; the store depends only on something that knows the learner's
-current version (``VersionProvider``), so tests drive it with a fake (STYLE.md #10).
+current version (``VersionProvider``), so tests drive it with a fake (STYLE.md #10), and
+reads groups through the small ``Group`` protocol.
 
 Staleness (DESIGN.md §3): with the learner at version ``v`` (optimizer steps done), a group's
 staleness is ``v - group.min_version``. It is checked at admission (``offer``) and again, as
@@ -14,6 +15,7 @@ Complexity, with ``n`` stored groups:
 - ``take(k)``: stale eviction O(log n) per evicted group, then
   fifo O(skipped + k), freshest O(k log n), random O(n) (a scan for eligible groups, then
   ``random.sample``; fine at buffer sizes of thousands of groups).
+- ``peek(k)``: as ``take`` with fifo or freshest (random peeks in fifo order).
 - ``stats``: O(n) (the staleness histogram is computed on demand).
 The heaps use lazy deletion and are rebuilt when more than half of their entries are dead,
 so memory stays O(n).
@@ -28,9 +30,7 @@ import random
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
-
-from streamrl.protocol import TrajectoryGroup
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 SAMPLING_ORDERS = ("fifo", "random", "freshest")
 OVERFLOW_MODES = ("drop-oldest", "block")
@@ -38,10 +38,44 @@ OVERFLOW_MODES = ("drop-oldest", "block")
 DROP_REASONS = ("stale", "duplicate", "zero_variance", "too_large", "overflow", "capacity")
 
 
+class Group(Protocol):
+    """What the store reads of a group. ``TrajectoryGroup`` is one; the shard server stores a
+    lighter summary that keeps the frame the group arrived in (``frames.StoredGroup``)."""
+
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def min_version(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...  # array payload: the ``bytes`` statistic
+    @property
+    def rewards(self) -> list[float]: ...
+    @property
+    def finished_at(self) -> float: ...
+
+
+G = TypeVar("G", bound=Group)
+
+
 class VersionProvider(Protocol):
     def current_version(self) -> int:
         """The learner version: optimizer steps completed (initial weights are 0)."""
         ...
+
+
+class LearnerVersion:
+    """The newest learner version a shard has heard of (from batch requests and peeks)."""
+
+    def __init__(self) -> None:
+        self.version = 0
+
+    def current_version(self) -> int:
+        return self.version
+
+    def observe(self, version: int) -> None:
+        self.version = max(self.version, version)
 
 
 @dataclass(frozen=True)
@@ -102,25 +136,15 @@ class Offer(str, enum.Enum):
 
 
 @dataclass(slots=True)
-class _Entry:
-    group: TrajectoryGroup
+class _Entry(Generic[G]):
+    group: G
     min_version: int
     num_tokens: int
     nbytes: int
     uses: int = 0
 
 
-def approx_nbytes(group: TrajectoryGroup) -> int:
-    """Array payload of a group, as the learner would hold it: int32 token ids, and per response
-    token a float64 logprob and an int32 version, plus the response text. Python object
-    overhead is not counted: the figure is for comparing shards, not for sizing RAM."""
-    return sum(
-        4 * len(t.prompt_ids) + 16 * len(t.response_ids) + len(t.response_text)
-        for t in group.trajectories
-    )
-
-
-class ReplayStore:
+class ReplayStore(Generic[G]):
     """A bounded, staleness-aware store of trajectory groups.
 
     Invariants:
@@ -159,7 +183,7 @@ class ReplayStore:
         self._rng = random.Random(seed)
         self._on_remove = on_remove
         self._dedup_window = dedup_window
-        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # seq -> entry, oldest first
+        self._entries: OrderedDict[int, _Entry[G]] = OrderedDict()  # seq -> entry, oldest first
         self._seq_of: dict[str, int] = {}  # stored group_id -> seq
         self._recent_ids: OrderedDict[str, None] = OrderedDict()
         # Lazy-deletion heaps over stored seqs: an item is dead once its seq left _entries.
@@ -184,7 +208,7 @@ class ReplayStore:
 
     # ------------------------------------------------------------------ admission
 
-    def offer(self, group: TrajectoryGroup) -> Offer:
+    def offer(self, group: G) -> Offer:
         """Admit ``group`` or say why not; every refusal but ``FULL`` is counted as a drop."""
         self._offered += 1
         policy = self._policy
@@ -194,7 +218,7 @@ class ReplayStore:
         min_version = group.min_version
         if self._versions.current_version() - min_version > policy.max_staleness:
             return self._refuse(Offer.STALE)
-        if policy.drop_zero_variance and len({t.reward for t in group.trajectories}) <= 1:
+        if policy.drop_zero_variance and len(set(group.rewards)) <= 1:
             return self._refuse(Offer.ZERO_VARIANCE)
         num_tokens = group.num_tokens
         if policy.capacity_tokens is not None and num_tokens > policy.capacity_tokens:
@@ -218,10 +242,10 @@ class ReplayStore:
             cap_tokens is None or self._tokens + num_tokens <= cap_tokens
         )
 
-    def _insert(self, group: TrajectoryGroup, min_version: int, num_tokens: int) -> None:
+    def _insert(self, group: G, min_version: int, num_tokens: int) -> None:
         seq = self._next_seq
         self._next_seq += 1
-        entry = _Entry(group, min_version, num_tokens, approx_nbytes(group))
+        entry = _Entry(group, min_version, num_tokens, group.nbytes)
         self._entries[seq] = entry
         self._seq_of[group.group_id] = seq
         self._recent_ids[group.group_id] = None
@@ -268,7 +292,7 @@ class ReplayStore:
                 evicted += 1
         return evicted
 
-    def take(self, k: int, floor: int | None = None) -> list[TrajectoryGroup]:
+    def take(self, k: int, floor: int | None = None) -> list[G]:
         """Up to ``k`` distinct groups with ``min_version >= floor``, in the policy's order.
 
         Stale groups are evicted first. ``fifo``: oldest accepted first; ``freshest``: highest
@@ -294,6 +318,19 @@ class ReplayStore:
                 self._remove(seq, "consumed")
         self._consumed += len(out)
         return out
+
+    def peek(self, k: int, floor: int | None = None) -> list[G]:
+        """The groups ``take(k, floor)`` would return next, in its order, without taking them
+        (``random``: the oldest eligible; the take then draws its own). Evicts stale groups
+        first, as ``take`` does. Costs what a ``take`` costs."""
+        if k <= 0:
+            return []
+        self.evict_stale()
+        if self._policy.sampling == "freshest":
+            picked = self._pick_freshest(k, floor)
+        else:
+            picked = self._pick_fifo(k, floor)
+        return [self._entries[seq].group for seq in picked]
 
     def _pick_fifo(self, k: int, floor: int | None) -> list[int]:
         picked = []
@@ -366,7 +403,7 @@ class ReplayStore:
         """Counters since construction plus the current contents.
 
         ``consumed`` counts returns (a group reused twice counts twice); ``retired`` counts
-        groups that left after their last use; ``bytes`` is ``approx_nbytes`` summed over
+        groups that left after their last use; ``bytes`` is ``group.nbytes`` summed over
         stored groups; ``staleness_hist`` maps staleness against the current version to the
         number of stored groups.
         """
@@ -387,6 +424,6 @@ class ReplayStore:
             "staleness_hist": dict(sorted(hist.items())),
         }
 
-    def pending(self) -> list[TrajectoryGroup]:
+    def pending(self) -> list[G]:
         """Every stored group, oldest accepted first (for checkpoints and recovery checks)."""
         return [e.group for e in self._entries.values()]

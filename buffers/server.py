@@ -10,27 +10,18 @@ needed and every decision sees a consistent store. Three tasks share it:
   ``Reconfigure``, ``Checkpoint``;
 - upkeep:   PUSH -> controller, a ``ShardReport`` twice a second; periodic log compaction.
 
-Sockets are read with non-blocking drains once asyncio says they are readable, so the loop
-costs one wake-up per burst, not per frame: measured against a plain ``zmq.Poller`` loop on
-the ingest benchmark, the two were within noise of each other (decoding is the cost).
+Sockets are read with non-blocking drains once asyncio says they are readable: one wake-up
+per burst, not per frame (within noise of a plain ``zmq.Poller`` loop on the benchmark).
 
 What waits for what: the shard never waits on a peer. With ``overflow=block`` it stops
 reading PULL while a group is held for want of space, so generators block at the socket's
 high-water mark instead (backpressure); a take or a larger capacity lets it read again.
 
-Frames are never fully decoded here. A shard only needs a group's id, versions, sizes and
-rewards, so it decodes a header (``_GroupHeader``: the three token arrays stay encoded as
-``msgspec.Raw``; only their lengths are read), keeps the frame bytes, and forwards them
-unchanged in its ``RawBatch`` replies. That is ~4x faster than a full decode and keeps
-memory at wire size. The price: a frame that is well-formed msgpack with the right header
-but wrong *element* types inside the token arrays (say strings as token ids) passes the
-shard; the learner's client decodes every group on its own and drops such a group, counted.
-Everything else malformed (garbage, truncated msgpack, invalid UTF-8, nesting too deep,
-wrong types or kinds, inconsistent array lengths, wrong frame counts) is counted by kind,
-logged once per kind and dropped.
-Frames over ``max_message_bytes`` are refused by libzmq before they are buffered: it drops
-the sending peer's connection (the peer reconnects by itself), counted as ``disconnects``.
-Nothing is unpickled.
+Every ingest frame is decoded and checked (``frames.GroupDecoder``); the shard keeps a
+summary plus the frame, and forwards the frame unchanged in ``RawBatch`` replies. Malformed
+input is counted by kind, logged once per kind and dropped; nothing is unpickled. Frames over
+``max_message_bytes`` are refused by libzmq, which drops the sending peer's connection (it
+reconnects by itself), counted as ``disconnects``.
 
 Durability (``buffer.durable``): a group is on the log before any request can take it; a
 group leaving the store (taken for the last time, or dropped) is marked consumed before the
@@ -42,14 +33,13 @@ bring dropped groups back (the store re-checks them).
 from __future__ import annotations
 
 import asyncio
-import heapq
+import contextlib
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 import uvloop
@@ -75,7 +65,8 @@ from streamrl.transport import Codec, bind_random, make_socket
 
 from .client import count_malformed, decode_or_count
 from .durable_log import DurableLog
-from .replay import Offer, ReplayPolicy, ReplayStore
+from .frames import GroupDecoder, StoredGroup
+from .replay import LearnerVersion, Offer, ReplayPolicy, ReplayStore
 
 log = logging.getLogger(__name__)
 
@@ -83,165 +74,9 @@ INGEST_BURST = 256  # frames read per ingest turn before requests get a turn
 REPORT_EVERY_S = 0.5
 MAX_REQUEST_BYTES = 1 << 20
 MAX_WAIT_MS = 600_000  # a longer long poll is cut to this
-MAX_VERSION = 2**62  # versions are step counts; the durable log stores them as int64
-
-
-class LearnerVersion:
-    """The newest learner version this shard has heard of (from batch requests and peeks)."""
-
-    def __init__(self) -> None:
-        self.version = 0
-
-    def current_version(self) -> int:
-        return self.version
-
-    def observe(self, version: int) -> None:
-        self.version = max(self.version, version)
-
-
-# --------------------------------------------------------------------------- frame headers
-
-
-class _TrajectoryHeader(msgspec.Struct, dict=True):
-    """A ``Trajectory`` as the shard reads it: the token arrays stay encoded.
-
-    ``GroupDecoder`` fills in, once, what the store and the durable log read of it: the
-    lengths of the id arrays (as ranges: the store only measures them) and the versions.
-    """
-
-    prompt_raw: msgspec.Raw = msgspec.field(name="prompt_ids")
-    response_raw: msgspec.Raw = msgspec.field(name="response_ids")
-    logprobs_raw: msgspec.Raw = msgspec.field(name="behavior_logprobs")
-    versions_raw: msgspec.Raw = msgspec.field(name="token_versions")
-    reward: float
-    finish_reason: Literal["stop", "length", "abort"]
-    generator_id: int
-    response_text: str = ""
-    # Set by GroupDecoder (not fields): prompt_ids, response_ids (ranges), token_versions.
-
-
-class _GroupHeader(msgspec.Struct):
-    group_id: str
-    prompt_id: str
-    trajectories: list[_TrajectoryHeader]
-    created_at: float
-    finished_at: float
-    data_source: str = ""  # decoded only to validate them: the frame is what travels on
-    ground_truth: str = ""
-
-
-@dataclass(slots=True, eq=False)
-class StoredGroup:
-    """What the store holds for one group: the fields its policy and the durable log read
-    (duck-typing ``TrajectoryGroup``), versions and size computed once, and the frame."""
-
-    group_id: str
-    prompt_id: str
-    trajectories: list[_TrajectoryHeader]
-    created_at: float
-    finished_at: float
-    min_version: int
-    max_version: int
-    num_tokens: int
-    frame: bytes
-
-
-def _array_header(raw: msgspec.Raw) -> tuple[int, int]:
-    """``(header size, element count)`` of an encoded msgpack array; ``(0, -1)`` if ``raw``
-    is not one."""
-    view = memoryview(raw)
-    head = view[0] if view else 0
-    if 0x90 <= head <= 0x9F:
-        return 1, head & 0x0F
-    if head == 0xDC and len(view) >= 3:
-        return 3, int.from_bytes(view[1:3], "big")
-    if head == 0xDD and len(view) >= 5:
-        return 5, int.from_bytes(view[1:5], "big")
-    return 0, -1
-
-
-class GroupDecoder:
-    """Frame -> ``StoredGroup``, or ``None`` (counted by kind, logged once) if malformed."""
-
-    def __init__(self, name: str) -> None:
-        self.codec: Codec[_GroupHeader] = Codec(_GroupHeader, name)
-        self.versions_decoder = msgspec.msgpack.Decoder(list[int])
-
-    @property
-    def malformed(self):
-        return self.codec.malformed
-
-    def decode(self, frame: bytes) -> StoredGroup | None:
-        header = decode_or_count(self.codec, frame)
-        if header is None:
-            return None
-        lo, hi, num_tokens = None, None, 0
-        for t in header.trajectories:
-            prompt, response = _array_header(t.prompt_raw)[1], _array_header(t.response_raw)[1]
-            logprobs = _array_header(t.logprobs_raw)[1]
-            versions = self._versions(t.versions_raw)
-            if min(prompt, response, logprobs) < 0 or versions is None:
-                return self.reject(
-                    "ValidationError", f"group {header.group_id!r}: a token array is not one"
-                )
-            if not response == logprobs == len(versions):
-                return self.reject(
-                    "inconsistent_lengths",
-                    f"group {header.group_id!r}: {response} response tokens, {logprobs} "
-                    f"logprobs, {len(versions)} versions",
-                )
-            t.prompt_ids, t.response_ids = range(prompt), range(response)
-            t.token_versions = versions
-            num_tokens += prompt + response
-            t_lo, t_hi = _min_max(versions)  # an empty response counts as version 0
-            lo = t_lo if lo is None else min(lo, t_lo)
-            hi = t_hi if hi is None else max(hi, t_hi)
-        if (lo or 0) < 0 or (hi or 0) > MAX_VERSION:
-            return self.reject(
-                "ValidationError", f"group {header.group_id!r}: versions {lo}..{hi} out of range"
-            )
-        return StoredGroup(
-            header.group_id,
-            header.prompt_id,
-            header.trajectories,
-            header.created_at,
-            header.finished_at,
-            lo or 0,
-            hi or 0,
-            num_tokens,
-            frame,
-        )
-
-    def _versions(self, raw: msgspec.Raw) -> bytes | list[int] | None:
-        """The versions, without decoding when they are all below 128: msgpack writes those
-        as one byte each, so the array's body *is* the versions (as a ``bytes``)."""
-        size, count = _array_header(raw)
-        if count < 0:
-            return None
-        body = bytes(memoryview(raw)[size:])
-        if len(body) == count:  # one byte per element
-            if not body or (body.count(body[:1]) == count and body[0] < 0x80):  # one version
-                return body
-            if max(body) < 0x80:
-                return body
-        try:
-            return self.versions_decoder.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return None
-
-    def reject(self, kind: str, detail: str) -> None:
-        count_malformed(self.codec, kind, detail)
-
-
-def _min_max(versions: bytes | list[int]) -> tuple[int, int]:
-    if not versions:
-        return 0, 0
-    if versions.count(versions[0]) == len(versions):  # one version: the common case
-        return versions[0], versions[0]
-    return min(versions), max(versions)
-
-
-# --------------------------------------------------------------------------- the shard
+POLICY_KNOBS = ("capacity", "max_staleness", "sampling", "max_reuse", "overflow")
+STORE_STATS = ("size", "capacity", "ingested", "consumed", "dropped", "bytes", "staleness_hist")
+_WHY = "it closed, or sent a frame over the size limit: libzmq drops such peers; counted"
 
 
 @dataclass(eq=False)
@@ -280,14 +115,9 @@ class BufferShard:
         self.name = f"shard[{shard_id}]"
         self.versions = LearnerVersion()
         self._to_mark: list[str] = []
-        self.store = ReplayStore(
-            ReplayPolicy(
-                capacity=config.capacity,
-                max_staleness=config.max_staleness,
-                sampling=config.sampling,
-                max_reuse=config.max_reuse,
-                overflow=config.overflow,
-            ),
+        policy = {k: getattr(config, k) for k in POLICY_KNOBS}
+        self.store: ReplayStore[StoredGroup] = ReplayStore(
+            ReplayPolicy(**policy),
             self.versions,
             seed=shard_id,
             on_remove=lambda gid, _reason: self._to_mark.append(gid),
@@ -329,12 +159,11 @@ class BufferShard:
     def _recover(self) -> int:
         if self.log is None:
             return 0
-        groups = self.log.recover()
-        encoder = msgspec.msgpack.Encoder()
+        decoded = map(self.decoder.decode, self.log.recover_payloads())  # checked as on ingest
+        groups = [group for group in decoded if group is not None]
         for group in groups:
-            stored = self.decoder.decode(encoder.encode(group))
-            if stored is not None and self.store.offer(stored) is Offer.FULL:
-                self.held.append((stored, False))
+            if self.store.offer(group) is Offer.FULL:
+                self.held.append((group, False))
         if groups:
             log.info("%s: recovered %d unconsumed groups", self.name, len(groups))
         return len(groups)
@@ -356,10 +185,8 @@ class BufferShard:
         self._stop = True
         loop, stopping = self._loop, self._stopping
         if loop is not None and stopping is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop closed in between
                 loop.call_soon_threadsafe(stopping.set)
-            except RuntimeError:  # the loop closed in between
-                pass
 
     async def _serve(self) -> None:
         self._stopping, self._space = asyncio.Event(), asyncio.Event()
@@ -414,17 +241,14 @@ class BufferShard:
             event = parse_monitor_message(await monitor.recv_multipart())
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 if not self.disconnects:  # info: most disconnects are peers that exit
-                    log.info(
-                        "%s: a peer disconnected from %s (it closed, or sent a frame over "
-                        "the size limit: libzmq drops such peers; counted as disconnects)",
-                        self.name,
-                        event["endpoint"].decode(),
-                    )
+                    endpoint = event["endpoint"].decode()
+                    log.info("%s: a peer disconnected from %s (%s)", self.name, endpoint, _WHY)
                 self.disconnects += 1
 
     # ------------------------------------------------------------------ ingest
 
     def _ingest(self) -> None:
+        assert self._space is not None
         accepted: list[StoredGroup] = []
         for _ in range(INGEST_BURST):
             try:
@@ -437,11 +261,12 @@ class BufferShard:
             group = self.decoder.decode(frames[0])
             if group is None:
                 continue
-            result = self.store.offer(group)  # type: ignore[arg-type]  # duck-typed group
+            result = self.store.offer(group)
             if result is Offer.ACCEPTED:
                 accepted.append(group)
-            elif result is Offer.FULL:
-                self._hold(group, needs_log=True)
+            elif result is Offer.FULL:  # overflow=block: read nothing more until there is space
+                self.held.append((group, True))
+                self._space.clear()
                 break
         self._log_accepted(accepted)
         if accepted and self.waiting:
@@ -450,20 +275,15 @@ class BufferShard:
     def _log_accepted(self, groups: list[StoredGroup]) -> None:
         """Append, then flush marks: a group's mark must never precede its append."""
         if self.log is not None and groups:
-            self.log.append_many(groups, [g.frame for g in groups])  # type: ignore[arg-type]
+            self.log.append_many(groups, [g.frame for g in groups])
         self._flush_marks()
-
-    def _hold(self, group: StoredGroup, *, needs_log: bool) -> None:
-        assert self._space is not None
-        self.held.append((group, needs_log))
-        self._space.clear()
 
     def _admit_held(self) -> None:
         """Offer held groups again, oldest first, after something freed space."""
         accepted = []
         while self.held:
             group, needs_log = self.held[0]
-            result = self.store.offer(group)  # type: ignore[arg-type]
+            result = self.store.offer(group)
             if result is Offer.FULL:
                 break
             self.held.popleft()
@@ -489,9 +309,7 @@ class BufferShard:
             except zmq.Again:
                 return
             if len(frames) != 2:
-                count_malformed(
-                    self.request_codec, "frames", f"{len(frames) - 1} body frames, want 1"
-                )
+                count_malformed(self.request_codec, "frames", f"{len(frames) - 1} bodies, not 1")
                 continue
             identity, body = frames
             match decode_or_count(self.request_codec, body):
@@ -552,16 +370,12 @@ class BufferShard:
         return True
 
     def peek(self, k: int, floor: int) -> list[tuple[int, float]]:
-        """Sort keys of the (at most ``k``) groups ``store.take(k, floor)`` would return next,
-        in its order (``random``: the oldest eligible; the take then picks its own).
-
-        O(n) in stored groups: it scans ``store.pending()``."""
-        self.store.evict_stale()
-        eligible = (g for g in self.store.pending() if g.min_version >= floor)
-        if self.store.policy.sampling == "freshest":
-            picked = heapq.nsmallest(k, eligible, key=lambda g: -g.min_version)  # stable
-            return [(-g.min_version, g.finished_at) for g in picked]
-        return [(0, g.finished_at) for g in islice(eligible, k)]
+        """Sort keys (``PeekReply.order``) of the groups ``store.take(k, floor)`` would
+        return next, in its order."""
+        freshest = self.store.policy.sampling == "freshest"
+        return [
+            (-g.min_version if freshest else 0, g.finished_at) for g in self.store.peek(k, floor)
+        ]
 
     def _reply(self, identity: bytes, message: Any) -> None:
         """Marks first: a group leaves on the log before it leaves on the wire."""
@@ -611,14 +425,8 @@ class BufferShard:
         malformed.update({f"requests/{k}": n for k, n in self.request_codec.malformed.items()})
         return ShardStats(
             shard_id=self.shard_id,
-            size=s["size"],
-            capacity=s["capacity"],
-            ingested=s["ingested"],
-            consumed=s["consumed"],
-            dropped=s["dropped"],
-            bytes=s["bytes"],
+            **{k: s[k] for k in STORE_STATS},
             malformed=sum(malformed.values()),
-            staleness_hist=s["staleness_hist"],
             malformed_by_kind=dict(malformed),
             disconnects=self.disconnects,
             recovered=self.recovered,
@@ -628,11 +436,9 @@ class BufferShard:
     def _report(self) -> None:
         if self.reporter is None:
             return
-        try:
+        with contextlib.suppress(zmq.Again):
             report = ShardReport(self.stats(), time.time())
             self.reporter.send(self.report_encoder.encode(report), zmq.NOBLOCK)
-        except zmq.Again:
-            pass
 
     def close(self) -> None:
         self._flush_marks()

@@ -9,6 +9,9 @@ This module is a leaf: stdlib and msgspec only (no torch, no numpy, no zmq).
 
 from __future__ import annotations
 
+import sys
+from array import array
+from collections.abc import Iterable
 from typing import Literal
 
 import msgspec
@@ -24,19 +27,64 @@ class Array(msgspec.Struct, frozen=True):
 
 # --------------------------------------------------------------------------- trajectories
 
+# Dtypes of the trajectory arrays: raw little-endian bytes, 4 bytes per element, one element
+# per token. Token ids and versions are int32 (``array`` typecode ``i``), behaviour logprobs
+# float32 (``f``): the engines compute them in float32, so nothing is lost.
+TOKEN_DTYPE, LOGPROB_DTYPE, VERSION_DTYPE = "int32", "float32", "int32"
+_ITEMSIZE = 4
+_LITTLE_ENDIAN = sys.byteorder == "little"
+assert array("i").itemsize == array("f").itemsize == _ITEMSIZE
+
+
+def pack_int32(values: Iterable[int]) -> bytes:
+    """Little-endian int32 bytes of ``values`` (``OverflowError`` outside the int32 range)."""
+    packed = array("i", values)
+    if not _LITTLE_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def pack_float32(values: Iterable[float]) -> bytes:
+    """Little-endian float32 bytes of ``values`` (exact for values that are float32 already)."""
+    packed = array("f", values)
+    if not _LITTLE_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _unpack(data: bytes, typecode: str) -> list:
+    if _LITTLE_ENDIAN:
+        return memoryview(data).cast(typecode).tolist()
+    values = array(typecode, data)
+    values.byteswap()
+    return values.tolist()
+
 
 class Trajectory(msgspec.Struct):
-    """One sampled response to one prompt.
+    """One sampled response to one prompt; its token arrays are raw bytes (DESIGN.md §5).
 
-    ``behavior_logprobs[i]`` is the log-probability of ``response_ids[i]`` under the distribution
-    the generator actually sampled from; ``token_versions[i]`` is the weight version that
-    produced that token (in-flight updates make one trajectory span versions).
+    ``prompt_ids``, ``response_ids`` and ``token_versions`` are little-endian int32 and
+    ``behavior_logprobs`` little-endian float32, one element (4 bytes) per token.
+    ``behavior_logprobs[i]`` is the log-probability of ``response_ids[i]`` under the
+    distribution the generator actually sampled from; ``token_versions[i]`` is the weight
+    version that produced that token (in-flight updates make one trajectory span versions).
+
+    Build one from lists with ``Trajectory.from_lists``, or pass bytes straight from a
+    tensor (``t.to(torch.int32).numpy().tobytes()``). msgspec checks only that the arrays
+    are bytes: a receiver calls ``check()`` before trusting their lengths.
+
+    Example::
+
+        t = Trajectory.from_lists([1, 2], [3, 4, 5], [-0.5, -1.0, -0.25], [0, 0, 1], 1.0,
+                                  "stop", generator_id=0)
+        t.num_response_tokens, t.min_version, t.max_version   # (3, 0, 1)
+        t.response_list()                                      # [3, 4, 5]
     """
 
-    prompt_ids: list[int]
-    response_ids: list[int]
-    behavior_logprobs: list[float]
-    token_versions: list[int]
+    prompt_ids: bytes
+    response_ids: bytes
+    behavior_logprobs: bytes
+    token_versions: bytes
     reward: float
     finish_reason: Literal["stop", "length", "abort"]
     generator_id: int
@@ -44,13 +92,91 @@ class Trajectory(msgspec.Struct):
     # Sampling temperature of this response; the learner scores it at the same temperature.
     temperature: float = 1.0
 
+    @classmethod
+    def from_lists(
+        cls,
+        prompt_ids: Iterable[int],
+        response_ids: Iterable[int],
+        behavior_logprobs: Iterable[float],
+        token_versions: Iterable[int],
+        reward: float,
+        finish_reason: Literal["stop", "length", "abort"],
+        generator_id: int,
+        response_text: str = "",
+        temperature: float = 1.0,
+    ) -> Trajectory:
+        """Pack Python sequences (``OverflowError``/``TypeError`` if one does not fit its dtype)."""
+        return cls(
+            pack_int32(prompt_ids),
+            pack_int32(response_ids),
+            pack_float32(behavior_logprobs),
+            pack_int32(token_versions),
+            reward,
+            finish_reason,
+            generator_id,
+            response_text,
+            temperature,
+        )
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids) // _ITEMSIZE
+
+    @property
+    def num_response_tokens(self) -> int:
+        return len(self.response_ids) // _ITEMSIZE
+
     @property
     def min_version(self) -> int:
-        return min(self.token_versions) if self.token_versions else 0
+        """The lowest token version (0 for an empty response)."""
+        return self.version_range()[0]
 
     @property
     def max_version(self) -> int:
-        return max(self.token_versions) if self.token_versions else 0
+        """The highest token version (0 for an empty response)."""
+        return self.version_range()[1]
+
+    def version_range(self) -> tuple[int, int]:
+        """``(min_version, max_version)`` in one pass."""
+        data = self.token_versions
+        n = len(data) // _ITEMSIZE
+        if n == 0:
+            return 0, 0
+        if len(data) != n * _ITEMSIZE:  # malformed (``check`` says so): read whole elements
+            data = data[: n * _ITEMSIZE]
+        first = data[:_ITEMSIZE]
+        if data == first * n:  # one version throughout, the common case: no unpacking
+            version = int.from_bytes(first, "little", signed=True)
+            return version, version
+        versions = set(_unpack(data, "i"))  # a few distinct values: a set is ~2x faster
+        return min(versions), max(versions)
+
+    def check(self) -> str | None:
+        """``None`` if the arrays are consistent, else a one-line reason: every array must be
+        whole 4-byte elements, and there must be one logprob and one version per response
+        token."""
+        for name in ("prompt_ids", "response_ids", "behavior_logprobs", "token_versions"):
+            size = len(getattr(self, name))
+            if size % _ITEMSIZE:
+                return f"{name} has {size} bytes, not a multiple of {_ITEMSIZE}"
+        n = self.num_response_tokens
+        logprobs = len(self.behavior_logprobs) // _ITEMSIZE
+        versions = len(self.token_versions) // _ITEMSIZE
+        if not n == logprobs == versions:
+            return f"{n} response tokens, {logprobs} logprobs, {versions} versions"
+        return None
+
+    def prompt_list(self) -> list[int]:
+        return _unpack(self.prompt_ids, "i")
+
+    def response_list(self) -> list[int]:
+        return _unpack(self.response_ids, "i")
+
+    def logprob_list(self) -> list[float]:
+        return _unpack(self.behavior_logprobs, "f")
+
+    def version_list(self) -> list[int]:
+        return _unpack(self.token_versions, "i")
 
 
 class TrajectoryGroup(msgspec.Struct):
@@ -72,9 +198,41 @@ class TrajectoryGroup(msgspec.Struct):
     def max_version(self) -> int:
         return max((t.max_version for t in self.trajectories), default=0)
 
+    def version_range(self) -> tuple[int, int]:
+        """``(min_version, max_version)`` in one pass over the trajectories."""
+        ranges = [t.version_range() for t in self.trajectories]
+        if not ranges:
+            return 0, 0
+        return min(lo for lo, _ in ranges), max(hi for _, hi in ranges)
+
     @property
     def num_tokens(self) -> int:
-        return sum(len(t.prompt_ids) + len(t.response_ids) for t in self.trajectories)
+        return sum(t.num_prompt_tokens + t.num_response_tokens for t in self.trajectories)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its token arrays and response texts (characters): about its wire size,
+        and what a learner holds of it."""
+        return sum(
+            len(t.prompt_ids)
+            + len(t.response_ids)
+            + len(t.behavior_logprobs)
+            + len(t.token_versions)
+            + len(t.response_text)
+            for t in self.trajectories
+        )
+
+    def check(self) -> str | None:
+        """``None`` if every trajectory passes ``Trajectory.check``, else the first reason."""
+        for i, t in enumerate(self.trajectories):
+            reason = t.check()
+            if reason is not None:
+                return f"trajectory {i}: {reason}"
+        return None
 
 
 # --------------------------------------------------------------------------- buffer <-> learner

@@ -29,6 +29,7 @@ from streamrl.protocol import (
     GeneratorReport,
     Trajectory,
     TrajectoryGroup,
+    pack_int32,
 )
 from streamrl.rewards import CombinedReward, RewardInput
 from streamrl.transport import Codec, make_socket
@@ -188,6 +189,7 @@ class Generator:
         groups = []
         for i, prompt in enumerate(prompts):
             trajectories = []
+            prompt_bytes = pack_int32(prompt_ids[i])
             for out in outputs[i * gen.group_size : (i + 1) * gen.group_size]:
                 text = self.tokenizer.decode(out.response_ids, skip_special_tokens=True)
                 reward = self.reward(
@@ -195,10 +197,10 @@ class Generator:
                 )
                 trajectories.append(
                     Trajectory(
-                        prompt_ids=prompt_ids[i],
-                        response_ids=out.response_ids,
-                        behavior_logprobs=out.logprobs,
-                        token_versions=out.token_versions,
+                        prompt_ids=prompt_bytes,
+                        response_ids=pack_int32(out.response_ids),
+                        behavior_logprobs=out.logprob_bytes(),
+                        token_versions=pack_int32(out.token_versions),
                         reward=reward,
                         finish_reason=out.finish_reason,
                         generator_id=self.generator_id,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from streamrl.algorithms import advantages as adv
 from streamrl.algorithms import kl as kl_lib
 from streamrl.algorithms import losses
 from streamrl.algorithms import rewards as shaping
-from streamrl.buffers.client import BufferClient
+from streamrl.buffers.client import BufferClient, FetchStopped
 from streamrl.config import Config
 from streamrl.models import load_causal_lm, load_tokenizer
 from streamrl.protocol import LearnerStep, TrajectoryGroup
@@ -59,31 +60,44 @@ class MicroBatch:
 def build_micro_batches(
     groups: list[TrajectoryGroup], advantages: torch.Tensor, size: int, pad_id: int
 ) -> list[MicroBatch]:
+    """Right-padded micro-batches of ``size`` trajectories, built from the wire's raw arrays
+    (``torch.frombuffer`` on each chunk's bytes, joined once; no per-token Python work)."""
     trajectories = [t for g in groups for t in g.trajectories]
     batches = []
     for start in range(0, len(trajectories), size):
         chunk = trajectories[start : start + size]
-        width = max(len(t.prompt_ids) + len(t.response_ids) for t in chunk)
+        prompt = torch.tensor([t.num_prompt_tokens for t in chunk])
+        response = torch.tensor([t.num_response_tokens for t in chunk])
+        width = int((prompt + response).max())
+        columns = torch.arange(width)
         ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width - 1))
+        # Boolean-mask assignment fills row by row, left to right: the order of the bytes.
+        tokens = _joined((p for t in chunk for p in (t.prompt_ids, t.response_ids)), torch.int32)
+        ids[columns < (prompt + response)[:, None]] = tokens.long()
+        # Logits at position j predict token j+1: response token k sits at target p-1+k.
+        targets = columns[:-1]
+        first = (prompt - 1)[:, None]
+        is_response = (targets >= first) & (targets < first + response[:, None])
         behavior = torch.zeros((len(chunk), width - 1))
-        for i, t in enumerate(chunk):
-            p, r = len(t.prompt_ids), len(t.response_ids)
-            ids[i, : p + r] = torch.tensor(t.prompt_ids + t.response_ids)
-            # Logits at position j predict token j+1: response token k sits at target p-1+k.
-            mask[i, p - 1 : p - 1 + r] = 1.0
-            behavior[i, p - 1 : p - 1 + r] = torch.tensor(t.behavior_logprobs)
+        behavior[is_response] = _joined((t.behavior_logprobs for t in chunk), torch.float32)
         batches.append(
             MicroBatch(
                 ids,
                 ids[:, 1:],
-                mask,
+                is_response.float(),
                 behavior,
                 advantages[start : start + len(chunk)],
                 torch.tensor([t.temperature for t in chunk]),
             )
         )
     return batches
+
+
+def _joined(parts: Iterable[bytes], dtype: torch.dtype) -> torch.Tensor:
+    """The raw arrays ``parts`` (little-endian, as the wire carries them), concatenated: one
+    copy, into a writable buffer that the tensor then shares."""
+    data = bytearray().join(parts)
+    return torch.frombuffer(data, dtype=dtype) if data else torch.zeros(0, dtype=dtype)
 
 
 class Learner:
@@ -161,9 +175,12 @@ class Learner:
     def run(self, max_steps: int) -> int:
         per_rank = self.config.learner.groups_per_step // self.world_size
         eta = self.config.buffer.max_staleness
-        while self.version < max_steps and not self._stop:
+        while self.version < max_steps:
             wait_start = time.perf_counter()
-            groups = self.buffer.fetch(per_rank, self.version - eta, self.version)
+            groups = self._fetch(per_rank, self.version - eta)
+            if not self._every_rank_has_a_batch(groups is not None):
+                break  # stopped (request_stop), on every rank at the same step
+            assert groups is not None
             wait_s = time.perf_counter() - wait_start
             metrics = self.train_step(groups)
             self.version += 1
@@ -176,6 +193,25 @@ class Learner:
                     self.encoder.encode(LearnerStep(self.version, metrics, time.time()))
                 )
         return self.version
+
+    def _fetch(self, k: int, floor: int) -> list[TrajectoryGroup] | None:
+        """This rank's batch, or ``None`` once a stop was requested. A stop leaves a fetch that
+        holds no group at once, and one that holds some after the client's grace period (the
+        groups are then lost: they already left the buffer)."""
+        try:
+            return self.buffer.fetch(k, floor, self.version, should_stop=lambda: self._stop)
+        except FetchStopped:
+            return None
+
+    def _every_rank_has_a_batch(self, has_batch: bool) -> bool:
+        """Collective (one scalar all-reduce when ranks > 1): ranks hear a stop at different
+        moments, so a rank trains only if every rank has its batch, and all stop together
+        (the batches some ranks fetched at that step are dropped)."""
+        if self.world_size == 1:
+            return has_batch
+        flag = torch.tensor([float(has_batch)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -362,7 +398,7 @@ class Learner:
         self, groups, rewards, sums, n_batches, grad_norm, start
     ) -> dict[str, float]:
         staleness = torch.tensor([float(self.version - g.min_version) for g in groups])
-        tokens = sum(len(t.response_ids) for g in groups for t in g.trajectories)
+        tokens = sum(t.num_response_tokens for g in groups for t in g.trajectories)
         names = sorted(sums)
         # One all-reduce for sums, one for maxima: metrics cost two collectives per step.
         total = torch.stack(

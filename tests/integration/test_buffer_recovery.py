@@ -26,7 +26,7 @@ from streamrl.protocol import Trajectory, TrajectoryGroup
 
 def make_group(i: int) -> TrajectoryGroup:
     trajectories = [
-        Trajectory([1, 2, i % 100], [3, 4], [-0.1, -0.2], [0, 0], reward, "stop", 0)
+        Trajectory.from_lists([1, 2, i % 100], [3, 4], [-0.1, -0.2], [0, 0], reward, "stop", 0)
         for reward in (0.0, 1.0)
     ]
     return TrajectoryGroup(f"g{i:05d}", f"p{i}", trajectories, float(i), float(i))

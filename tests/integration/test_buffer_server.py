@@ -15,13 +15,16 @@ import msgspec
 import pytest
 import zmq
 
-from streamrl.buffers.client import BufferClient, plan_takes
-from streamrl.buffers.durable_log import scan_shard
+from streamrl.buffers.client import BufferClient, FetchStopped, plan_takes
+from streamrl.buffers.durable_log import DurableLog, scan_shard
 from streamrl.buffers.server import BufferShard
 from streamrl.config import BufferConfig
 from streamrl.protocol import (
     Batch,
     BatchRequest,
+    Peek,
+    PeekReply,
+    RawBatch,
     ShardReport,
     Trajectory,
     TrajectoryGroup,
@@ -30,7 +33,9 @@ from streamrl.protocol import (
 
 def make_group(gid: str, version: int = 0, finished_at: float = 0.0) -> TrajectoryGroup:
     trajectories = [
-        Trajectory([1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], [version] * 3, reward, "stop", 0)
+        Trajectory.from_lists(
+            [1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], [version] * 3, reward, "stop", 0
+        )
         for reward in (0.0, 1.0)
     ]
     return TrajectoryGroup(gid, f"p-{gid}", trajectories, finished_at, finished_at)
@@ -184,6 +189,88 @@ def test_fetch_times_out_with_a_clear_log_line(ctx, start_shard, caplog):
     assert lines
     assert "0/1 groups with min_version >= 1" in lines[0]
     assert "shards hold [1] groups, none eligible" in lines[0]
+
+
+def test_fetch_stops_when_asked_while_holding_nothing(ctx, start_shard):
+    shard = start_shard(0)
+    client = client_for(ctx, shard, poll_ms=20)
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    start = time.monotonic()
+    with pytest.raises(FetchStopped) as info:
+        client.fetch(2, 0, 0, timeout_s=20, should_stop=stop.is_set)
+    assert info.value.dropped == 0
+    assert 0.2 <= time.monotonic() - start < 5
+    client.close()
+
+
+def test_fetch_asked_to_stop_while_holding_groups_waits_for_the_rest_then_gives_up(
+    ctx, start_shard, caplog
+):
+    shard = start_shard(0)
+    sock = pusher(ctx, shard)
+    push(sock, [make_group("only")])
+    client = client_for(ctx, shard, poll_ms=20, stop_grace_s=0.3)
+    wait_ingested(client, 1)
+    asked = iter([False])  # asked to stop from the second round on: holding 1 of 2 by then
+    start = time.monotonic()
+    with pytest.raises(FetchStopped) as info:
+        client.fetch(2, 0, 0, timeout_s=20, should_stop=lambda: next(asked, True))
+    assert info.value.dropped == 1
+    assert time.monotonic() - start >= 0.3  # waited out the grace period for the second
+    assert any("dropping the 1 groups" in r.getMessage() for r in caplog.records)
+
+    push(sock, [make_group("a")])
+    wait_ingested(client, 2)
+    asked = iter([False])
+    threading.Timer(0.1, push, (sock, [make_group("b")])).start()
+    got = client.fetch(2, 0, 0, timeout_s=20, should_stop=lambda: next(asked, True))
+    assert [g.group_id for g in got] == ["a", "b"]  # the rest came within the grace period
+    client.close()
+
+
+def test_client_drops_a_group_with_inconsistent_arrays(ctx):
+    """A real shard refuses such a group; the client checks anyway. A fake shard (ROUTER on
+    loopback) answers one peek and one take with a good group and a bad one."""
+    bad = make_group("bad")
+    bad.trajectories[1].behavior_logprobs = bad.trajectories[1].behavior_logprobs[:-4]
+    frames = [msgspec.msgpack.encode(g) for g in (make_group("ok"), bad)]
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+
+    def fake_shard() -> None:
+        for _ in range(2):
+            identity, body = router.recv_multipart()
+            match msgspec.msgpack.decode(body, type=Peek | BatchRequest):
+                case Peek() as peek:
+                    reply = PeekReply(peek.request_id, [(0, 0.0), (0, 1.0)], 2)
+                case BatchRequest() as take:
+                    reply = RawBatch(take.request_id, [msgspec.Raw(f) for f in frames])
+            router.send_multipart([identity, msgspec.msgpack.encode(reply)])
+
+    thread = threading.Thread(target=fake_shard, daemon=True)
+    thread.start()
+    client = BufferClient([f"tcp://127.0.0.1:{port}"], ctx=ctx)
+    with pytest.raises(TimeoutError):  # one of the two groups was dropped, none come after
+        client.fetch(2, 0, 0, timeout_s=0.2)
+    thread.join(5)
+    assert client.group_codec.malformed == {"inconsistent_lengths": 1}
+    client.close()
+    router.close(linger=0)
+
+
+def test_a_logged_group_that_does_not_decode_does_not_stop_a_restart(ctx, start_shard, tmp_path):
+    with DurableLog(tmp_path, 0) as log:
+        log.append(make_group("g0"))
+        log.append_many([make_group("bad")], [b"\xc1junk"])
+        log.append(make_group("g1"))
+    shard = start_shard(0, log_dir=tmp_path)
+    client = client_for(ctx, shard)
+    (stats,) = client.stats()
+    assert stats.recovered == 2 and stats.size == 2
+    assert stats.malformed_by_kind == {"ingest/DecodeError": 1}
+    assert client.fetch(2, 0, 0) == [make_group("g0"), make_group("g1")]
+    client.close()
 
 
 def test_floor_and_staleness_bound_what_is_handed_out(ctx, start_shard):

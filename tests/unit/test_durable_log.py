@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import struct
@@ -13,19 +14,20 @@ import pytest
 
 from streamrl.buffers.durable_log import DurableLog, scan_shard
 from streamrl.buffers.export import export_parquet
-from streamrl.protocol import Trajectory, TrajectoryGroup
+from streamrl.protocol import Trajectory, TrajectoryGroup, pack_int32
 
-# Values whose float32 image differs, plus awkward ones: a float64 round trip must keep them.
-AWKWARD_LOGPROBS = [-0.1, -1e-300, -math.pi, -(2.0**-1074), -0.0, -123.456789012345678]
+# Awkward float32 logprobs (subnormal, negative zero, the largest finite, inf, NaN): the raw
+# bytes must round-trip bit for bit.
+AWKWARD_LOGPROBS = [-0.1, -(2.0**-149), -math.pi, -0.0, -3.4028234663852886e38, -math.inf, math.nan]
 
 
 def make_group(i: int, n: int = 2, version: int = 0) -> TrajectoryGroup:
     trajectories = [
-        Trajectory(
+        Trajectory.from_lists(
             prompt_ids=[i, j, 7],
-            response_ids=[100 + j, 2**31 - 1, 0, 5, 6, 9],
+            response_ids=[100 + j, 2**31 - 1, 0, 5, -(2**31), 9, 1],
             behavior_logprobs=[x * (i + 1) for x in AWKWARD_LOGPROBS],
-            token_versions=[version, version, version + 1, version + 1, version + 1, version + 2],
+            token_versions=[version] * 2 + [version + 1] * 3 + [version + 2] * 2,
             reward=float(j) - 0.25,
             finish_reason="length" if j else "stop",
             generator_id=j,
@@ -44,8 +46,9 @@ def make_group(i: int, n: int = 2, version: int = 0) -> TrajectoryGroup:
     )
 
 
-def bits(values: list[float]) -> list[bytes]:
-    return [struct.pack("<d", v) for v in values]
+def bits(values: list[float]) -> bytes:
+    """float32 images, as the wire carries them."""
+    return struct.pack(f"<{len(values)}f", *values)
 
 
 def segments(shard_dir: Path) -> list[Path]:
@@ -63,19 +66,16 @@ def test_append_consume_recover_round_trip_is_exact(tmp_path):
         assert [g.group_id for g in log.recover()] == ["g0", "g2", "g5"]  # while open
     with DurableLog(tmp_path, 0) as log:
         recovered = log.recover()
-    assert recovered == [groups[0], groups[2], groups[5]]
-    for got, want in zip(recovered, [groups[0], groups[2], groups[5]], strict=True):
-        for t_got, t_want in zip(got.trajectories, want.trajectories, strict=True):
-            assert bits(t_got.behavior_logprobs) == bits(t_want.behavior_logprobs)
+    assert recovered == [groups[0], groups[2], groups[5]]  # the raw arrays, byte for byte
 
 
 def test_queryable_columns_match_the_payload(tmp_path):
     spans = make_group(0, n=3, version=2)
-    spans.trajectories[1].token_versions = [9, 1, 4, 4, 4, 4]
+    spans.trajectories[1].token_versions = pack_int32([9, 1, 4, 4, 4, 4, 4])
     empty = make_group(1, n=1)
-    empty.trajectories[0].response_ids = []
-    empty.trajectories[0].behavior_logprobs = []
-    empty.trajectories[0].token_versions = []
+    empty.trajectories[0].response_ids = b""
+    empty.trajectories[0].behavior_logprobs = b""
+    empty.trajectories[0].token_versions = b""
     with DurableLog(tmp_path, 0) as log:
         log.append_many([spans, empty])
     (segment,) = segments(tmp_path / "shard-0")
@@ -258,12 +258,27 @@ def test_export_writes_one_row_per_trajectory(tmp_path):
     row = rows[4]
     assert row["prompt_id"] == "p1" and row["data_source"] == "arithmetic"
     assert row["ground_truth"] == "1"
-    assert row["prompt_ids"] == want.prompt_ids and row["response_ids"] == want.response_ids
-    assert bits(row["behavior_logprobs"]) == bits(want.behavior_logprobs)
-    assert row["token_versions"] == want.token_versions
+    assert row["prompt_ids"] == want.prompt_list()
+    assert row["response_ids"] == want.response_list()
+    assert bits(row["behavior_logprobs"]) == want.behavior_logprobs
+    assert row["token_versions"] == want.version_list()
     assert (row["min_version"], row["max_version"]) == (4, 6)
+    assert table.schema.field("behavior_logprobs").type == pa.list_(pa.float32())
     assert row["reward"] == want.reward and row["finish_reason"] == "length"
     assert row["generator_id"] == 2 and row["response_text"] == want.response_text
+
+
+def test_a_payload_that_does_not_decode_is_skipped_counted_and_logged_once(tmp_path, caplog):
+    with DurableLog(tmp_path, 0) as log:
+        log.append(make_group(0))
+        log.append_many([make_group(1), make_group(2)], [b"\xc1", b"\x93garbage"])
+        log.append(make_group(3))
+    with caplog.at_level(logging.WARNING), DurableLog(tmp_path, 0) as log:
+        assert [g.group_id for g in log.recover()] == ["g0", "g3"]
+        assert log.undecodable == 2
+        assert len(log.recover_payloads()) == 4  # not decoded: whoever decodes them counts
+    warnings = [r.getMessage() for r in caplog.records if "do not decode" in r.getMessage()]
+    assert len(warnings) == 1 and "skipped 2 logged groups" in warnings[0]
 
 
 def test_export_without_a_log_says_so(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from streamrl.models import TINY, resolve_model
+from streamrl.protocol import pack_float32
 from streamrl.workers.engines.base import SamplingParams
 from streamrl.workers.engines.hf import HFEngine, sample_tokens
 
@@ -43,6 +44,8 @@ def test_logprobs_are_those_of_the_sampled_distribution(model_dir) -> None:
         assert len(out.response_ids) == len(out.logprobs) == len(out.token_versions) > 0
         reference = full_forward_logprobs(engine, prompt, out.response_ids)
         torch.testing.assert_close(torch.tensor(out.logprobs), reference, atol=0.01, rtol=0)
+        # The wire's float32 bytes come from the sampling tensor and hold the same values.
+        assert out.logprobs_f32 and out.logprob_bytes() == pack_float32(out.logprobs)
 
 
 def test_sample_tokens_truncates_and_renormalises() -> None:
@@ -142,3 +145,4 @@ def test_continuous_batching_refills_slots(model_dir) -> None:
     for prompt, out in zip(prompts, sampled, strict=True):
         reference = full_forward_logprobs(engine, prompt, out.response_ids)
         torch.testing.assert_close(torch.tensor(out.logprobs), reference, atol=0.01, rtol=0)
+        assert out.logprobs_f32 == pack_float32(out.logprobs)  # rows regrouped per sequence

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from streamrl.buffers.replay import Offer, ReplayPolicy, ReplayStore
-from streamrl.protocol import Trajectory, TrajectoryGroup
+from streamrl.protocol import Trajectory, TrajectoryGroup, pack_int32
 
 
 class FakeVersions:
@@ -25,7 +25,7 @@ def make_group(
     """A group whose every token has ``version``; each trajectory has ``tokens`` tokens."""
     half = tokens // 2
     trajectories = [
-        Trajectory(
+        Trajectory.from_lists(
             prompt_ids=[1] * half,
             response_ids=[2] * (tokens - half),
             behavior_logprobs=[-0.5] * (tokens - half),
@@ -118,8 +118,28 @@ def test_staleness_uses_the_oldest_token_of_the_group():
     versions = FakeVersions(3)
     store = make_store(versions, max_staleness=1)
     group = make_group("spans", 3)
-    group.trajectories[0].token_versions[0] = 1  # an in-flight update mid-response
+    versions = group.trajectories[0].version_list()
+    versions[0] = 1  # an in-flight update mid-response
+    group.trajectories[0].token_versions = pack_int32(versions)
     assert store.offer(group) == Offer.STALE
+
+
+@pytest.mark.parametrize("sampling", ["fifo", "freshest", "random"])
+def test_peek_shows_what_take_returns_without_taking(sampling):
+    versions = FakeVersions(2)
+    store = make_store(versions, sampling=sampling, max_staleness=2)
+    for gid, version in [("a", 0), ("b", 2), ("c", 1), ("d", 2), ("e", 0)]:
+        store.offer(make_group(gid, version))
+    freshest = sampling == "freshest"  # random peeks in fifo order (its take draws its own)
+    assert ids(store.peek(3)) == (["b", "d", "c"] if freshest else ["a", "b", "c"])
+    assert ids(store.peek(2, floor=1)) == (["b", "d"] if freshest else ["b", "c"])
+    assert len(store) == 5 and store.stats()["consumed"] == 0  # nothing taken
+    versions.version = 3  # "a" and "e" are stale now: a peek evicts them, as a take would
+    peeked = ids(store.peek(5))
+    assert peeked == (["b", "d", "c"] if freshest else ["b", "c", "d"])
+    assert store.stats()["dropped"]["stale"] == 2
+    if sampling != "random":
+        assert ids(store.take(5)) == peeked
 
 
 def test_reuse_up_to_max_reuse_never_twice_in_one_take():
@@ -291,8 +311,9 @@ def test_stats_reports_size_bytes_and_every_drop_reason():
         "capacity": 1,
     }
     assert stats["size"] == 1 and stats["ingested"] == 3 and stats["offered"] == 6
-    # one group, two trajectories of 2 prompt + 2 response tokens: 2 * (4*2 + 16*2)
-    assert stats["bytes"] == 80
+    # one group, two trajectories of 2 prompt + 2 response tokens, 4 bytes per element of
+    # the prompt ids, response ids, logprobs and versions: 2 * (4*2 + 3 * 4*2)
+    assert stats["bytes"] == 64
     assert stats["staleness_hist"] == {0: 1}
     assert_accounted(store)
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from streamrl.protocol import pack_float32
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -36,6 +38,15 @@ class GenerationOutput:
     token_versions: list[int]
     finish_reason: str  # "stop" | "length" | "abort"
     extra: dict = field(default_factory=dict)
+    # ``logprobs`` as raw little-endian float32 (the wire's ``behavior_logprobs``) when the
+    # engine has them in a float32 tensor; empty: the generator packs ``logprobs``.
+    logprobs_f32: bytes = b""
+
+    def logprob_bytes(self) -> bytes:
+        """The logprobs as the wire carries them (little-endian float32)."""
+        if self.logprobs_f32 or not self.logprobs:
+            return self.logprobs_f32
+        return pack_float32(self.logprobs)
 
 
 # Called between decode steps; it may call engine.update_weights(...).

@@ -124,6 +124,21 @@ class _Batch:
             layer.keys, layer.values = k[index, :, first:], v[index, :, first:]
 
 
+def _attach_float32_logprobs(
+    outputs: list[GenerationOutput], step_seqs: list[list[int]], step_logprobs: list[torch.Tensor]
+) -> None:
+    """Set each output's ``logprobs_f32`` from the float32 tensors the steps sampled with:
+    a stable sort by sequence puts every sequence's logprobs together, in step order."""
+    if not step_logprobs:
+        return
+    seqs = torch.tensor([s for rows in step_seqs for s in rows])
+    logprobs = torch.cat(step_logprobs).float().cpu()[torch.argsort(seqs, stable=True)]
+    data, end = logprobs.numpy().tobytes(), 0
+    for out in outputs:
+        start, end = end, end + 4 * len(out.response_ids)
+        out.logprobs_f32 = data[start:end]
+
+
 class HFEngine(Engine):
     def __init__(
         self,
@@ -172,11 +187,15 @@ class HFEngine(Engine):
         batch = _Batch(self.device)
         stop = set(params.stop_token_ids)
         slots = self.max_batch_size or len(prompts)
+        step_seqs: list[list[int]] = []  # per step: the sequence of each row
+        step_logprobs: list[torch.Tensor] = []  # per step: [rows] float32
         while waiting or batch.seqs:
             admit = [waiting.popleft() for _ in range(min(slots - len(batch.seqs), len(waiting)))]
             if admit:
                 batch.join(admit, *self._prefill([prompts[i] for i in admit]))
             tokens, logprobs = sample_tokens(batch.logits, params, self.generator)
+            step_seqs.append(list(batch.seqs))
+            step_logprobs.append(logprobs)
             running = []
             for row, (tok, lp) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
                 out = outputs[batch.seqs[row]]
@@ -196,6 +215,7 @@ class HFEngine(Engine):
                 on_step(self)
             if batch.seqs:
                 batch.logits = self._decode(batch, tokens)
+        _attach_float32_logprobs(outputs, step_seqs, step_logprobs)
         return outputs
 
     def _prefill(self, prompts: list[list[int]]):
