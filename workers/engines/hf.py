@@ -56,7 +56,10 @@ def sample_tokens(
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
     logprobs = torch.log_softmax(scores, dim=-1)
-    tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+    # Exponential race (Gumbel-max in another form): argmax p_i / E_i with E_i ~ Exp(1) is an
+    # exact draw from p, and much cheaper on CPU than torch.multinomial over a large vocab.
+    race = torch.empty_like(logprobs).exponential_(generator=generator)
+    tokens = (logprobs.exp() / race).argmax(dim=-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -219,7 +222,24 @@ class HFEngine(Engine):
         return outputs
 
     def _prefill(self, prompts: list[list[int]]):
-        """Left-padded prefill of new prompts in a cache of their own."""
+        """Left-padded prefill of new prompts in a cache of their own. A prompt repeated in
+        the call (the n samples of a GRPO group) is computed once and its keys/values copied
+        to every row that asks for it."""
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        cache, attention, lengths, logits = self._prefill_distinct([list(p) for p in distinct])
+        if len(distinct) == len(prompts):
+            return cache, attention, lengths, logits
+        from transformers.cache_utils import DynamicLayer
+
+        index = torch.tensor(rows, device=self.device)
+        for layer in cache.layers:
+            if type(layer) is not DynamicLayer:  # other layers keep extra per-row state
+                return self._prefill_distinct(prompts)
+            layer.keys, layer.values = layer.keys[index], layer.values[index]
+        return cache, attention[index], lengths[index], logits[index]
+
+    def _prefill_distinct(self, prompts: list[list[int]]):
         from transformers import DynamicCache
 
         width = max(len(p) for p in prompts)
@@ -236,6 +256,7 @@ class HFEngine(Engine):
             position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
             past_key_values=cache,
             use_cache=True,
+            logits_to_keep=1,  # only the next-token logits: skips a [B, T, V] projection
         ).logits[:, -1]
         return cache, attention, attention.sum(-1), logits
 
@@ -249,6 +270,7 @@ class HFEngine(Engine):
             position_ids=batch.next_pos[:, None],
             past_key_values=batch.cache,
             use_cache=True,
+            logits_to_keep=1,
         ).logits[:, -1]
         batch.next_pos = batch.next_pos + 1
         return logits
