@@ -17,7 +17,8 @@ from streamrl.config import load_config
 from streamrl.models import TINY, resolve_model
 from streamrl.protocol import Trajectory, TrajectoryGroup
 from streamrl.transport import free_port
-from streamrl.workers.learner import Learner, build_micro_batches
+from streamrl.workers.batching import build_micro_batches
+from streamrl.workers.learner import Learner
 
 
 def _groups(n_groups: int, group_size: int, seed: int) -> list[TrajectoryGroup]:
