@@ -28,3 +28,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def ctx():
+    """A ZeroMQ context for one test, destroyed (linger 0) when it ends."""
+    import zmq
+
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)

@@ -66,13 +66,6 @@ def shard(request, tmp_path):
     shard.close()
 
 
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
 def connect(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)

@@ -64,13 +64,6 @@ def processes():
         shard.stop()
 
 
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
 def push_all(ctx: zmq.Context, endpoint: str, groups: list[TrajectoryGroup]) -> None:
     sock = ctx.socket(zmq.PUSH)
     sock.connect(endpoint)

@@ -50,13 +50,6 @@ def wait_until(predicate, timeout: float = 10.0) -> None:
 
 
 @pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
-@pytest.fixture
 def start_shard():
     """``start_shard(shard_id, log_dir=None, **config)`` -> a serving ``BufferShard``."""
     running: list[tuple[BufferShard, threading.Thread]] = []
