@@ -359,6 +359,8 @@ class Controller:
                 (g.weights_latency_s for g in gens), default=0.0
             ),
             "weights/anchors_requested": sum(g.anchors_requested for g in gens),
+            "weights/apply_s_max": max((g.weights_apply_s for g in gens), default=0.0),
+            "weights/checksum_failures": sum(g.checksum_failures for g in gens),
         }
         self.last_record = record
         self.metrics.write(record)
