@@ -1,8 +1,10 @@
 """Wire types shared by every role (DESIGN.md §5).
 
-All messages are ``msgspec.Struct``s encoded with msgpack. Arrays travel as raw bytes plus
-dtype and shape, never as Python lists. New fields are appended at the end with defaults so
-that old peers keep decoding. Control messages are tagged unions handled with ``match``.
+All messages are ``msgspec.Struct``s encoded with msgpack. Arrays travel as raw bytes, never
+as Python lists: a field's dtype is fixed by the field (documented at it) and its shape is
+its length, or given by fields beside it (``TensorPart.full_shape``/``rows``). New fields are
+appended at the end with defaults so that old peers keep decoding. Control messages are
+tagged unions handled with ``match``.
 
 This module is a leaf: stdlib and msgspec only (no torch, no numpy, no zmq).
 """
@@ -15,15 +17,6 @@ from collections.abc import Iterable
 from typing import Literal
 
 import msgspec
-
-
-class Array(msgspec.Struct, frozen=True):
-    """A dense array as raw little-endian bytes. ``dtype`` uses torch names (``bfloat16``)."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    data: bytes
-
 
 # --------------------------------------------------------------------------- trajectories
 
