@@ -18,7 +18,10 @@ generators' logprobs instead (the "bypass" variant: correction weight 1).
 
 from __future__ import annotations
 
+import datetime
 import logging
+import os
+import socket
 import time
 from pathlib import Path
 
@@ -44,6 +47,28 @@ from streamrl.workers.publisher import WeightPublisher
 log = logging.getLogger(__name__)
 
 
+def rendezvous(master: str, rank: int, world_size: int) -> dist.TCPStore:
+    """The process group's store at ``master`` (``host:port``), bound to that host only.
+
+    TCPStore's own server listens on every interface, so rank 0 hands it a socket bound to
+    ``host``; with a loopback host, gloo's transport is kept on loopback too.
+    """
+    host, port = master.rsplit(":", 1)
+    if host in ("127.0.0.1", "localhost"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    listen_fd = None
+    if rank == 0:
+        listen_fd = socket.create_server((host, int(port)), backlog=2 * world_size).detach()
+    return dist.TCPStore(
+        host,
+        int(port),
+        world_size,
+        is_master=rank == 0,
+        master_listen_fd=listen_fd,
+        timeout=datetime.timedelta(minutes=5),
+    )
+
+
 class Learner:
     def __init__(
         self,
@@ -66,7 +91,7 @@ class Learner:
             torch.cuda.set_device(self.device.index or 0)
         dist.init_process_group(
             lc.backend,
-            init_method=f"tcp://{master}",
+            store=rendezvous(master, rank, world_size),
             rank=rank,
             world_size=world_size,
         )

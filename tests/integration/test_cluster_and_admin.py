@@ -53,6 +53,23 @@ def _end(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def _assert_loopback_only(root_pid: int) -> None:
+    """Every socket the run listens on (controller, Ray, every role) is on loopback."""
+    import psutil
+
+    root = psutil.Process(root_pid)
+    listening = []
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            connections = process.net_connections(kind="inet")
+        except psutil.Error:  # ended meanwhile
+            continue
+        listening += [c.laddr.ip for c in connections if c.status == psutil.CONN_LISTEN]
+    assert listening, "found no listening sockets at all"
+    exposed = [ip for ip in listening if ip not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")]
+    assert not exposed, exposed
+
+
 def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "live"
     proc = _launch(run_dir, "run.max_steps=400", "buffer.max_staleness=2")
@@ -73,6 +90,7 @@ def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
         assert http.get("/status", headers={"Authorization": "Bearer nope"}).status_code == 401
         status = lambda: http.get("/status", headers=auth).json()  # noqa: E731
         wait_for(lambda: status()["version"] >= 2, 120, "two learner steps")
+        _assert_loopback_only(proc.pid)
 
         assert http.patch("/config", headers=auth, json={"buffer.capacity": 0}).status_code == 422
         assert http.patch("/config", headers=auth, json={"learner.lr": 1.0}).status_code == 409

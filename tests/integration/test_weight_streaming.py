@@ -294,7 +294,12 @@ def _rank_main(rank: int, port: int, model_dir: str, out: str, to_test, go, done
     from streamrl.models import load_causal_lm
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    from streamrl.workers.learner import rendezvous
+
+    # The product's rendezvous: the store and gloo stay on loopback.
+    dist.init_process_group(
+        "gloo", store=rendezvous(f"127.0.0.1:{port}", rank, 2), rank=rank, world_size=2
+    )
     mesh = dist.device_mesh.init_device_mesh("cpu", (2,))
     model = load_causal_lm(Path(model_dir), "float32")
     apply_fsdp(model, mesh, "bfloat16")
