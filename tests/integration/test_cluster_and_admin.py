@@ -170,6 +170,7 @@ def test_launch_joins_a_loopback_cluster(tmp_path: Path) -> None:
     run_dir = tmp_path / "cluster"
     try:
         wait_for(lambda: _port_open(port), 60, "the Ray head")
+        _assert_loopback_only(head.pid)
         proc = _launch(run_dir, "run.max_steps=3", "--address", f"127.0.0.1:{port}", env=env)
         try:
             output, _ = proc.communicate(timeout=300)
