@@ -134,10 +134,22 @@ class Generator:
             log.info("generator[%d]: applied version %d", self.generator_id, self.engine.version)
             self.report(force=True)
 
-    def wait_for_version(self, version: int, stop_at: float = float("inf")) -> bool:
+    def wait_for_version(
+        self, version: int, stop_at: float = float("inf"), watch_stop: bool = False
+    ) -> bool:
+        """Apply versions until ``version`` is held; False if ``stop_at`` passes first or, with
+        ``watch_stop``, the run stops meanwhile (asked once a second: a stopped learner would
+        never publish the version waited for)."""
+        next_check = time.monotonic() + 1.0
         while self.engine.version < version and time.monotonic() < stop_at:
             self.poll_weights()
             self.subscriber.wait(0.01)
+            if watch_stop and time.monotonic() > next_check:
+                next_check = time.monotonic() + 1.0
+                reply = self.admission.request(0)
+                self.learner_version = reply.learner_version
+                if reply.stop:
+                    return False
         return self.engine.version >= version
 
     # ------------------------------------------------------------------ loop
@@ -158,7 +170,8 @@ class Generator:
                 self.report()
                 time.sleep(0.02)
                 continue
-            self.wait_for_version(reply.min_version)
+            if not self.wait_for_version(reply.min_version, watch_stop=True):
+                break
             prompts = [next(self.prompts) for _ in range(reply.granted)]
             self.push(self.generate_groups(prompts))
             self.report()
