@@ -130,3 +130,10 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path: Path) -> None:
     for gen in resumed["generators"].values():
         # Fresh generators start from version 0 files and anchor onto the resumed learner.
         assert gen["applied_version"] == 5 and gen["anchors_applied"] >= 1
+
+
+def test_wandb_offline_logs_every_step(tmp_path: Path) -> None:
+    summary, steps, _ = _run(tmp_path, "run.max_steps=2", "logging.wandb=offline")
+    runs = list((Path(summary["run_dir"]) / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "no offline wandb run was written"
+    assert [r["step"] for r in steps] == [1, 2]
