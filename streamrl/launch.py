@@ -44,7 +44,13 @@ import zmq
 from streamrl.admission import AdmissionServer, RunState
 from streamrl.config import Config
 from streamrl.metrics import MetricsLog
-from streamrl.placement import Placement, RunError, init_ray, prepare_run_dir
+from streamrl.placement import (
+    Placement,
+    RunError,
+    check_port_free,
+    init_ray,
+    prepare_run_dir,
+)
 from streamrl.protocol import GeneratorReport, LearnerStep, Report, ShardReport
 from streamrl.staleness import AdmissionPolicy
 from streamrl.transport import Codec, bind_random, make_socket
@@ -95,6 +101,7 @@ class Controller:
                     tiny_layers=cfg.model.tiny_layers,
                 )
             )
+            check_port_free(cfg.admin.host, cfg.admin.port, "admin endpoint")
             self.run_dir = prepare_run_dir(cfg)
             self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.console, cfg)
             init_ray(self.address)

@@ -45,6 +45,19 @@ def prepare_run_dir(config: Config) -> Path:
     return run_dir
 
 
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Fail before anything starts when a fixed port is taken (port 0 means any free one)."""
+    if port == 0:
+        return
+    import socket
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise RunError(f"cannot bind the {what} to {host}:{port}: {exc.strerror}") from None
+
+
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Fail in seconds, not after Ray's minute of retries, when nothing listens there."""
     host, _, port = address.rpartition(":")

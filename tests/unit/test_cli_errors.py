@@ -53,3 +53,15 @@ def test_used_run_name_is_refused(tmp_path: Path) -> None:
     result = _launch(tmp_path, "--name", "taken")
     assert result.returncode == 1
     assert "already exists" in result.stderr.strip().splitlines()[-1]
+
+
+def test_admin_port_in_use_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = _launch(tmp_path, f"admin.port={port}")
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0], result.stderr
+    assert not any(tmp_path.iterdir())
