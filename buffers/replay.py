@@ -121,7 +121,7 @@ def check_policy_value(name: str, value: Any) -> None:
         raise ValueError(f"buffer setting {name!r} must be {want}, got {value!r}")
 
 
-class Offer(str, enum.Enum):
+class Offer(enum.StrEnum):
     """What ``ReplayStore.offer`` did with a group. Compares equal to its string value."""
 
     ACCEPTED = "accepted"
@@ -130,9 +130,6 @@ class Offer(str, enum.Enum):
     DUPLICATE = "duplicate"
     ZERO_VARIANCE = "zero_variance"
     TOO_LARGE = "too_large"  # more tokens than capacity_tokens: could never fit
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(slots=True)

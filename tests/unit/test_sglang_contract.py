@@ -539,3 +539,13 @@ def test_missing_sglang_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setitem(sys.modules, "sglang", None)  # as if not installed
     with pytest.raises(RuntimeError, match=r"pip install 'streamrl\[sglang\]'"):
         SGLangEngine("some/model")
+
+
+def test_the_sglang_extra_pins_the_checked_version() -> None:
+    import tomllib
+    from pathlib import Path
+
+    from streamrl.workers.engines.sglang_engine import SGLANG_VERSION
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["optional-dependencies"]["sglang"] == [f"sglang=={SGLANG_VERSION}"]
