@@ -321,7 +321,7 @@ class Controller:
             return 0.0
         end_t, end_n = samples[-1]
         start_t, start_n = next(((t, n) for t, n in samples if t >= end_t - window_s), samples[0])
-        if end_t - start_t < 1.0:  # too short a span to be a rate
+        if end_t - start_t < 0.2:  # too short a span to be a rate
             return 0.0
         return (end_n - start_n) / max(end_t - start_t, 1e-6)
 
