@@ -85,6 +85,10 @@ class LearnerActor:
     def request_checkpoint(self) -> None:
         self.learner.request_checkpoint()
 
+    def set_max_staleness(self, value: int) -> None:
+        # Read once per step by run(): the next batch request uses the new bound.
+        self.learner.config.buffer.max_staleness = value
+
     def final_checkpoint(self) -> str:
         return str(self.learner.final_checkpoint())
 

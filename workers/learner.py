@@ -143,9 +143,10 @@ class Learner:
 
     def run(self, max_steps: int) -> int:
         per_rank = self.config.learner.groups_per_step // self.world_size
-        eta = self.config.buffer.max_staleness
         while self.version < max_steps:
             wait_start = time.perf_counter()
+            # Read every step: the admin API can change the bound while the run goes on.
+            eta = self.config.buffer.max_staleness
             groups = self._fetch(per_rank, self.version - eta)
             if not self._every_rank_has_a_batch(groups is not None):
                 break  # stopped (request_stop), on every rank at the same step
