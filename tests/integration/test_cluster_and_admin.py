@@ -109,6 +109,16 @@ def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
             "shard capacity 7",
         )
         assert status()["admission"]["max_staleness"] == 1
+        # Two steps later every consumed batch respects the new bound.
+        later = status()["version"] + 2
+        wait_for(lambda: status()["version"] >= later, 120, "two more steps")
+        metrics = http.get("/metrics", headers=auth).text
+        staleness_max = next(
+            float(line.split()[1])
+            for line in metrics.splitlines()
+            if line.startswith("streamrl_staleness_max ")
+        )
+        assert staleness_max <= 1
         audit = [json.loads(x) for x in (run_dir / "audit.jsonl").read_text().splitlines()]
         assert {(a.get("key"), a.get("new")) for a in audit} >= {
             ("buffer.capacity", 7),
