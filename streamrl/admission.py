@@ -77,6 +77,8 @@ class AdmissionServer:
                 learner_version=self.state.version,
                 max_staleness=self.policy.max_staleness,
                 stop=self.state.stop,
+                temperature=self.state.temperature,
+                prompts_per_call=self.state.prompts_per_call,
             )
 
     def close(self) -> None:

@@ -112,11 +112,11 @@ class LiveRun:
                 for key, value in changes.items():
                     _set(config, key, value)
                 self.c.policy.max_staleness = config.buffer.max_staleness
+                self.c.state.temperature = config.generator.temperature
+                self.c.state.prompts_per_call = config.generator.prompts_per_call
             if "buffer.max_staleness" in changes:  # the learners' batch floor follows too
                 for learner in self.c.learners:
                     learner.set_max_staleness.remote(config.buffer.max_staleness)
-                self.c.state.temperature = config.generator.temperature
-                self.c.state.prompts_per_call = config.generator.prompts_per_call
             return {key: (old[key], changes[key]) for key in changes}
 
     def _reconfigure_shards(self, changes: dict[str, Any], previous: dict[str, Any]) -> None:

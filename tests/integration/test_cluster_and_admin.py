@@ -135,6 +135,14 @@ def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
         assert cli(["admin", "resume", "--run", str(run_dir)]) == 0
         wait_for(lambda: status()["version"] > paused_at + 1, 120, "progress after resume")
         assert cli(["admin", "set", "generator.temperature=0.8", "--run", str(run_dir)]) == 0
+        wait_for(
+            lambda: any(
+                "temperature -> 0.8" in f.read_text()
+                for f in (run_dir / "logs").glob("generator-*.log")
+            ),
+            120,
+            "a generator sampling at the new temperature",
+        )
         assert cli(["admin", "status", "--run", str(run_dir)]) == 0
 
         assert cli(["admin", "checkpoint", "--run", str(run_dir)]) == 0
