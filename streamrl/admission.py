@@ -38,6 +38,10 @@ class RunState:
     def current_version(self) -> int:
         return self.version
 
+    def buffer_dropped(self) -> int:
+        """Groups every shard dropped so far, all reasons (their admission budget returns)."""
+        return sum(sum(s.dropped.values()) for s in self.shards.values())
+
 
 class AdmissionServer:
     """Answers generators' ``AdmissionRequest``s from one thread (DESIGN.md §3)."""

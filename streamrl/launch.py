@@ -278,16 +278,10 @@ class Controller:
     def _loop(self, watched: list, learner_refs: list) -> None:
         while True:
             try:
-                self._drain_reports(timeout_ms=200)
-                for step in self._steps:
-                    self._write_step(step)
-                self._steps = []
+                self._record_reports()
                 self._check_roles(watched)
                 if not any(ref in watched for ref in learner_refs):
-                    self._drain_reports(timeout_ms=200)
-                    for step in self._steps:
-                        self._write_step(step)
-                    self._steps = []
+                    self._record_reports()  # the last step's report may still be in flight
                     return
             except KeyboardInterrupt:
                 if self.stopping:
@@ -298,6 +292,12 @@ class Controller:
                     flush=True,
                 )
                 self.request_stop()
+
+    def _record_reports(self) -> None:
+        self._drain_reports(timeout_ms=200)
+        for step in self._steps:
+            self._write_step(step)
+        self._steps = []
 
     def _check_roles(self, watched: list) -> None:
         """Raise a one-line RunError if any role's main loop ended with an error."""
@@ -347,9 +347,8 @@ class Controller:
                 case ShardReport(stats=stats) as report:
                     self.state.shards[stats.shard_id] = stats
                     self.state.last_seen[f"buffer shard {stats.shard_id}"] = report.time
-                    dropped = sum(sum(s.dropped.values()) for s in self.state.shards.values())
                     with self.admission.lock:
-                        self.policy.set_dropped(dropped)
+                        self.policy.set_dropped(self.state.buffer_dropped())
 
     def _write_step(self, step: LearnerStep) -> None:
         gens = self.state.generators.values()
@@ -359,7 +358,7 @@ class Controller:
             **step.metrics,
             "throughput/tokens_per_s": self.tokens_per_s(),
             "buffer/size": sum(s.size for s in self.state.shards.values()),
-            "buffer/dropped": sum(sum(s.dropped.values()) for s in self.state.shards.values()),
+            "buffer/dropped": self.state.buffer_dropped(),
             "generators/min_version": min((g.applied_version for g in gens), default=0),
             "generators/max_version": max((g.applied_version for g in gens), default=0),
             "weights/publish_to_applied_s_max": max(

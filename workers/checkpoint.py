@@ -35,9 +35,13 @@ def _state(modules: Modules) -> dict[str, dict]:
     }
 
 
+def path_for(root: Path, version: int) -> Path:
+    return root / f"step-{version:06d}"
+
+
 def save(modules: Modules, root: Path, version: int) -> Path:
     """Collective: every rank calls it. Returns the checkpoint directory."""
-    path = root / f"step-{version:06d}"
+    path = path_for(root, version)
     dcp.save(_state(modules), checkpoint_id=str(path))
     dist.barrier()
     if dist.get_rank() == 0:

@@ -20,7 +20,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from streamrl.config import Config
-from streamrl.workers.fsdp import apply_fsdp
+from streamrl.workers.fsdp import apply_fsdp, clip_and_step
 
 
 class ValueModel(torch.nn.Module):
@@ -60,7 +60,4 @@ class Critic:
         return self.model(input_ids, attention_mask)[:, :-1]
 
     def step(self) -> torch.Tensor:
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        return clip_and_step(self.model, self.optimizer, self.grad_clip)

@@ -26,3 +26,14 @@ def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, mp_param_dtype: str) ->
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def clip_and_step(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
+) -> torch.Tensor:
+    """Clip the (sharded) gradients to ``max_norm``, step, zero; return the pre-clip norm as a
+    plain tensor (under FSDP2 the norm is a DTensor reduced over ranks)."""
+    norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm

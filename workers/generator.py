@@ -82,7 +82,7 @@ class Generator:
         self.config, self.generator_id = config, generator_id
         self.tokenizer = load_tokenizer(Path(model_dir))
         self.engine: Engine = make_engine(gen, Path(model_dir), seed=config.run.seed + generator_id)
-        image = getattr(self.engine, "shared_weights", lambda: None)()
+        image = self.engine.shared_weights()
         if image is None:
             from safetensors.torch import load_file
 
@@ -246,25 +246,26 @@ class Generator:
             return
         self._last_report = now
         sub = self.subscriber
-        self.reporter.send(
-            self.encoder.encode(
-                GeneratorReport(
-                    generator_id=self.generator_id,
-                    applied_version=self.engine.version,
-                    tokens_generated=self.tokens_generated,
-                    groups_pushed=self.groups_pushed,
-                    checksum_failures=sub.checksum_failures,
-                    anchors_applied=sub.anchors_applied,
-                    time=time.time(),
-                    verified_versions=list(sub.verified_versions[-100:]),
-                    anchors_requested=sub.anchors_requested,
-                    weights_bytes_received=sub.bytes_received,
-                    weights_apply_s=sub.last_apply_s,
-                    weights_latency_s=sub.last_latency_s,
-                )
-            ),
-            zmq.NOBLOCK,
+        report = self.encoder.encode(
+            GeneratorReport(
+                generator_id=self.generator_id,
+                applied_version=self.engine.version,
+                tokens_generated=self.tokens_generated,
+                groups_pushed=self.groups_pushed,
+                checksum_failures=sub.checksum_failures,
+                anchors_applied=sub.anchors_applied,
+                time=time.time(),
+                verified_versions=list(sub.verified_versions[-100:]),
+                anchors_requested=sub.anchors_requested,
+                weights_bytes_received=sub.bytes_received,
+                weights_apply_s=sub.last_apply_s,
+                weights_latency_s=sub.last_latency_s,
+            )
         )
+        try:
+            self.reporter.send(report, zmq.NOBLOCK)
+        except zmq.Again:  # the controller is behind: the next report carries the totals
+            pass
 
     def close(self) -> None:
         self.subscriber.close()

@@ -41,7 +41,7 @@ from streamrl.protocol import LearnerStep, TrajectoryGroup
 from streamrl.transport import make_socket
 from streamrl.workers import checkpoint
 from streamrl.workers.batching import MicroBatch, build_micro_batches
-from streamrl.workers.fsdp import apply_fsdp
+from streamrl.workers.fsdp import apply_fsdp, clip_and_step
 from streamrl.workers.publisher import WeightPublisher
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class Learner:
             world_size=world_size,
         )
         mesh = dist.device_mesh.init_device_mesh(self.device.type, (world_size,))
-        self.model = load_causal_lm(Path(model_dir), config.model.learner_dtype, lc.device)
+        self.model = load_causal_lm(self.model_dir, config.model.learner_dtype, lc.device)
         self.model.config.use_cache = False
         apply_fsdp(self.model, mesh, lc.mp_param_dtype)
         self.optimizer = torch.optim.AdamW(
@@ -104,7 +104,7 @@ class Learner:
         )
         self.ref_model = None
         if config.algorithm.kl.coef > 0:
-            self.ref_model = load_causal_lm(Path(model_dir), "bfloat16", lc.device).eval()
+            self.ref_model = load_causal_lm(self.model_dir, "bfloat16", lc.device).eval()
             self.ref_model.requires_grad_(False)
         self.critic = None
         if config.algorithm.advantage == "gae":
@@ -116,7 +116,7 @@ class Learner:
             config.algorithm.kl.adaptive_target,
             config.algorithm.kl.adaptive_horizon,
         )
-        self.pad_id = int(load_tokenizer(Path(model_dir)).pad_token_id or 0)
+        self.pad_id = int(load_tokenizer(self.model_dir).pad_token_id or 0)
         self._checkpoint_requested = False
         self.checkpoint_dir = Path(checkpoint_dir)
         self.version = self._resume() if config.run.resume else 0
@@ -157,7 +157,8 @@ class Learner:
             metrics.update(self.publisher.publish(self.version))
             metrics["time/wait_batch_s"] = wait_s
             if self._checkpoint_due():
-                metrics["checkpoint/version"] = float(self.save_checkpoint().name[5:])
+                self.save_checkpoint()
+                metrics["checkpoint/version"] = float(self.version)
             if self.rank == 0:
                 self.reporter.send(
                     self.encoder.encode(LearnerStep(self.version, metrics, time.time()))
@@ -210,7 +211,7 @@ class Learner:
     def final_checkpoint(self) -> Path:
         """Collective: save unless the newest checkpoint already holds this version."""
         path = checkpoint.latest(self.checkpoint_dir)
-        if path is not None and path.name == f"step-{self.version:06d}":
+        if path == checkpoint.path_for(self.checkpoint_dir, self.version):
             return path
         return self.save_checkpoint()
 
@@ -250,13 +251,7 @@ class Learner:
         for batch in batches:
             for key, value in self._micro_step(batch, denominator).items():
                 sums[key] = sums.get(key, 0.0) + value.detach().double()
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.config.learner.grad_clip
-        )
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = clip_and_step(self.model, self.optimizer, self.config.learner.grad_clip)
         if self.critic is not None:
             sums["critic/grad_norm"] = self.critic.step().double().cpu() * len(batches)
         return self._reduce_metrics(groups, rewards, sums, len(batches), grad_norm, start)

@@ -69,5 +69,11 @@ class Engine(ABC):
         """Replace the named parameters with full (unsharded) tensors and adopt ``version``.
         Only changed tensors are passed; sequences in flight continue with the new weights."""
 
+    def shared_weights(self) -> dict[str, torch.Tensor] | None:
+        """Live parameter tensors the subscriber may write into directly (full, contiguous
+        bf16 on the host), or ``None``: the subscriber keeps its own image and the changed
+        tensors reach the engine through ``update_weights``."""
+        return None
+
     def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's resources."""
