@@ -32,13 +32,12 @@ def prepare_run_dir(config: Config) -> Path:
     if config.run.resume:
         if not (run_dir / "config.yaml").is_file():
             raise RunError(f"nothing to resume: {run_dir} is not a run directory")
-        (run_dir / "config.yaml").write_text(to_yaml(_without_secrets(config)))
-        return run_dir
-    if run_dir.exists() and any(run_dir.iterdir()) and not config.run.overwrite:
-        raise RunError(
-            f"run directory {run_dir} already exists; pick another --name or set run.overwrite=true"
-        )
-    if run_dir.exists() and config.run.overwrite:
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        if not config.run.overwrite:
+            raise RunError(
+                f"run directory {run_dir} already exists; "
+                "pick another --name or set run.overwrite=true"
+            )
         shutil.rmtree(run_dir)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(_without_secrets(config)))
