@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
+from streamrl.algorithms.group_filter import has_reward_variance
+
 SAMPLING_ORDERS = ("fifo", "random", "freshest")
 OVERFLOW_MODES = ("drop-oldest", "block")
 # Every reason a group can leave the store (or be refused) other than being used up.
@@ -215,7 +217,7 @@ class ReplayStore(Generic[G]):
         min_version = group.min_version
         if self._versions.current_version() - min_version > policy.max_staleness:
             return self._refuse(Offer.STALE)
-        if policy.drop_zero_variance and len(set(group.rewards)) <= 1:
+        if policy.drop_zero_variance and not has_reward_variance(group.rewards):
             return self._refuse(Offer.ZERO_VARIANCE)
         num_tokens = group.num_tokens
         if policy.capacity_tokens is not None and num_tokens > policy.capacity_tokens:

@@ -74,7 +74,15 @@ INGEST_BURST = 256  # frames read per ingest turn before requests get a turn
 REPORT_EVERY_S = 0.5
 MAX_REQUEST_BYTES = 1 << 20
 MAX_WAIT_MS = 600_000  # a longer long poll is cut to this
-POLICY_KNOBS = ("capacity", "max_staleness", "sampling", "max_reuse", "overflow")
+POLICY_KNOBS = (
+    "capacity",
+    "capacity_tokens",
+    "max_staleness",
+    "sampling",
+    "max_reuse",
+    "overflow",
+    "drop_zero_variance",
+)
 STORE_STATS = ("size", "capacity", "ingested", "consumed", "dropped", "bytes", "staleness_hist")
 _WHY = "it closed, or sent a frame over the size limit: libzmq drops such peers; counted"
 

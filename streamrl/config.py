@@ -46,8 +46,13 @@ class ModelConfig(_Section):
     # A local HF directory, an HF id in the local cache, `smollm2-135m-instruct`
     # or `tiny-random-llama`.
     name: str = "smollm2-135m-instruct"
-    # Master weights dtype on the learner; generators always run the bf16 image.
+    # Master weights dtype on the learner (the optimizer's copy); the weight stream is always
+    # the bf16 image of it.
     learner_dtype: Literal["float32", "bfloat16"] = "float32"
+    # Dtype of the learner's and the generators' forward passes. `auto`: bfloat16 on CUDA and
+    # on CPUs whose oneDNN runs bf16 matmuls, else float32 (bf16 then falls to a reference GEMM,
+    # 20-100x slower). Either way the forward sees the bf16 weight image (DESIGN §5b).
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # Size knobs for `tiny-random-llama` only.
     tiny_hidden: int = 64
     tiny_layers: int = 2
@@ -104,6 +109,11 @@ class BufferConfig(_Section):
     max_message_bytes: int = 256 * 1024 * 1024
     # Append every accepted group to the run's Arrow IPC log (buffer/) and recover on restart.
     durable: bool = True
+    # Optional second bound on the tokens a shard holds (prompt + responses); None = no bound.
+    capacity_tokens: int | None = None
+    # DAPO dynamic sampling: drop groups whose rewards are all equal (no signal under GRPO,
+    # Dr.GRPO or RLOO); counted as `zero_variance` drops. Live-tunable.
+    drop_zero_variance: bool = False
     # Compact the durable log this often (seconds) when groups left the shard; 0 = never.
     compact_every_s: float = 60.0
 
@@ -121,9 +131,20 @@ class LearnerConfig(_Section):
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
     micro_batch_size: int = 8
+    # Optimizer steps per batch (PPO mini-batches; each rank splits its groups evenly) and
+    # passes over the batch. More than one update makes the clip act: proximal logprobs are
+    # then computed once, without grad, before the first update. The version still advances
+    # once per batch.
+    mini_batches: int = 1
+    ppo_epochs: int = 1
+    # Learning-rate schedule over versions: linear warmup, then constant or cosine decay to
+    # lr * min_lr_ratio at run.max_steps.
+    warmup_steps: int = 0
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = 0.0
+    # Recompute each decoder block's activations in backward (less memory, ~30% more compute).
+    activation_checkpointing: bool = False
     threads: int = 1
-    # FSDP2 mixed precision: params all-gathered in this dtype; gradients reduced in float32.
-    mp_param_dtype: Literal["float32", "bfloat16"] = "bfloat16"
     # Seconds to wait for a full batch before logging that the learner is starved.
     batch_wait_log_s: float = 30.0
 
@@ -134,6 +155,13 @@ class KLConfig(_Section):
     adaptive_target: float | None = None
     adaptive_horizon: int = 10000
     in_reward: bool = False
+
+
+class OverlongConfig(_Section):
+    # DAPO soft overlong punishment: responses longer than generator.max_new_tokens - length
+    # lose up to `penalty` of score, linearly (0 disables).
+    length: int = 0
+    penalty: float = 1.0
 
 
 class AlgorithmConfig(_Section):
@@ -149,6 +177,7 @@ class AlgorithmConfig(_Section):
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
     ] = "token-mean"
     kl: KLConfig = msgspec.field(default_factory=KLConfig)
+    overlong_buffer: OverlongConfig = msgspec.field(default_factory=OverlongConfig)
     entropy_coef: float = 0.0
     # GAE (advantage=gae trains a critic beside the policy).
     gamma: float = 1.0
@@ -266,6 +295,31 @@ def _finalize(config: Config) -> Config:
             f"learner.count ({config.learner.count})",
         ),
         (config.learner.micro_batch_size >= 1, "learner.micro_batch_size must be >= 1"),
+        (config.learner.mini_batches >= 1, "learner.mini_batches must be >= 1"),
+        (config.learner.ppo_epochs >= 1, "learner.ppo_epochs must be >= 1"),
+        (
+            (config.learner.groups_per_step // config.learner.count) % config.learner.mini_batches
+            == 0,
+            f"learner.groups_per_step / learner.count ({config.learner.groups_per_step} / "
+            f"{config.learner.count}) must be divisible by learner.mini_batches "
+            f"({config.learner.mini_batches}): mini-batches hold whole groups",
+        ),
+        (config.learner.warmup_steps >= 0, "learner.warmup_steps must be >= 0"),
+        (0 <= config.learner.min_lr_ratio <= 1, "learner.min_lr_ratio must be in [0, 1]"),
+        (
+            config.buffer.capacity_tokens is None or config.buffer.capacity_tokens >= 1,
+            "buffer.capacity_tokens must be >= 1 (or null)",
+        ),
+        (
+            0 <= config.algorithm.overlong_buffer.length <= config.generator.max_new_tokens,
+            "algorithm.overlong_buffer.length must be in [0, generator.max_new_tokens]",
+        ),
+        (
+            config.generator.top_p == 1.0 and config.generator.top_k == 0,
+            "generator.top_p/top_k truncate the sampling distribution, which the learner does not "
+            "replay: its logprobs would differ from the behaviour logprobs on every token; use "
+            "generator.top_p=1.0 and generator.top_k=0 (temperature is replayed)",
+        ),
         (len(config.rewards) >= 1, "rewards must name at least one reward"),
         (config.algorithm.is_cap > 0, "algorithm.is_cap must be > 0"),
         (

@@ -26,7 +26,14 @@ from streamrl.transport import Codec, make_socket
 if TYPE_CHECKING:
     from streamrl.launch import Controller
 
-_SHARD_KEYS = {"capacity", "max_staleness", "sampling", "max_reuse", "overflow"}
+_SHARD_KEYS = {
+    "capacity",
+    "max_staleness",
+    "sampling",
+    "max_reuse",
+    "overflow",
+    "drop_zero_variance",
+}
 
 
 class LiveRun:

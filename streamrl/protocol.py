@@ -283,6 +283,7 @@ class Reconfigure(msgspec.Struct, tag="reconfigure"):
     sampling: str | None = None
     max_reuse: int | None = None
     overflow: str | None = None
+    drop_zero_variance: bool | None = None
 
 
 class Ack(msgspec.Struct, tag="ack"):

@@ -1,8 +1,17 @@
 """Turning trajectory groups into padded training tensors for the learner.
 
-A micro-batch holds whole trajectories, right-padded; its mask marks the response tokens at
-their *target* positions (logits at position j predict token j+1), which is where behaviour
-logprobs, advantages and losses live.
+A micro-batch holds whole trajectories, right-padded. Right padding with causal attention
+needs no attention mask: position j attends to positions <= j, all of them real tokens of its
+own row, so the learner conditions on exactly the tokens the generator did, whatever the pad
+id (SmolLM2's pad is its end-of-turn token, which a mask built from ids would hide).
+
+Logits at position j predict token j+1. Only the *window* of target columns from the first
+response token of the batch on is kept (``start`` = shortest prompt - 1): the learner asks the
+model for those logits alone (``logits_to_keep``), never for the prompt's. ``targets``,
+``mask``, ``behavior`` and ``versions`` cover that window.
+
+Example: prompts of 5 and 7 tokens with 3-token responses -> width 10, ``start`` 4, window of
+5 columns; row 0's response targets are window columns 0..2, row 1's are 2..4.
 """
 
 from __future__ import annotations
@@ -17,50 +26,76 @@ from streamrl.protocol import TrajectoryGroup
 
 @dataclass
 class MicroBatch:
-    input_ids: torch.Tensor  # [B, T] (right-padded)
-    targets: torch.Tensor  # [B, T-1] next tokens
-    mask: torch.Tensor  # [B, T-1] 1 on response tokens
-    behavior: torch.Tensor  # [B, T-1] behaviour logprobs at response tokens
-    advantages: torch.Tensor  # [B]
+    input_ids: torch.Tensor  # [B, W] right-padded
+    start: int  # first logit position kept; window = positions start .. W-2
+    targets: torch.Tensor  # [B, T] next tokens in the window (T = W - 1 - start)
+    mask: torch.Tensor  # [B, T] 1.0 on response tokens
+    behavior: torch.Tensor  # [B, T] behaviour logprobs at response tokens
+    versions: torch.Tensor  # [B, T] int64 weight version that sampled each token (-1 elsewhere)
     temperatures: torch.Tensor  # [B] sampling temperature of each response
-    returns: torch.Tensor | None = None  # [B, T-1] GAE returns (critic only)
-    old_values: torch.Tensor | None = None  # [B, T-1] values before this step (critic only)
+    response_lengths: torch.Tensor  # [B]
+    # Filled in by the training step:
+    advantages: torch.Tensor | None = None  # [B] (group estimators) or [B, T] (GAE)
+    returns: torch.Tensor | None = None  # [B, T] GAE returns (critic only)
+    old_values: torch.Tensor | None = None  # [B, T] values before this step (critic only)
+    proximal: torch.Tensor | None = None  # [B, T] logprobs at the step's starting weights
+    ref_logprobs: torch.Tensor | None = None  # [B, T] reference-model logprobs
+
+    @property
+    def keep(self) -> int:
+        """``logits_to_keep`` for the forward: the last ``W - start`` positions."""
+        return self.input_ids.shape[1] - self.start
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
 
 
-def build_micro_batches(
-    groups: list[TrajectoryGroup], advantages: torch.Tensor, size: int, pad_id: int
-) -> list[MicroBatch]:
+def build_micro_batches(groups: list[TrajectoryGroup], size: int, pad_id: int) -> list[MicroBatch]:
     """Right-padded micro-batches of ``size`` trajectories, built from the wire's raw arrays
     (``torch.frombuffer`` on each chunk's bytes, joined once; no per-token Python work)."""
     trajectories = [t for g in groups for t in g.trajectories]
-    batches = []
-    for start in range(0, len(trajectories), size):
-        chunk = trajectories[start : start + size]
-        prompt = torch.tensor([t.num_prompt_tokens for t in chunk])
-        response = torch.tensor([t.num_response_tokens for t in chunk])
-        width = int((prompt + response).max())
-        columns = torch.arange(width)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        # Boolean-mask assignment fills row by row, left to right: the order of the bytes.
-        tokens = _joined((p for t in chunk for p in (t.prompt_ids, t.response_ids)), torch.int32)
-        ids[columns < (prompt + response)[:, None]] = tokens.long()
-        # Logits at position j predict token j+1: response token k sits at target p-1+k.
-        targets = columns[:-1]
-        first = (prompt - 1)[:, None]
-        is_response = (targets >= first) & (targets < first + response[:, None])
-        behavior = torch.zeros((len(chunk), width - 1))
-        behavior[is_response] = _joined((t.behavior_logprobs for t in chunk), torch.float32)
-        batches.append(
-            MicroBatch(
-                ids,
-                ids[:, 1:],
-                is_response.float(),
-                behavior,
-                advantages[start : start + len(chunk)],
-                torch.tensor([t.temperature for t in chunk]),
-            )
-        )
-    return batches
+    return [
+        _micro_batch(trajectories[start : start + size], pad_id)
+        for start in range(0, len(trajectories), size)
+    ]
+
+
+def _micro_batch(chunk: list, pad_id: int) -> MicroBatch:
+    prompt = torch.tensor([t.num_prompt_tokens for t in chunk])
+    response = torch.tensor([t.num_response_tokens for t in chunk])
+    width = int((prompt + response).max())
+    columns = torch.arange(width)
+    ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+    # Boolean-mask assignment fills row by row, left to right: the order of the bytes.
+    tokens = _joined((p for t in chunk for p in (t.prompt_ids, t.response_ids)), torch.int32)
+    ids[columns < (prompt + response)[:, None]] = tokens.long()
+    # Response token k of a row sits at target column p-1+k; keep columns from the first one.
+    start = max(int(prompt.min()) - 1, 0)
+    targets = columns[start:-1]
+    first = (prompt - 1)[:, None]
+    is_response = (targets >= first) & (targets < first + response[:, None])
+    behavior = torch.zeros(is_response.shape)
+    behavior[is_response] = _joined((t.behavior_logprobs for t in chunk), torch.float32)
+    versions = torch.full(is_response.shape, -1, dtype=torch.long)
+    versions[is_response] = _joined((t.token_versions for t in chunk), torch.int32).long()
+    return MicroBatch(
+        input_ids=ids,
+        start=start,
+        targets=ids[:, start + 1 :],
+        mask=is_response.float(),
+        behavior=behavior,
+        versions=versions,
+        temperatures=torch.tensor([t.temperature for t in chunk]),
+        response_lengths=response,
+    )
+
+
+def split_groups(groups: list[TrajectoryGroup], parts: int) -> list[list[TrajectoryGroup]]:
+    """``parts`` equal runs of whole groups (PPO mini-batches); ``len(groups) % parts == 0``."""
+    if parts < 1 or len(groups) % parts:
+        raise ValueError(f"cannot split {len(groups)} groups into {parts} equal mini-batches")
+    size = len(groups) // parts
+    return [groups[i : i + size] for i in range(0, len(groups), size)]
 
 
 def _joined(parts: Iterable[bytes], dtype: torch.dtype) -> torch.Tensor:

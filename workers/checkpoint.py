@@ -39,13 +39,14 @@ def path_for(root: Path, version: int) -> Path:
     return root / f"step-{version:06d}"
 
 
-def save(modules: Modules, root: Path, version: int) -> Path:
-    """Collective: every rank calls it. Returns the checkpoint directory."""
+def save(modules: Modules, root: Path, version: int, extra: dict | None = None) -> Path:
+    """Collective: every rank calls it. ``extra`` (JSON-able, e.g. the adaptive KL
+    coefficient) goes into ``meta.json`` beside the version. Returns the directory."""
     path = path_for(root, version)
     dcp.save(_state(modules), checkpoint_id=str(path))
     dist.barrier()
     if dist.get_rank() == 0:
-        (path / "meta.json").write_text(json.dumps({"version": version}))
+        (path / "meta.json").write_text(json.dumps({"version": version, "extra": extra or {}}))
         tmp = root / "latest.tmp"
         tmp.write_text(path.name)
         tmp.replace(root / "latest")
@@ -61,11 +62,13 @@ def latest(root: Path) -> Path | None:
     return path if (path / "meta.json").is_file() else None
 
 
-def load(modules: Modules, path: Path) -> int:
-    """Collective: load a checkpoint into already-sharded modules; returns its version."""
+def load(modules: Modules, path: Path) -> tuple[int, dict]:
+    """Collective: load a checkpoint into already-sharded modules; returns its version and
+    the ``extra`` state saved with it."""
     state = _state(modules)
     dcp.load(state, checkpoint_id=str(path))
     for name, (module, optimizer) in modules.items():
         set_model_state_dict(module, state[name]["model"])
         set_optimizer_state_dict(module, optimizer, state[name]["optim"])
-    return int(json.loads((path / "meta.json").read_text())["version"])
+    meta = json.loads((path / "meta.json").read_text())
+    return int(meta["version"]), dict(meta.get("extra", {}))

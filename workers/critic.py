@@ -7,9 +7,9 @@ returns. It is FSDP2-sharded like the policy and has its own AdamW.
 Alignment: ``values(ids)[:, j]`` is V(prefix ``ids[:, :j+1]``), the state from which token
 ``j+1`` is sampled, so it lines up with the policy's ``logprobs[:, j]`` and the response mask.
 
-Scope: one optimizer step per batch, so the "old" values used for value clipping and for GAE
-are this step's own values before the update (one no-grad pass over the batch). Advantages are
-whitened per rank over the rank's tokens.
+The "old" values used for value clipping and for GAE are the values before the step's first
+update (one no-grad pass over the batch), however many PPO updates follow. Like the policy it
+needs no attention mask: the learner right-pads (``batching``).
 """
 
 from __future__ import annotations
@@ -31,13 +31,21 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.head(hidden).squeeze(-1).float()
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids).last_hidden_state
+        # sum over the size-1 axis, not squeeze: FSDP2 warns about returning a view
+        return self.head(hidden).float().sum(-1)
 
 
 class Critic:
-    def __init__(self, config: Config, model_dir: Path, mesh: DeviceMesh, device: torch.device):
+    def __init__(
+        self,
+        config: Config,
+        model_dir: Path,
+        mesh: DeviceMesh,
+        device: torch.device,
+        compute_dtype: str,
+    ) -> None:
         from transformers import AutoModel
 
         dtype = getattr(torch, config.model.learner_dtype)
@@ -45,7 +53,10 @@ class Critic:
         self.model = ValueModel(backbone, backbone.config.hidden_size).to(
             device=device, dtype=dtype
         )
-        apply_fsdp(self.model, mesh, config.learner.mp_param_dtype)
+        if config.learner.activation_checkpointing:
+            backbone.gradient_checkpointing_enable({"use_reentrant": False})
+        # Its weights never reach a generator: no need to compute on the bf16 image.
+        apply_fsdp(self.model, mesh, compute_dtype, round_to_bf16=False)
         alg, lc = config.algorithm, config.learner
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -54,10 +65,16 @@ class Critic:
             weight_decay=lc.weight_decay,
         )
         self.grad_clip = lc.grad_clip
+        self.base_lr = alg.critic_lr or lc.lr  # from config: a resumed optimizer holds a scaled one
 
-    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """[B, T] ids -> [B, T-1] values aligned with the next-token targets."""
-        return self.model(input_ids, attention_mask)[:, :-1]
+    def values(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[B, W] ids -> [B, W-1] values aligned with the next-token targets."""
+        return self.model(input_ids)[:, :-1]
 
-    def step(self) -> torch.Tensor:
+    def set_lr_scale(self, scale: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.base_lr * scale
+
+    def step(self) -> tuple[torch.Tensor, bool]:
+        """Clip and step (skipped on a non-finite norm); returns (norm, stepped)."""
         return clip_and_step(self.model, self.optimizer, self.grad_clip)

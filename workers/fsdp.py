@@ -1,10 +1,24 @@
-"""FSDP2 in one function (STYLE.md #8). Nothing else imports ``torch.distributed.fsdp``."""
+"""FSDP2 in one function (STYLE.md #8). Nothing else imports ``torch.distributed.fsdp``.
+
+The forward always sees the bf16 image the generators hold (DESIGN.md §5b):
+
+- compute in bf16: FSDP2 all-gathers the parameters in bf16 (``param_dtype``), which *is*
+  the rounding the weight publisher applies;
+- compute in fp32 (CPUs without fast bf16): parameters are all-gathered in fp32 and rounded
+  in place to the bf16 grid by a forward pre-hook. The fp32 masters (the sharded parameters)
+  are untouched and the gradient reaches them unchanged: a straight-through estimator. The
+  unsharded parameters are kept until backward (``reshard_after_forward=False``), so that
+  backward sees the rounded values too.
+
+Example: a master weight 1.00001 (off the bf16 grid) enters the forward as 1.0, and an
+optimizer step moves the master, not the rounded copy.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 
 def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -16,24 +30,75 @@ def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return blocks
 
 
-def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, mp_param_dtype: str) -> torch.nn.Module:
+def apply_fsdp(
+    model: torch.nn.Module,
+    mesh: DeviceMesh,
+    compute_dtype: str,
+    *,
+    round_to_bf16: bool = True,
+) -> torch.nn.Module:
     """Shard every decoder block, then the root (embeddings, final norm, LM head).
-    Parameters are all-gathered in ``mp_param_dtype``; gradients are reduced in float32."""
-    policy = MixedPrecisionPolicy(
-        param_dtype=getattr(torch, mp_param_dtype), reduce_dtype=torch.float32
-    )
-    for block in decoder_blocks(model):
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+    Parameters are all-gathered in ``compute_dtype``; gradients are reduced in float32. With
+    fp32 compute and ``round_to_bf16`` the forward uses the bf16-rounded values (module doc);
+    a frozen model loaded from a bf16 checkpoint needs no rounding.
+    """
+    dtype = getattr(torch, compute_dtype)
+    rounding = round_to_bf16 and dtype != torch.bfloat16
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    blocks = decoder_blocks(model)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=not rounding)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=not rounding)
+    if rounding:
+        # Registered after fully_shard, so each hook runs after FSDP2's all-gather.
+        inside_blocks = {id(m) for block in blocks for m in block.modules()}
+        for block in blocks:
+            block.register_forward_pre_hook(_rounding_hook(list(block.modules())))
+        root_owned = [m for m in model.modules() if id(m) not in inside_blocks]
+        model.register_forward_pre_hook(_rounding_hook(root_owned))
     return model
+
+
+def _rounding_hook(modules: list[torch.nn.Module]):
+    def hook(_module: torch.nn.Module, _args) -> None:
+        with torch.no_grad():
+            for module in modules:
+                # Read the parameters now: FSDP2 registers the unsharded ones during forward.
+                for param in module._parameters.values():
+                    if param is not None and param.dtype != torch.bfloat16:
+                        param.data.copy_(param.data.to(torch.bfloat16))
+
+    return hook
+
+
+def set_gradient_sync(modules: list[torch.nn.Module], sync: bool) -> None:
+    """Whether the next backward reduce-scatters gradients (off between the micro-batches of
+    one update: they accumulate unsharded and are reduced once, with the last one)."""
+    for module in modules:
+        module.set_requires_gradient_sync(sync)
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free the gathered parameters after a forward that no backward follows (with
+    ``reshard_after_forward=False`` they would otherwise stay, and go stale at the next
+    optimizer step)."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def clip_and_step(
     module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
-) -> torch.Tensor:
-    """Clip the (sharded) gradients to ``max_norm``, step, zero; return the pre-clip norm as a
-    plain tensor (under FSDP2 the norm is a DTensor reduced over ranks)."""
+) -> tuple[torch.Tensor, bool]:
+    """Clip the (sharded) gradients to ``max_norm`` and step, unless their norm is not finite
+    (NaN/inf): then the step is skipped. Zeroes the gradients either way. Returns the pre-clip
+    norm as a plain tensor (under FSDP2 it is a DTensor reduced over ranks, so every rank
+    decides alike) and whether the step was taken (one host sync per update)."""
     norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
-    optimizer.step()
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    stepped = bool(torch.isfinite(norm))
+    if stepped:
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    return norm, stepped

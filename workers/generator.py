@@ -22,6 +22,7 @@ import zmq
 
 from streamrl.config import Config
 from streamrl.data import Prompt, prompt_source
+from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_tokenizer, stop_token_ids
 from streamrl.protocol import (
     AdmissionReply,
@@ -81,7 +82,15 @@ class Generator:
         torch.set_num_threads(gen.threads)
         self.config, self.generator_id = config, generator_id
         self.tokenizer = load_tokenizer(Path(model_dir))
-        self.engine: Engine = make_engine(gen, Path(model_dir), seed=config.run.seed + generator_id)
+        compute = resolve_compute_dtype(config.model.compute_dtype, gen.device)
+        log.info(
+            "generator[%d]: %s",
+            generator_id,
+            describe_choice(config.model.compute_dtype, gen.device),
+        )
+        self.engine: Engine = make_engine(
+            gen, Path(model_dir), seed=config.run.seed + generator_id, compute_dtype=compute
+        )
         image = self.engine.shared_weights()
         if image is None:
             from safetensors.torch import load_file

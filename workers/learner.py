@@ -3,17 +3,11 @@
 Loop (waits for -> unblocked by):
   1. its share of the batch (``groups_per_step / ranks`` whole groups, ``min_version >=
      version - max_staleness``)                    -> generators filling the buffer
-  2. forward/backward per micro-batch; one AdamW step = one new version
+  2. the training step (``train_step.TrainStep``: losses, PPO updates, metrics) = one version
   3. publish its own shard's diff                  -> never waits (PUB drops; anchors repair)
 
-Loss normalisation: every micro-batch loss is divided by the *global* token (or sequence)
-count of the step, so the sum over micro-batches and ranks is the whole-batch loss whatever
-the padding; FSDP2 averages gradients over ranks, hence the ``* world_size``.
-
-Proximal policy: with one optimizer step per batch the weights at the start of the step *are*
-the proximal policy, so ``proximal=recompute`` costs no extra forward (its logprobs are the
-detached current ones and the clipped ratio starts at 1); ``proximal=behavior`` uses the
-generators' logprobs instead (the "bypass" variant: correction weight 1).
+This module is the role: process group, models and their placement, fetch, publish,
+checkpoint, export. What a step computes lives in ``train_step``.
 """
 
 from __future__ import annotations
@@ -30,19 +24,17 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from streamrl.algorithms import advantages as adv
 from streamrl.algorithms import kl as kl_lib
-from streamrl.algorithms import losses
-from streamrl.algorithms import rewards as shaping
 from streamrl.buffers.client import BufferClient, FetchStopped
 from streamrl.config import Config
+from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_causal_lm, load_tokenizer
 from streamrl.protocol import LearnerStep, TrajectoryGroup
 from streamrl.transport import make_socket
 from streamrl.workers import checkpoint
-from streamrl.workers.batching import MicroBatch, build_micro_batches
-from streamrl.workers.fsdp import apply_fsdp, clip_and_step
+from streamrl.workers.fsdp import apply_fsdp
 from streamrl.workers.publisher import WeightPublisher
+from streamrl.workers.train_step import TrainStep
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +58,49 @@ def rendezvous(master: str, rank: int, world_size: int) -> dist.TCPStore:
         is_master=rank == 0,
         master_listen_fd=listen_fd,
         timeout=datetime.timedelta(minutes=5),
+    )
+
+
+def build_train_step(
+    config: Config, model_dir: Path, device: torch.device, world_size: int
+) -> TrainStep:
+    """Load and shard the models one training step needs (collective: inside the process
+    group): the policy and its AdamW, the frozen reference (KL), the critic (GAE)."""
+    lc = config.learner
+    mesh = dist.device_mesh.init_device_mesh(device.type, (world_size,))
+    compute = resolve_compute_dtype(config.model.compute_dtype, str(device))
+    policy = load_causal_lm(model_dir, config.model.learner_dtype, str(device))
+    policy.config.use_cache = False
+    if lc.activation_checkpointing:
+        policy.gradient_checkpointing_enable({"use_reentrant": False})
+    apply_fsdp(policy, mesh, compute)
+    optimizer = torch.optim.AdamW(
+        policy.parameters(), lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay
+    )
+    ref_model = None
+    if config.algorithm.kl.coef > 0:
+        # Frozen, sharded like the policy, no KV cache; its bf16 checkpoint values are exact
+        # in either compute dtype, so it needs no rounding.
+        ref_model = load_causal_lm(model_dir, compute, str(device)).eval()
+        ref_model.config.use_cache = False
+        ref_model.requires_grad_(False)
+        apply_fsdp(ref_model, mesh, compute, round_to_bf16=False)
+    critic = None
+    if config.algorithm.advantage == "gae":
+        from streamrl.workers.critic import Critic
+
+        critic = Critic(config, model_dir, mesh, device, compute)
+    kl = config.algorithm.kl
+    return TrainStep(
+        config,
+        policy,
+        optimizer,
+        device=device,
+        world_size=world_size,
+        pad_id=int(load_tokenizer(model_dir).pad_token_id or 0),
+        ref_model=ref_model,
+        critic=critic,
+        kl_controller=kl_lib.make_controller(kl.coef, kl.adaptive_target, kl.adaptive_horizon),
     )
 
 
@@ -95,28 +130,11 @@ class Learner:
             rank=rank,
             world_size=world_size,
         )
-        mesh = dist.device_mesh.init_device_mesh(self.device.type, (world_size,))
-        self.model = load_causal_lm(self.model_dir, config.model.learner_dtype, lc.device)
-        self.model.config.use_cache = False
-        apply_fsdp(self.model, mesh, lc.mp_param_dtype)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay
-        )
-        self.ref_model = None
-        if config.algorithm.kl.coef > 0:
-            self.ref_model = load_causal_lm(self.model_dir, "bfloat16", lc.device).eval()
-            self.ref_model.requires_grad_(False)
-        self.critic = None
-        if config.algorithm.advantage == "gae":
-            from streamrl.workers.critic import Critic
-
-            self.critic = Critic(config, self.model_dir, mesh, self.device)
-        self.kl_controller = kl_lib.make_controller(
-            config.algorithm.kl.coef,
-            config.algorithm.kl.adaptive_target,
-            config.algorithm.kl.adaptive_horizon,
-        )
-        self.pad_id = int(load_tokenizer(self.model_dir).pad_token_id or 0)
+        if rank == 0:
+            log.info("learner: %s", describe_choice(config.model.compute_dtype, lc.device))
+        self.train_step = build_train_step(config, self.model_dir, self.device, world_size)
+        self.model, self.optimizer = self.train_step.policy, self.train_step.optimizer
+        self.critic, self.kl_controller = self.train_step.critic, self.train_step.kl_controller
         self._checkpoint_requested = False
         self.checkpoint_dir = Path(checkpoint_dir)
         self.version = self._resume() if config.run.resume else 0
@@ -152,7 +170,7 @@ class Learner:
                 break  # stopped (request_stop), on every rank at the same step
             assert groups is not None
             wait_s = time.perf_counter() - wait_start
-            metrics = self.train_step(groups)
+            metrics = self.train_step(groups, self.version)
             self.version += 1
             metrics.update(self.publisher.publish(self.version))
             metrics["time/wait_batch_s"] = wait_s
@@ -206,7 +224,8 @@ class Learner:
     def save_checkpoint(self) -> Path:
         """Collective: every rank saves its shards of the policy/critic and optimizers."""
         self._checkpoint_requested = False
-        return checkpoint.save(self._modules(), self.checkpoint_dir, self.version)
+        extra = {"kl_coef": self.kl_controller.value}
+        return checkpoint.save(self._modules(), self.checkpoint_dir, self.version, extra)
 
     def final_checkpoint(self) -> Path:
         """Collective: save unless the newest checkpoint already holds this version."""
@@ -220,183 +239,11 @@ class Learner:
         path = checkpoint.latest(self.checkpoint_dir)
         if path is None:
             return 0
-        version = checkpoint.load(self._modules(), path)
+        version, extra = checkpoint.load(self._modules(), path)
+        if "kl_coef" in extra:
+            self.kl_controller.restore(extra["kl_coef"])
         log.info("learner[%d]: resumed from %s (version %d)", self.rank, path, version)
         return version
-
-    # ------------------------------------------------------------------ training
-
-    def train_step(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
-        alg, start = self.config.algorithm, time.perf_counter()
-        rewards = torch.tensor([t.reward for g in groups for t in g.trajectories])
-        group_ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.trajectories])
-        batches = build_micro_batches(
-            groups, torch.zeros_like(rewards), self.config.learner.micro_batch_size, self.pad_id
-        )
-        scores, sums = rewards, {}
-        if self.ref_model is not None and alg.kl.in_reward:
-            seq_kl = self._sequence_kl(batches)
-            scores = rewards - self.kl_controller.value * seq_kl
-            # Per-token KL, in the same units as the in-loss metric (sums are averaged later).
-            tokens = sum(b.mask.sum() for b in batches).clamp(min=1)
-            sums["kl/ref"] = (seq_kl.sum() / tokens).double() * len(batches)
-        self._set_advantages(batches, scores, group_ids)
-        # Global denominators so micro-batch losses sum to the whole-batch loss (see module doc).
-        counts = torch.tensor(
-            [sum(b.mask.sum() for b in batches), sum((b.mask.sum(-1) > 0).sum() for b in batches)],
-            dtype=torch.float64,
-        ).to(self.device)
-        dist.all_reduce(counts)
-        denominator = counts[1] if alg.loss_agg.startswith("seq") else counts[0]
-        for batch in batches:
-            for key, value in self._micro_step(batch, denominator).items():
-                sums[key] = sums.get(key, 0.0) + value.detach().double()
-        grad_norm = clip_and_step(self.model, self.optimizer, self.config.learner.grad_clip)
-        if self.critic is not None:
-            sums["critic/grad_norm"] = self.critic.step().double().cpu() * len(batches)
-        return self._reduce_metrics(groups, rewards, sums, len(batches), grad_norm, start)
-
-    def _set_advantages(
-        self, batches: list[MicroBatch], scores: torch.Tensor, group_ids: torch.Tensor
-    ) -> None:
-        """Group advantages ([B] per micro-batch), or GAE from the critic ([B, T-1])."""
-        alg = self.config.algorithm
-        sizes = [len(b.advantages) for b in batches]
-        if self.critic is None:
-            advantages = adv.ADVANTAGES[alg.advantage](scores, group_ids)
-            for batch, part in zip(batches, advantages.split(sizes), strict=True):
-                batch.advantages = part
-            return
-        for batch, part in zip(batches, scores.split(sizes), strict=True):
-            ids = batch.input_ids.to(self.device)
-            with torch.no_grad():
-                values = self.critic.values(ids, (ids != self.pad_id).long()).cpu()
-            rewards = shaping.token_level_rewards(part, batch.mask)
-            batch.advantages, batch.returns = adv.gae(
-                rewards, values, batch.mask, gamma=alg.gamma, lam=alg.lam
-            )
-            batch.old_values = values
-        # Whiten over every response token of this rank (PPO's usual normalisation).
-        flat = torch.cat([b.advantages[b.mask.bool()] for b in batches])
-        mean, std = flat.mean(), flat.std() if flat.numel() > 1 else torch.tensor(1.0)
-        for batch in batches:
-            batch.advantages = (batch.advantages - mean) / (std + 1e-8) * batch.mask
-
-    @torch.no_grad()
-    def _sequence_kl(self, batches: list[MicroBatch]) -> torch.Tensor:
-        """KL(behaviour || reference) summed over each response: the in-reward penalty
-        (Ziegler et al. 2019 / InstructGPT), subtracted from the score before advantages."""
-        kind, out = self.config.algorithm.kl.kind, []
-        for batch in batches:
-            ids = batch.input_ids.to(self.device)
-            logits = self.ref_model(input_ids=ids, attention_mask=(ids != self.pad_id).long())
-            ref = losses.token_logprobs(
-                logits.logits[:, :-1] / batch.temperatures.to(self.device)[:, None, None],
-                ids[:, 1:],
-            )
-            kl = kl_lib.estimate(batch.behavior.to(self.device), ref, kind)
-            out.append((kl * batch.mask.to(self.device)).sum(-1).cpu())
-        return torch.cat(out)
-
-    def _micro_step(self, batch: MicroBatch, denominator: torch.Tensor) -> dict[str, torch.Tensor]:
-        alg = self.config.algorithm
-        ids = batch.input_ids.to(self.device)
-        attention = (ids != self.pad_id).long()
-        logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-        # Score each response at the temperature it was sampled with (it can change live).
-        temperature = float(batch.temperatures[0])
-        if not bool((batch.temperatures == temperature).all()):
-            logits = logits / batch.temperatures.to(logits)[:, None, None]
-            temperature = 1.0
-        logprobs = losses.token_logprobs(
-            logits, batch.targets.to(self.device), temperature=temperature
-        )
-        mask = batch.mask.to(self.device)
-        behavior = batch.behavior.to(self.device)
-        proximal = logprobs.detach() if alg.proximal == "recompute" else behavior
-        advantages = batch.advantages.to(self.device)
-        loss, metrics = losses.policy_loss(
-            logprobs,
-            proximal,
-            behavior,
-            advantages[:, None] if advantages.dim() == 1 else advantages,
-            mask,
-            clip_low=alg.clip_low,
-            clip_high=alg.clip_high,
-            dual_clip=alg.dual_clip,
-            correction=alg.correction,
-            is_cap=alg.is_cap,
-            is_low=alg.is_low,
-            agg=alg.loss_agg,
-            agg_denominator=denominator,
-        )
-        if self.ref_model is not None and not alg.kl.in_reward:
-            with torch.no_grad():
-                ref_logits = self.ref_model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-                ref = losses.token_logprobs(ref_logits, ids[:, 1:], temperature=temperature)
-            kl = kl_lib.estimate(logprobs, ref, alg.kl.kind)
-            kl_loss = losses.aggregate(kl, mask, alg.loss_agg, denominator=denominator)
-            loss = loss + self.kl_controller.value * kl_loss
-            metrics["kl/ref"] = kl_loss.detach()
-        if alg.entropy_coef > 0:
-            ent = losses.entropy(logits, mask, temperature=temperature)
-            loss = loss - alg.entropy_coef * ent
-            metrics["policy/entropy"] = ent
-        if self.critic is not None:
-            values = self.critic.values(ids, attention)
-            value_loss = losses.value_loss(
-                values,
-                batch.returns.to(self.device),
-                batch.old_values.to(self.device),
-                mask,
-                clip=alg.value_clip,
-                agg=alg.loss_agg,
-                agg_denominator=denominator,
-            )
-            loss = loss + alg.value_coef * value_loss
-            metrics["critic/value_loss"] = value_loss.detach()
-        (loss * self.world_size).backward()
-        metrics["loss/total"] = loss
-        return metrics
-
-    def _reduce_metrics(
-        self, groups, rewards, sums, n_batches, grad_norm, start
-    ) -> dict[str, float]:
-        staleness = torch.tensor([float(self.version - g.min_version) for g in groups])
-        tokens = sum(t.num_response_tokens for g in groups for t in g.trajectories)
-        names = sorted(sums)
-        # One all-reduce for sums, one for maxima: metrics cost two collectives per step.
-        total = torch.stack(
-            [
-                rewards.sum().double(),
-                torch.tensor(float(rewards.numel()), dtype=torch.float64),
-                staleness.sum().double(),
-                torch.tensor(float(len(groups)), dtype=torch.float64),
-                torch.tensor(float(tokens), dtype=torch.float64),
-            ]
-            + [(sums[n] / n_batches).cpu() for n in names]
-        ).to(self.device)
-        dist.all_reduce(total)
-        peak = torch.stack([staleness.max().double(), rewards.max().double()]).to(self.device)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        out = {
-            "reward/mean": float(total[0] / total[1]),
-            "reward/max": float(peak[1]),
-            "staleness/mean": float(total[2] / total[3]),
-            "staleness/max": float(peak[0]),
-            "train/response_tokens": float(total[4]),
-            "train/grad_norm": float(grad_norm),
-            "train/lr": self.optimizer.param_groups[0]["lr"],
-            "time/step_s": time.perf_counter() - start,
-        }
-        for i, name in enumerate(names):
-            value = float(total[5 + i])
-            # The loss is already a global sum; the rest are per-rank means -> mean over ranks.
-            out[name] = value if name == "loss/total" else value / self.world_size
-        if "kl/ref" in out:
-            self.kl_controller.update(out["kl/ref"], 1)
-            out["kl/coef"] = self.kl_controller.value
-        return out
 
     # ------------------------------------------------------------------ export
 

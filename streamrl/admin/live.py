@@ -50,6 +50,12 @@ LIVE_KEYS: dict[str, LiveKey] = {
         LiveKey("buffer.sampling", lambda v: True, "", "buffer shards, next batch"),
         LiveKey("buffer.max_reuse", lambda v: v >= 1, ">= 1", "buffer shards, next batch"),
         LiveKey("buffer.overflow", lambda v: True, "", "buffer shards, next ingest"),
+        LiveKey(
+            "buffer.drop_zero_variance",
+            lambda v: True,
+            "",
+            "buffer shards, next ingest (DAPO dynamic sampling)",
+        ),
         LiveKey("generator.temperature", lambda v: v > 0, "> 0", "generators, next call"),
         LiveKey(
             "generator.prompts_per_call",

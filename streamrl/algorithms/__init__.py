@@ -17,8 +17,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from streamrl.algorithms.group_filter import filter_zero_variance
-
 if TYPE_CHECKING:
     from streamrl.algorithms import advantages, kl, losses, rewards
     from streamrl.algorithms.advantages import ADVANTAGES
@@ -39,7 +37,6 @@ __all__ = [
     "CORRECTIONS",
     "KL_ESTIMATORS",
     "advantages",
-    "filter_zero_variance",
     "kl",
     "losses",
     "rewards",

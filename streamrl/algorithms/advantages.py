@@ -155,7 +155,14 @@ def gae(
     return advantages, advantages + values
 
 
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def masked_whiten(
+    x: Tensor,
+    mask: Tensor,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+    *,
+    all_reduce: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
     """Whiten ``x`` with the mean and unbiased variance of its masked-in entries.
 
     Shapes: ``x[...]``, ``mask[...]`` (same shape, bool or 0/1) -> ``Tensor[...]``.
@@ -164,14 +171,21 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
 
     The same affine map is applied to every entry, masked-out ones included (the loss masks them).
     With fewer than two masked-in entries the variance is taken as 0 and the mean of an empty
-    mask as 0, so the result is finite, never NaN.
+    mask as 0, so the result is finite, never NaN. ``all_reduce`` (a sum over ranks, e.g.
+    ``dist.all_reduce``) makes ``mu`` and ``var`` those of every rank's entries together, so
+    the result does not depend on how the batch is split over ranks.
     """
     x = _float(x)
     keep = mask.to(torch.bool)
-    n = keep.sum().to(x.dtype)
     kept = torch.where(keep, x, torch.zeros_like(x))
-    mean = kept.sum() / n.clamp(min=1)
-    sq_dev = torch.where(keep, (x - mean) ** 2, torch.zeros_like(x))
-    var = sq_dev.sum() / (n - 1).clamp(min=1)
+    totals = torch.stack([keep.sum().to(x.dtype), kept.sum()])
+    if all_reduce is not None:
+        totals = all_reduce(totals)
+    n, total = totals[0], totals[1]
+    mean = total / n.clamp(min=1)
+    sq_dev = torch.where(keep, (x - mean) ** 2, torch.zeros_like(x)).sum()
+    if all_reduce is not None:
+        sq_dev = all_reduce(sq_dev)
+    var = sq_dev / (n - 1).clamp(min=1)
     whitened = (x - mean) * torch.rsqrt(var + eps)
     return whitened if shift_mean else whitened + mean

@@ -79,6 +79,9 @@ class KLController(Protocol):
 
     def update(self, current_kl: float, n_steps: int) -> None: ...
 
+    def restore(self, value: float) -> None:
+        """Adopt a coefficient saved in a checkpoint."""
+
 
 class FixedController:
     """A constant KL coefficient; ``update`` does nothing."""
@@ -92,6 +95,9 @@ class FixedController:
 
     def update(self, current_kl: float, n_steps: int) -> None:
         del current_kl, n_steps
+
+    def restore(self, value: float) -> None:
+        del value  # fixed: the config's coefficient stands
 
 
 class AdaptiveController:
@@ -122,6 +128,9 @@ class AdaptiveController:
     def update(self, current_kl: float, n_steps: int) -> None:
         error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self._coef *= 1.0 + error * n_steps / self.horizon
+
+    def restore(self, value: float) -> None:
+        self._coef = float(value)
 
 
 def make_controller(coef: float, target: float | None = None, horizon: int = 10000) -> KLController:

@@ -1,8 +1,8 @@
-"""Algorithm-side reward shaping: length penalties, zero-variance groups, token-level rewards.
+"""Algorithm-side reward shaping: the DAPO overlong penalty and token-level rewards for GAE.
 
-These act on scores a verifier already produced (the verifier registry is ``streamrl.rewards``).
-All functions are pure and sync-free; ``filter_zero_variance`` is the torch-free list version
-used by the buffer, re-exported from ``group_filter``.
+These act on scores a verifier already produced (the verifier registry is ``streamrl.rewards``);
+the learner applies them (``workers.train_step``). All functions are pure and sync-free. The
+zero-variance group filter lives in the buffer (``group_filter``).
 """
 
 from __future__ import annotations
@@ -10,15 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from streamrl.algorithms.advantages import group_index
-from streamrl.algorithms.group_filter import filter_zero_variance
-
-__all__ = [
-    "filter_zero_variance",
-    "overlong_penalty",
-    "token_level_rewards",
-    "zero_variance_groups",
-]
+__all__ = ["overlong_penalty", "token_level_rewards"]
 
 
 def overlong_penalty(
@@ -47,21 +39,6 @@ def overlong_penalty(
         return torch.where(lengths > max_len, -factor, 0.0).to(dtype)
     ramp = (max_len - buffer_len - lengths) / buffer_len
     return ramp.clamp(-1.0, 0.0) * factor
-
-
-def zero_variance_groups(scores: Tensor, group_ids: Tensor, *, tol: float = 0.0) -> Tensor:
-    """DAPO dynamic sampling test (arXiv 2503.14476): does each sample's group lack variance?
-
-    Shapes: ``scores[N]``, ``group_ids[N]`` (arbitrary int64 ids) -> ``BoolTensor[N]``, True for
-    every sample of a group whose scores are all equal (``max - min <= tol``). A singleton group
-    counts as zero-variance, as in ``group_filter.filter_zero_variance``.
-    """
-    index = group_index(group_ids)
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
-    n = scores.shape[0]
-    high = scores.new_full((n,), -torch.inf).scatter_reduce(0, index, scores, "amax")
-    low = scores.new_full((n,), torch.inf).scatter_reduce(0, index, scores, "amin")
-    return (high - low)[index] <= tol
 
 
 def token_level_rewards(

@@ -7,68 +7,49 @@ with behaviour logprobs perturbed away from the policy's own, so the corrections
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
 import torch.distributed as dist
+from support import random_groups
 
 from streamrl.config import load_config
 from streamrl.models import TINY, resolve_model
-from streamrl.protocol import Trajectory, TrajectoryGroup
 from streamrl.transport import free_port
 from streamrl.workers.batching import build_micro_batches
 from streamrl.workers.learner import Learner
 
 
-def _groups(n_groups: int, group_size: int, seed: int) -> list[TrajectoryGroup]:
-    rng = random.Random(seed)
-    groups = []
-    for g in range(n_groups):
-        trajectories = []
-        for _ in range(group_size):
-            prompt = [1] + [rng.randrange(4, 100) for _ in range(rng.randrange(3, 8))]
-            length = rng.randrange(1, 12)
-            trajectories.append(
-                Trajectory.from_lists(
-                    prompt_ids=prompt,
-                    response_ids=[rng.randrange(4, 100) for _ in range(length)],
-                    behavior_logprobs=[-4.6 + rng.uniform(-1.5, 1.5) for _ in range(length)],
-                    token_versions=[0] * length,
-                    reward=rng.random(),
-                    finish_reason="length",
-                    generator_id=0,
-                )
-            )
-        groups.append(TrajectoryGroup(f"g{seed}-{g}", f"p{g}", trajectories, 0.0, 0.0))
-    return groups
-
-
 def test_micro_batches_match_a_per_token_reference() -> None:
     """``build_micro_batches`` (vectorised, from the raw bytes) equals the obvious loop over
-    Python lists, padding and behaviour logprobs (float32) included."""
-    groups = _groups(3, 4, seed=7)
+    Python lists: right padding, the window from the first response target on, behaviour
+    logprobs (float32) and token versions."""
+    groups = random_groups(3, 4, seed=7)
     empty = groups[0].trajectories[2]
     empty.response_ids = empty.behavior_logprobs = empty.token_versions = b""
-    advantages = torch.arange(12, dtype=torch.float32)
-    batches = build_micro_batches(groups, advantages, size=5, pad_id=0)
+    batches = build_micro_batches(groups, size=5, pad_id=0)
     trajectories = [t for g in groups for t in g.trajectories]
-    assert [len(b.input_ids) for b in batches] == [5, 5, 2]
+    assert [len(b) for b in batches] == [5, 5, 2]
     for n, batch in enumerate(batches):
         chunk = trajectories[5 * n : 5 * n + 5]
         width = max(t.num_prompt_tokens + t.num_response_tokens for t in chunk)
+        start = min(t.num_prompt_tokens for t in chunk) - 1
         ids = torch.zeros((len(chunk), width), dtype=torch.long)
         mask = torch.zeros((len(chunk), width - 1))
         behavior = torch.zeros((len(chunk), width - 1))
+        versions = torch.full((len(chunk), width - 1), -1, dtype=torch.long)
         for i, t in enumerate(chunk):
             prompt, response = t.prompt_list(), t.response_list()
             p, r = len(prompt), len(response)
             ids[i, : p + r] = torch.tensor(prompt + response)
             mask[i, p - 1 : p - 1 + r] = 1.0
             behavior[i, p - 1 : p - 1 + r] = torch.tensor(t.logprob_list())
-        assert torch.equal(batch.input_ids, ids) and torch.equal(batch.targets, ids[:, 1:])
-        assert torch.equal(batch.mask, mask) and torch.equal(batch.behavior, behavior)
-        assert torch.equal(batch.advantages, advantages[5 * n : 5 * n + len(chunk)])
+            versions[i, p - 1 : p - 1 + r] = torch.tensor(t.version_list(), dtype=torch.long)
+        assert batch.start == start and batch.keep == width - start
+        assert torch.equal(batch.input_ids, ids) and torch.equal(batch.targets, ids[:, start + 1 :])
+        assert torch.equal(batch.mask, mask[:, start:])
+        assert torch.equal(batch.behavior, behavior[:, start:])
+        assert torch.equal(batch.versions, versions[:, start:])
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +106,7 @@ def test_each_loss_option_trains_without_nan(model_dir: str, overrides: list[str
     try:
         before = {n: p.detach().full_tensor().clone() for n, p in learner.model.named_parameters()}
         for step in range(3):
-            metrics = learner.train_step(_groups(4, 4, seed=step))
+            metrics = learner.train_step(random_groups(4, 4, seed=step), step)
             assert all(math.isfinite(v) for v in metrics.values()), metrics
         changed = [
             n

@@ -262,6 +262,7 @@ def test_config_and_live_keys(tmp_path):
     live = client.get("/config/live").json()
     assert set(live) == {
         "buffer.capacity",
+        "buffer.drop_zero_variance",
         "buffer.max_staleness",
         "buffer.sampling",
         "buffer.max_reuse",

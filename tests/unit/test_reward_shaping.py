@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from streamrl.algorithms import rewards
-from streamrl.algorithms.group_filter import filter_zero_variance, has_reward_variance
+from streamrl.algorithms.group_filter import has_reward_variance
 
 
 def ref_overlong(length: int, max_len: int, buffer_len: int, factor: float) -> float:
@@ -43,59 +43,21 @@ def test_overlong_penalty_hand_computed_and_hard_version() -> None:
         rewards.overlong_penalty(torch.tensor([1]), 10, 11)
 
 
-def ref_zero_variance(scores: list[float], ids: list[int], tol: float) -> list[bool]:
-    by_group: dict[int, list[float]] = {}
-    for s, g in zip(scores, ids, strict=True):
-        by_group.setdefault(g, []).append(s)
-    return [max(by_group[g]) - min(by_group[g]) <= tol for g in ids]
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_zero_variance_groups_matches_reference(seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.tensor([-3, 2**40, 7, 8])[torch.randint(4, (30,), generator=gen)]
-    ids = torch.cat([ids, torch.tensor([99])])  # a singleton
-    scores = torch.randint(2, (31,), generator=gen).double()
-    scores[ids == 7] = 1.0  # one all-equal group
-    for tol in (0.0, 0.5, 2.0):
-        expected = ref_zero_variance(scores.tolist(), ids.tolist(), tol)
-        got = rewards.zero_variance_groups(scores, ids, tol=tol)
-        assert got.dtype == torch.bool and got.tolist() == expected
-
-
-def test_zero_variance_groups_hand_computed() -> None:
-    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5])
-    ids = torch.tensor([4, 4, 9, 9, 12])
-    got = rewards.zero_variance_groups(scores, ids)
-    assert got.tolist() == [True, True, False, False, True]
-
-
-def test_filter_zero_variance() -> None:
-    assert filter_zero_variance([[1, 0], [1, 1], [0.5]]) == ([True, False, False], 2)
-    assert filter_zero_variance([]) == ([], 0)
-    assert filter_zero_variance([[], [0.0, 0.0, 1e-9]]) == ([False, True], 1)
-    assert filter_zero_variance([[0.0, 0.0, 1e-9]], tol=1e-6) == ([False], 1)
-    assert not has_reward_variance([2.0])
-    assert rewards.filter_zero_variance is filter_zero_variance
-
-
-def test_filter_agrees_with_tensor_version() -> None:
-    groups = [[1.0, 0.0, 1.0], [1.0, 1.0], [0.0], [0.2, 0.2, 0.2, 0.3]]
-    keep, dropped = filter_zero_variance(groups)
-    scores = torch.tensor([s for g in groups for s in g])
-    ids = torch.tensor([i for i, g in enumerate(groups) for _ in g])
-    flags = rewards.zero_variance_groups(scores, ids)
-    first = [sum(len(g) for g in groups[:i]) for i in range(len(groups))]
-    assert keep == [not flags[i].item() for i in first]
-    assert dropped == 2
+def test_has_reward_variance() -> None:
+    assert has_reward_variance([1, 0])
+    assert not has_reward_variance([1, 1])
+    assert not has_reward_variance([0.5])
+    assert not has_reward_variance([])
+    assert has_reward_variance([0.0, 0.0, 1e-9])
+    assert not has_reward_variance([0.0, 0.0, 1e-9], tol=1e-6)
 
 
 def test_group_filter_does_not_import_torch() -> None:
     code = (
         "import sys\n"
         "import streamrl.algorithms\n"
-        "from streamrl.algorithms.group_filter import filter_zero_variance\n"
-        "from streamrl.algorithms import filter_zero_variance as again\n"
+        "from streamrl.algorithms.group_filter import has_reward_variance\n"
+        "import streamrl.buffers.replay\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     repo_root = Path(__file__).resolve().parents[2]
@@ -120,13 +82,11 @@ def test_token_level_rewards() -> None:
 def test_shaping_does_not_sync_on_cuda() -> None:
     lengths = torch.randint(0, 40, (64,), device="cuda")
     scores = torch.randint(2, (64,), device="cuda").float()
-    ids = torch.randint(0, 10**9, (64,), device="cuda")
     mask = torch.rand(64, 16, device="cuda") > 0.3
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         rewards.overlong_penalty(lengths, 32, 8)
-        rewards.zero_variance_groups(scores, ids)
         rewards.token_level_rewards(scores, mask, kl=torch.rand_like(mask.float()), kl_coef=0.1)
     finally:
         torch.cuda.set_sync_debug_mode("default")

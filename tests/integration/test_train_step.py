@@ -1,0 +1,281 @@
+"""The training step trains exactly what was sampled (DESIGN.md §5b), on real FSDP2 ranks.
+
+- gradients do not depend on how the batch is split: micro-batch sizes 1, 2 and 8 and one vs
+  two gloo ranks, for every ``loss_agg``, with the entropy bonus, the in-loss KL and the value
+  loss on (fp32, relative error <= 1e-5);
+- the learner's logprobs equal the HF engine's behaviour logprobs on samples it generated,
+  with pad-id tokens inside the prompts and two temperatures in one micro-batch;
+- the fp32 forward runs on the bf16 image while the masters stay fp32;
+- with several PPO updates per batch the clip acts; a non-finite gradient skips the update.
+
+Gradients are read with a recording optimizer (a test double for AdamW: it stores the full
+gradient instead of stepping).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from support import random_groups
+from torch.distributed.tensor import distribute_tensor
+
+from streamrl.config import Config, load_config
+from streamrl.models import TINY, load_causal_lm, load_tokenizer, resolve_model
+from streamrl.protocol import Trajectory, TrajectoryGroup
+from streamrl.transport import free_port
+from streamrl.workers.engines.base import SamplingParams
+from streamrl.workers.engines.hf import HFEngine
+from streamrl.workers.learner import build_train_step, rendezvous
+from streamrl.workers.train_step import TrainStep
+
+AGGREGATIONS = [
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+]
+CPU = torch.device("cpu")
+
+
+class GradRecorder(torch.optim.Optimizer):
+    """Stores every parameter's full gradient at ``step`` (collective under FSDP2)."""
+
+    def __init__(self, params) -> None:
+        super().__init__(list(params), {"lr": 0.0})
+        self.grads: list[torch.Tensor] = []
+
+    @torch.no_grad()
+    def step(self, closure=None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                self.grads.append(grad.detach().clone().flatten())
+
+
+def _config(*overrides: str) -> Config:
+    return load_config(
+        None,
+        ["model.name=tiny-random-llama", "model.compute_dtype=float32", *overrides],
+    )
+
+
+def _split_config(agg: str, micro_batch_size: int, ranks: int) -> Config:
+    return _config(
+        f"algorithm.loss_agg={agg}",
+        "algorithm.advantage=gae",
+        "algorithm.entropy_coef=0.01",
+        "algorithm.kl.coef=0.1",
+        "learner.grad_clip=1.0e9",
+        "learner.groups_per_step=4",
+        f"learner.count={ranks}",
+        f"learner.micro_batch_size={micro_batch_size}",
+    )
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return resolve_model(TINY)
+
+
+def _process_group(world_size: int = 1, rank: int = 0, master: str | None = None) -> None:
+    master = master or f"127.0.0.1:{free_port()}"
+    store = rendezvous(master, rank, world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+
+
+def _perturb(module: torch.nn.Module, scale: float, seed: int) -> None:
+    """Add the same full-shape noise on any number of ranks (each keeps its shard of it)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            noise = torch.randn(p.shape, generator=gen) * scale
+            if hasattr(p, "device_mesh"):
+                noise = distribute_tensor(noise, p.device_mesh, p.placements)
+            p.add_(noise)
+
+
+def _recorded_grads(config: Config, model_dir: Path, world_size: int, rank: int) -> dict:
+    """One step on this rank's share of the same 4 groups; the full gradients it produced."""
+    step = build_train_step(config, model_dir, CPU, world_size)
+    _perturb(step.ref_model, 0.05, seed=1)  # a reference apart from the policy: KL != 0
+    _perturb(step.critic.model.head, 0.05, seed=2)  # a head that passes gradient back
+    step.optimizer = GradRecorder(step.policy.parameters())
+    step.critic.optimizer = GradRecorder(step.critic.model.parameters())
+    groups = random_groups(4, 4, seed=3)
+    share = len(groups) // world_size
+    metrics = step(groups[rank * share : (rank + 1) * share], version=0)
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    return {
+        "policy": torch.cat(step.optimizer.grads),
+        "critic": torch.cat(step.critic.optimizer.grads),
+    }
+
+
+def _two_rank_main(rank: int, master: str, model_dir: str, out: str) -> None:
+    torch.set_num_threads(1)
+    _process_group(2, rank, master)
+    results = {
+        agg: _recorded_grads(_split_config(agg, 3, 2), Path(model_dir), 2, rank)
+        for agg in AGGREGATIONS
+    }
+    if rank == 0:
+        torch.save(results, out)
+    dist.destroy_process_group()
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.fixture(scope="module")
+def two_rank_grads(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("grads") / "two_ranks.pt"
+    ctx = mp.get_context("spawn")
+    master = f"127.0.0.1:{free_port()}"
+    procs = [
+        ctx.Process(target=_two_rank_main, args=(r, master, str(model_dir), str(out)))
+        for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    codes = [p.exitcode for p in procs]
+    for p in procs:  # only ours, by handle
+        if p.is_alive():
+            p.kill()
+    assert codes == [0, 0], codes
+    return torch.load(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_gradients_do_not_depend_on_the_split(agg: str, model_dir: Path, two_rank_grads) -> None:
+    _process_group()
+    try:
+        by_size = {
+            size: _recorded_grads(_split_config(agg, size, 1), model_dir, 1, 0)
+            for size in (1, 2, 8)
+        }
+    finally:
+        dist.destroy_process_group()
+    reference = by_size[8]
+    assert reference["policy"].norm() > 0 and reference["critic"].norm() > 0
+    for name in ("policy", "critic"):
+        for size in (1, 2):
+            err = _relative_error(by_size[size][name], reference[name])
+            assert err <= 1e-5, f"{name} grads, micro-batch {size} vs 8: relative error {err:.2e}"
+        err = _relative_error(two_rank_grads[agg][name], reference[name])
+        assert err <= 1e-5, f"{name} grads, 2 ranks vs 1: relative error {err:.2e}"
+
+
+def _engine_groups(model_dir: Path) -> tuple[list[TrajectoryGroup], int]:
+    """Two groups sampled by the fp32 HF engine at temperatures 0.7 and 1.3, from prompts
+    that hold the pad id in the middle (a mask built from ids would hide those tokens)."""
+    tokenizer = load_tokenizer(model_dir)
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    engine = HFEngine(model_dir, dtype="float32", seed=0)
+    rng = random.Random(0)
+    groups, tokens = [], 0
+    for g, temperature in enumerate((0.7, 1.3)):
+        prompts = [
+            [1, *(rng.choice([pad, rng.randrange(4, 100)]) for _ in range(rng.randrange(3, 9)))]
+            for _ in range(4)
+        ]
+        assert any(pad in p[1:] for p in prompts)
+        params = SamplingParams(temperature=temperature, max_new_tokens=12, stop_token_ids=(eos,))
+        trajectories = []
+        for prompt, out in zip(prompts, engine.generate(prompts, params), strict=True):
+            tokens += len(out.response_ids)
+            trajectories.append(
+                Trajectory.from_lists(
+                    prompt,
+                    out.response_ids,
+                    out.logprobs,  # float32 values: packed back to float32 exactly
+                    out.token_versions,
+                    reward=rng.random(),
+                    finish_reason=out.finish_reason,
+                    generator_id=0,
+                    temperature=temperature,
+                )
+            )
+        groups.append(TrajectoryGroup(f"e{g}", f"p{g}", trajectories, 0.0, 0.0))
+    return groups, tokens
+
+
+def test_learner_logprobs_equal_the_engines_behaviour_logprobs(model_dir: Path) -> None:
+    groups, tokens = _engine_groups(model_dir)
+    _process_group()
+    try:
+        step = build_train_step(
+            _config("learner.groups_per_step=2", "learner.micro_batch_size=8"), model_dir, CPU, 1
+        )
+        metrics = step(groups, version=0)
+    finally:
+        dist.destroy_process_group()
+    assert metrics["mismatch/tokens"] == tokens > 0
+    assert metrics["mismatch/logprob_abs_max"] <= 1e-4, metrics
+    assert metrics["policy/is_weight_max"] <= 1 + 1e-4, metrics
+
+
+def test_fp32_forward_runs_on_the_bf16_image(model_dir: Path) -> None:
+    _process_group()
+    try:
+        step = build_train_step(_config(), model_dir, CPU, 1)
+        _perturb(step.policy, 1e-3, seed=4)  # masters off the bf16 grid
+        masters = {n: p.full_tensor().clone() for n, p in step.policy.named_parameters()}
+        plain = load_causal_lm(model_dir, "float32")
+        plain.load_state_dict({n: m.to(torch.bfloat16).float() for n, m in masters.items()})
+        ids = torch.randint(4, 100, (3, 10))
+        torch.testing.assert_close(step.policy(input_ids=ids).logits, plain(input_ids=ids).logits)
+        step.policy(input_ids=ids).logits.sum().backward()  # backward frees the gathered params
+        after = {n: p.full_tensor() for n, p in step.policy.named_parameters()}
+    finally:
+        dist.destroy_process_group()
+    off_grid = [n for n, m in after.items() if not torch.equal(m, m.to(torch.bfloat16).float())]
+    assert off_grid and all(torch.equal(after[n], masters[n]) for n in masters)
+
+
+def test_several_updates_per_batch_make_the_clip_act(model_dir: Path) -> None:
+    _process_group()
+    try:
+        config = _config(
+            "learner.mini_batches=4",
+            "learner.ppo_epochs=2",
+            "learner.lr=1e-2",
+            "learner.micro_batch_size=2",
+        )
+        step = build_train_step(config, model_dir, CPU, 1)
+        metrics = step(random_groups(4, 4, seed=5), version=0)
+    finally:
+        dist.destroy_process_group()
+    assert metrics["train/updates"] == 8
+    assert metrics["policy/clipfrac_upper"] + metrics["policy/clipfrac_lower"] > 0, metrics
+    assert metrics["policy/approx_kl"] > 0
+
+
+def _full(step: TrainStep) -> dict[str, torch.Tensor]:
+    return {n: p.full_tensor().clone() for n, p in step.policy.named_parameters()}
+
+
+def test_a_non_finite_gradient_skips_the_update(model_dir: Path) -> None:
+    _process_group()
+    try:
+        step = build_train_step(_config("learner.lr=1e-3"), model_dir, CPU, 1)
+        poisoned = random_groups(4, 4, seed=6)
+        poisoned[1].trajectories[0].reward = float("nan")
+        before = _full(step)
+        metrics = step(poisoned, version=0)
+        assert metrics["train/skipped_updates"] == 1
+        assert all(torch.equal(before[n], p) for n, p in _full(step).items())
+        metrics = step(random_groups(4, 4, seed=7), version=1)
+        assert metrics["train/skipped_updates"] == 1 and math.isfinite(metrics["loss/total"])
+        assert any(not torch.equal(before[n], p) for n, p in _full(step).items())
+    finally:
+        dist.destroy_process_group()

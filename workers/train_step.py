@@ -1,0 +1,438 @@
+"""One learner step: a rank's share of a batch -> one new version (DESIGN.md §5b).
+
+    groups -> scores      reward + DAPO overlong penalty (- KL to the reference, in reward)
+           -> advantages  group baseline per trajectory, or GAE from the critic, whitened
+                          over every rank's response tokens
+           -> start pass  no grad, only with more than one update per batch: the proximal
+                          logprobs of decoupled PPO (AReaL), so that the clip acts
+           -> updates     ppo_epochs x mini_batches: forward/backward per micro-batch, one
+                          optimizer step per mini-batch (skipped if the gradient norm is not
+                          finite); the version advances once per batch, outside this module
+           -> metrics     reduced over ranks once (one all-reduce of sums, one of maxima)
+
+Reduction rule (STYLE.md #17): every loss term is a per-token quantity aggregated by
+``loss_agg`` over the whole mini-batch on every rank, with the global denominator (tokens for
+``token-mean``, sequences otherwise; ``seq-mean-token-sum-norm`` divides by the constant
+``generator.max_new_tokens``, as verl uses the maximum response length). Each micro-batch adds
+numerator / global denominator; FSDP2 averages gradients over ranks, hence ``* world_size``.
+So the gradient is the same for any micro-batch size and any rank count.
+
+Consistency: the forward conditions on exactly the sampled tokens (right padding, no mask;
+see ``batching``), at each response's sampling temperature, on the bf16 weight image
+(``fsdp``). Mismatch is measured on every step over the tokens sampled with the weights held
+at the start of the step (``token_versions == version``): learner logprob vs behaviour
+logprob (``mismatch/*``). At max_staleness 0 it is numerical noise (docs/algorithms.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+import torch.distributed as dist
+
+from streamrl.algorithms import advantages as adv
+from streamrl.algorithms import kl as kl_lib
+from streamrl.algorithms import losses
+from streamrl.algorithms import rewards as shaping
+from streamrl.config import Config
+from streamrl.protocol import TrajectoryGroup
+from streamrl.workers.batching import MicroBatch, build_micro_batches, split_groups
+from streamrl.workers.fsdp import clip_and_step, reshard, set_gradient_sync
+
+log = logging.getLogger(__name__)
+
+
+def lr_multiplier(version: int, config: Config) -> float:
+    """Linear warmup over ``warmup_steps`` versions, then constant or cosine decay to
+    ``min_lr_ratio`` at ``run.max_steps``. Example: warmup 4 -> 0.25, 0.5, 0.75, 1, 1, ..."""
+    lc = config.learner
+    if version < lc.warmup_steps:
+        return (version + 1) / lc.warmup_steps
+    if lc.lr_schedule == "constant":
+        return 1.0
+    span = max(1, config.run.max_steps - lc.warmup_steps)
+    progress = min(1.0, (version - lc.warmup_steps) / span)
+    return lc.min_lr_ratio + (1 - lc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class StepMetrics:
+    """One step's metrics as sums, token-weighted means and maxima, reduced over ranks once."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.weights: dict[str, torch.Tensor] = {}
+        self.maxima: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, value: torch.Tensor | float) -> None:
+        """A plain sum over micro-batches and ranks."""
+        self.mean(name, value, None)
+
+    def mean(self, name: str, value: torch.Tensor | float, weight: torch.Tensor | None) -> None:
+        """``value`` is a mean over ``weight`` items (tokens): the result is the weighted mean."""
+        value = torch.as_tensor(value).detach().double().cpu()
+        if weight is not None:
+            weight = torch.as_tensor(weight).detach().double().cpu()
+            value = value * weight
+            self.weights[name] = self.weights.get(name, torch.zeros((), dtype=torch.float64))
+            self.weights[name] = self.weights[name] + weight
+        self.sums[name] = self.sums.get(name, torch.zeros((), dtype=torch.float64)) + value
+
+    def max(self, name: str, value: torch.Tensor | float) -> None:
+        value = torch.as_tensor(value).detach().double().cpu()
+        self.maxima[name] = torch.maximum(self.maxima.get(name, value), value)
+
+    def reduce(self, device: torch.device) -> dict[str, float]:
+        names, weighted, peaks = sorted(self.sums), sorted(self.weights), sorted(self.maxima)
+        total = torch.stack(
+            [self.sums[n] for n in names] + [self.weights[n] for n in weighted] + [torch.zeros(())]
+        )
+        total = _all_reduce(total.double().to(device), dist.ReduceOp.SUM).cpu()
+        peak = torch.stack([self.maxima[n] for n in peaks] + [torch.zeros((), dtype=torch.float64)])
+        peak = _all_reduce(peak.to(device), dist.ReduceOp.MAX).cpu()
+        out = {n: float(total[i]) for i, n in enumerate(names)}
+        for j, name in enumerate(weighted):
+            weight = float(total[len(names) + j])
+            if weight > 0:
+                out[name] /= weight
+            else:
+                del out[name]  # nothing was measured (e.g. no on-policy token this step)
+        out.update({n: float(peak[i]) for i, n in enumerate(peaks)})
+        return out
+
+
+def _all_reduce(t: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+    dist.all_reduce(t, op=op)
+    return t
+
+
+class TrainStep:
+    """Turns a rank's groups into optimizer updates of ``policy`` (and the critic).
+
+    Collective: every rank calls it at the same step with its own groups (the same number).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        policy: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        device: torch.device,
+        world_size: int,
+        pad_id: int,
+        ref_model: torch.nn.Module | None = None,
+        critic=None,
+        kl_controller: kl_lib.KLController | None = None,
+    ) -> None:
+        self.config, self.policy, self.optimizer = config, policy, optimizer
+        self.device, self.world_size, self.pad_id = device, world_size, pad_id
+        self.ref_model, self.critic = ref_model, critic
+        self.kl_controller = kl_controller or kl_lib.FixedController(0.0)
+        self.skipped_steps = 0
+
+    # ------------------------------------------------------------------ the step
+
+    def __call__(self, groups: list[TrajectoryGroup], version: int) -> dict[str, float]:
+        lc, start = self.config.learner, time.perf_counter()
+        minis = [
+            build_micro_batches(part, lc.micro_batch_size, self.pad_id)
+            for part in split_groups(groups, lc.mini_batches)
+        ]
+        batches = [b for mini in minis for b in mini]
+        metrics = StepMetrics()
+        self._batch_figures(groups, version, metrics)
+        scores = self._scores(groups, batches, metrics)
+        self._set_advantages(
+            batches, scores, [i for i, g in enumerate(groups) for _ in g.trajectories]
+        )
+        denominators = self._denominators(minis)
+        updates = lc.ppo_epochs * lc.mini_batches
+        if updates > 1:
+            self._start_pass(batches, version, metrics)
+        self._set_lr(version)
+        for _epoch in range(lc.ppo_epochs):
+            for mini, denominator in zip(minis, denominators, strict=True):
+                for i, batch in enumerate(mini):
+                    # Reduce-scatter gradients once per update, not per micro-batch.
+                    set_gradient_sync(self._trained(), i == len(mini) - 1)
+                    self._micro_step(batch, denominator, version, updates == 1, metrics)
+                self._optimizer_step(version, metrics)
+        out = metrics.reduce(self.device)
+        for name in ("loss/total", "policy/pg_loss", "critic/value_loss", "train/grad_norm"):
+            if name in out:
+                out[name] /= updates  # summed over updates: report the mean update
+        out.update(self._step_figures(groups, out, updates, start))
+        return out
+
+    # ------------------------------------------------------------------ before the updates
+
+    def _batch_figures(
+        self, groups: list[TrajectoryGroup], version: int, metrics: StepMetrics
+    ) -> None:
+        staleness = torch.tensor([float(version - g.min_version) for g in groups])
+        metrics.mean("staleness/mean", staleness.mean(), float(len(groups)))
+        metrics.max("staleness/max", staleness.max())
+        tokens = sum(t.num_response_tokens for g in groups for t in g.trajectories)
+        metrics.add("train/response_tokens", float(tokens))
+
+    def _scores(
+        self, groups: list[TrajectoryGroup], batches: list[MicroBatch], metrics: StepMetrics
+    ) -> torch.Tensor:
+        alg, gen = self.config.algorithm, self.config.generator
+        rewards = torch.tensor([t.reward for g in groups for t in g.trajectories])
+        metrics.add("reward/sum", rewards.sum())
+        metrics.add("train/samples", float(rewards.numel()))
+        metrics.max("reward/max", rewards.max())
+        scores = rewards.clone()
+        if alg.overlong_buffer.length > 0:
+            lengths = torch.cat([b.response_lengths for b in batches])
+            scores += shaping.overlong_penalty(
+                lengths, gen.max_new_tokens, alg.overlong_buffer.length, alg.overlong_buffer.penalty
+            )
+        if self.ref_model is not None:
+            self._ref_pass(batches)
+            if alg.kl.in_reward:
+                # KL(behaviour || reference) summed over each response (InstructGPT-style).
+                seq_kl = torch.cat(
+                    [
+                        (kl_lib.estimate(b.behavior, b.ref_logprobs, alg.kl.kind) * b.mask).sum(-1)
+                        for b in batches
+                    ]
+                )
+                scores = scores - self.kl_controller.value * seq_kl
+                tokens = sum(b.mask.sum() for b in batches)
+                metrics.mean("kl/ref", seq_kl.sum() / tokens.clamp(min=1), tokens)
+        return scores
+
+    @torch.no_grad()
+    def _ref_pass(self, batches: list[MicroBatch]) -> None:
+        for batch in batches:
+            _, batch.ref_logprobs = self._logprobs(self.ref_model, batch)
+            batch.ref_logprobs = batch.ref_logprobs.float().cpu()
+
+    def _set_advantages(
+        self, batches: list[MicroBatch], scores: torch.Tensor, group_ids: list[int]
+    ) -> None:
+        """Group advantages ([B] per micro-batch), or GAE from the critic ([B, T])."""
+        alg = self.config.algorithm
+        sizes = [len(b) for b in batches]
+        if self.critic is None:
+            advantages = adv.ADVANTAGES[alg.advantage](scores, torch.tensor(group_ids))
+            for batch, part in zip(batches, advantages.split(sizes), strict=True):
+                batch.advantages = part
+            return
+        for batch, part in zip(batches, scores.split(sizes), strict=True):
+            with torch.no_grad():
+                values = self._values(batch).float().cpu()
+            rewards = shaping.token_level_rewards(part, batch.mask)
+            batch.advantages, batch.returns = adv.gae(
+                rewards, values, batch.mask, gamma=alg.gamma, lam=alg.lam
+            )
+            batch.old_values = values
+        # PPO's whitening, over every rank's response tokens (split-invariant).
+        flat = torch.cat([b.advantages[b.mask.bool()] for b in batches]).to(self.device)
+        sum_ranks = _all_reduce if self.world_size > 1 else None
+        whitened = adv.masked_whiten(flat, torch.ones_like(flat), all_reduce=sum_ranks).cpu()
+        counts = [int(b.mask.sum()) for b in batches]
+        for batch, part in zip(batches, whitened.split(counts), strict=True):
+            batch.advantages = torch.zeros_like(batch.mask)
+            batch.advantages[batch.mask.bool()] = part.float()
+
+    def _denominators(self, minis: list[list[MicroBatch]]) -> list[torch.Tensor]:
+        """Per mini-batch, the global count of response tokens (``token-mean``) or of
+        non-empty sequences (the ``seq-*`` modes): one all-reduce for all of them."""
+        counts = torch.tensor(
+            [
+                [
+                    float(sum(b.mask.sum() for b in mini)),
+                    float(sum((b.mask.sum(-1) > 0).sum() for b in mini)),
+                ]
+                for mini in minis
+            ],
+            dtype=torch.float64,
+        ).to(self.device)
+        counts = _all_reduce(counts)
+        column = 0 if self.config.algorithm.loss_agg == "token-mean" else 1
+        return list(counts[:, column].clamp(min=1))
+
+    @torch.no_grad()
+    def _start_pass(self, batches: list[MicroBatch], version: int, metrics: StepMetrics) -> None:
+        """Logprobs at the step's starting weights: the proximal policy of decoupled PPO, and
+        the learner side of the mismatch metrics."""
+        for batch in batches:
+            _, logprobs = self._logprobs(self.policy, batch)
+            batch.proximal = logprobs.float().cpu()
+            self._mismatch(batch, batch.proximal, version, metrics)
+        reshard(self.policy)  # no backward follows this forward to free the gathered params
+
+    # ------------------------------------------------------------------ one micro-batch
+
+    def _micro_step(
+        self,
+        batch: MicroBatch,
+        denominator: torch.Tensor,
+        version: int,
+        only_update: bool,
+        metrics: StepMetrics,
+    ) -> None:
+        alg, dev = self.config.algorithm, self.device
+        agg = {
+            "agg": alg.loss_agg,
+            "norm_length": float(self.config.generator.max_new_tokens),
+        }
+        logits, logprobs = self._logprobs(self.policy, batch)
+        mask, behavior = batch.mask.to(dev), batch.behavior.to(dev)
+        tokens = batch.mask.sum()
+        if only_update:  # these weights are the step's starting weights
+            self._mismatch(batch, logprobs.detach().float().cpu(), version, metrics)
+        if alg.proximal == "behavior":
+            proximal = behavior  # the bypass variant: correction weight 1
+        elif batch.proximal is not None:
+            proximal = batch.proximal.to(dev)
+        else:
+            proximal = logprobs.detach()  # one update: the current weights are the proximal
+        advantages = batch.advantages.to(dev)
+        loss, policy_metrics = losses.policy_loss(
+            logprobs,
+            proximal,
+            behavior,
+            advantages[:, None] if advantages.dim() == 1 else advantages,
+            mask,
+            clip_low=alg.clip_low,
+            clip_high=alg.clip_high,
+            dual_clip=alg.dual_clip,
+            correction=alg.correction,
+            is_cap=alg.is_cap,
+            is_low=alg.is_low,
+            agg=agg["agg"],
+            norm_length=agg["norm_length"],
+            agg_denominator=denominator,
+        )
+        metrics.add("policy/pg_loss", loss)
+        for name, value in policy_metrics.items():
+            if name.endswith("_max"):
+                metrics.max(name, value)
+            else:
+                metrics.mean(name, value, tokens)
+        if self.ref_model is not None and not alg.kl.in_reward:
+            kl = kl_lib.estimate(logprobs, batch.ref_logprobs.to(dev), alg.kl.kind)
+            loss = loss + self.kl_controller.value * losses.aggregate(
+                kl, mask, denominator=denominator, mode=agg["agg"], norm_length=agg["norm_length"]
+            )
+            metrics.mean("kl/ref", losses.aggregate(kl.detach(), mask, "token-mean"), tokens)
+        if alg.entropy_coef > 0:
+            entropy = losses.token_entropy(logits, temperature=self._temperature(batch))
+            loss = loss - alg.entropy_coef * losses.aggregate(
+                entropy,
+                mask,
+                denominator=denominator,
+                mode=agg["agg"],
+                norm_length=agg["norm_length"],
+            )
+            metrics.mean(
+                "policy/entropy", losses.aggregate(entropy.detach(), mask, "token-mean"), tokens
+            )
+        if self.critic is not None:
+            value_loss = losses.value_loss(
+                self._values(batch),
+                batch.returns.to(dev),
+                batch.old_values.to(dev),
+                mask,
+                clip=alg.value_clip,
+                agg=agg["agg"],
+                norm_length=agg["norm_length"],
+                agg_denominator=denominator,
+            )
+            loss = loss + alg.value_coef * value_loss
+            metrics.add("critic/value_loss", value_loss)
+        (loss * self.world_size).backward()
+        metrics.add("loss/total", loss)
+
+    def _temperature(self, batch: MicroBatch) -> float:
+        """The batch's one sampling temperature, or 1.0 when rows differ (then the logits
+        were already divided row by row)."""
+        first = float(batch.temperatures[0])
+        return first if bool((batch.temperatures == first).all()) else 1.0
+
+    def _logprobs(
+        self, model: torch.nn.Module, batch: MicroBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [B, T, V], logprobs [B, T]) over the batch's window, at each response's
+        sampling temperature. No attention mask: right padding (``batching``)."""
+        ids = batch.input_ids.to(self.device)
+        logits = model(input_ids=ids, logits_to_keep=batch.keep).logits[:, :-1]
+        temperature = self._temperature(batch)
+        if temperature == 1.0 and not bool((batch.temperatures == 1.0).all()):
+            # Rows sampled at different temperatures: scale row by row (a copy of the logits).
+            logits = logits / batch.temperatures.to(logits)[:, None, None]
+        logprobs = losses.token_logprobs(
+            logits, batch.targets.to(self.device), temperature=temperature
+        )
+        return logits, logprobs
+
+    def _values(self, batch: MicroBatch) -> torch.Tensor:
+        return self.critic.values(batch.input_ids.to(self.device))[:, batch.start :]
+
+    def _mismatch(
+        self, batch: MicroBatch, learner: torch.Tensor, version: int, metrics: StepMetrics
+    ) -> None:
+        on_policy = batch.mask.bool() & (batch.versions == version)
+        count = on_policy.sum()
+        metrics.add("mismatch/tokens", count)
+        if not bool(count):
+            return
+        gap = (learner - batch.behavior)[on_policy]
+        metrics.mean("mismatch/logprob_abs_mean", gap.abs().mean(), count)
+        metrics.max("mismatch/logprob_abs_max", gap.abs().max())
+        k3 = kl_lib.estimate(batch.behavior[on_policy], learner[on_policy], "k3")
+        metrics.mean("mismatch/k3", k3.mean(), count)
+
+    # ------------------------------------------------------------------ updates
+
+    def _trained(self) -> list[torch.nn.Module]:
+        return [self.policy] + ([self.critic.model] if self.critic is not None else [])
+
+    def _set_lr(self, version: int) -> None:
+        scale = lr_multiplier(version, self.config)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.learner.lr * scale
+        if self.critic is not None:
+            self.critic.set_lr_scale(scale)
+
+    def _optimizer_step(self, version: int, metrics: StepMetrics) -> None:
+        norm, stepped = clip_and_step(self.policy, self.optimizer, self.config.learner.grad_clip)
+        if self.critic is not None:
+            critic_norm, critic_stepped = self.critic.step()
+            metrics.add("critic/grad_norm", critic_norm if critic_stepped else 0.0)
+            stepped = stepped and critic_stepped
+        if not stepped:
+            if self.skipped_steps == 0:
+                log.warning(
+                    "version %d: gradient norm is not finite (%s); update skipped (further "
+                    "skips are counted in train/skipped_updates, not logged)",
+                    version,
+                    norm,
+                )
+            self.skipped_steps += 1
+            norm = torch.zeros(())
+        metrics.add("train/grad_norm", norm)
+
+    def _step_figures(
+        self, groups: list[TrajectoryGroup], out: dict[str, float], updates: int, start: float
+    ) -> dict[str, float]:
+        """Figures every rank knows alike, and the adaptive KL update (fed the true KL)."""
+        samples = out.pop("train/samples")
+        figures = {
+            "reward/mean": out.pop("reward/sum") / samples,
+            "train/updates": float(updates),
+            "train/skipped_updates": float(self.skipped_steps),
+            "train/lr": self.optimizer.param_groups[0]["lr"],
+            "time/step_s": time.perf_counter() - start,
+        }
+        if "kl/ref" in out:
+            self.kl_controller.update(out["kl/ref"], int(samples))
+            figures["kl/coef"] = self.kl_controller.value
+        return figures
