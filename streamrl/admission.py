@@ -34,6 +34,9 @@ class RunState:
     temperature: float | None = None
     prompts_per_call: int | None = None
     last_seen: dict[str, float] = field(default_factory=dict)  # role -> last report time
+    # Held-out evaluation: the newest version asked for, and the newest answered (-1: none).
+    eval_requested: int = -1
+    eval_answered: int = -1
 
     def current_version(self) -> int:
         return self.version
@@ -83,7 +86,14 @@ class AdmissionServer:
                 stop=self.state.stop,
                 temperature=self.state.temperature,
                 prompts_per_call=self.state.prompts_per_call,
+                eval_version=self._eval_for(request.generator_id),
             )
+
+    def _eval_for(self, generator_id: int) -> int:
+        """Generator 0 evaluates (between its calls); the others are never asked."""
+        state = self.state
+        pending = state.eval_requested > state.eval_answered
+        return state.eval_requested if generator_id == 0 and pending else -1
 
     def close(self) -> None:
         self._stop.set()

@@ -65,6 +65,9 @@ class DataConfig(_Section):
     operations: list[Literal["+", "-", "*"]] = msgspec.field(default_factory=lambda: ["+", "-"])
     system_prompt: str = "Answer with the number only."
     max_prompt_tokens: int = 128
+    # One arithmetic question in this many is held out for evaluation and never trained on
+    # (0: none held out).
+    holdout_every: int = 8
 
 
 class RewardSpec(_Section):
@@ -201,6 +204,21 @@ class WeightsConfig(_Section):
     anchor_timeout_s: float = 5.0
 
 
+class EvalConfig(_Section):
+    # Evaluate on held-out prompts every N learner steps, before step 1 (before_train) and at
+    # the final version; 0 = never during a run. Generator 0 does it between calls.
+    every: int = 0
+    before_train: bool = True
+    # `arithmetic` (the task's held-out split, data.holdout_every) or a .parquet/.jsonl file.
+    source: str = "arithmetic"
+    seed: int = 10_007
+    max_prompts: int = 64
+    # 0 = greedy; with samples > 1 at a temperature > 0, eval/pass_at_k is reported too.
+    temperature: float = 0.0
+    samples: int = 1
+    max_new_tokens: int | None = None  # None = generator.max_new_tokens
+
+
 class AdminConfig(_Section):
     host: str = "127.0.0.1"
     port: int = 0
@@ -225,6 +243,7 @@ class Config(_Section):
     learner: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
     algorithm: AlgorithmConfig = msgspec.field(default_factory=AlgorithmConfig)
     weights: WeightsConfig = msgspec.field(default_factory=WeightsConfig)
+    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
 
@@ -281,6 +300,11 @@ def _finalize(config: Config) -> Config:
         (config.buffer.shards >= 1, "buffer.shards must be >= 1"),
         (config.buffer.capacity >= 1, "buffer.capacity must be >= 1"),
         (config.buffer.max_staleness >= 0, "buffer.max_staleness must be >= 0"),
+        (config.eval.every >= 0, "eval.every must be >= 0"),
+        (config.eval.max_prompts >= 1, "eval.max_prompts must be >= 1"),
+        (config.eval.samples >= 1, "eval.samples must be >= 1"),
+        (config.eval.temperature >= 0, "eval.temperature must be >= 0"),
+        (config.data.holdout_every >= 0, "data.holdout_every must be >= 0"),
         (config.buffer.max_reuse >= 1, "buffer.max_reuse must be >= 1"),
         (config.buffer.compact_every_s >= 0, "buffer.compact_every_s must be >= 0"),
         (config.generator.group_size >= 1, "generator.group_size must be >= 1"),

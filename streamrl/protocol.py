@@ -355,6 +355,9 @@ class AdmissionReply(msgspec.Struct, tag="admission_reply"):
     # Live generator knobs (PATCH /config): applied from the next call on; None = unchanged.
     temperature: float | None = None
     prompts_per_call: int | None = None
+    # Evaluate the held-out prompts on weights of at least this version before the next
+    # call, then send an ``EvalReport`` (-1: no evaluation asked; only generator 0 is asked).
+    eval_version: int = -1
 
 
 # --------------------------------------------------------------------------- weights
@@ -450,4 +453,15 @@ class ShardReport(msgspec.Struct, tag="shard_report"):
     time: float
 
 
-Report = LearnerStep | GeneratorReport | ShardReport
+class EvalReport(msgspec.Struct, tag="eval_report"):
+    """Held-out evaluation figures (``evaluation.evaluate``) of weights ``version``, asked for
+    at ``requested`` (the generator may hold a newer version by then)."""
+
+    generator_id: int
+    requested: int
+    version: int
+    metrics: dict[str, float]
+    time: float
+
+
+Report = LearnerStep | GeneratorReport | ShardReport | EvalReport

@@ -27,6 +27,7 @@ from streamrl.models import load_tokenizer, stop_token_ids
 from streamrl.protocol import (
     AdmissionReply,
     AdmissionRequest,
+    EvalReport,
     GeneratorReport,
     Trajectory,
     TrajectoryGroup,
@@ -118,6 +119,11 @@ class Generator:
         self.reporter.connect(report_endpoint)
         self.encoder = msgspec.msgpack.Encoder()
         self.prompts = prompt_source(config.data, config.run.seed, generator_id, gen.count)
+        self.eval_set = None
+        if generator_id == 0 and config.eval.every > 0:
+            from streamrl.evaluation import eval_prompts
+
+            self.eval_set = eval_prompts(config)
         self.reward = CombinedReward(config.rewards)
         self.sampling = SamplingParams(
             temperature=gen.temperature,
@@ -127,6 +133,7 @@ class Generator:
             stop_token_ids=stop_token_ids(self.tokenizer),
         )
         self.learner_version = 0
+        self.evaluated = -1  # the newest version an evaluation was asked for and answered
         self.prompts_per_call = gen.prompts_per_call
         self.tokens_generated = self.groups_pushed = 0
         self._last_report = 0.0
@@ -174,6 +181,8 @@ class Generator:
             self._apply_live_knobs(reply)
             if reply.stop:
                 break
+            if reply.eval_version > self.evaluated:
+                self.evaluate(reply.eval_version)
             if reply.granted == 0:
                 self.poll_weights()
                 self.report()
@@ -188,8 +197,31 @@ class Generator:
         self.wait_for_version(
             self.learner_version, time.monotonic() + self.config.run.drain_timeout_s
         )
+        if self.generator_id == 0 and self.config.eval.every > 0:
+            # The final weights: what the run produced. Skipped if already evaluated.
+            if self.engine.version > self.evaluated:
+                self.evaluate(self.engine.version)
         self.report(force=True)
         return {"version": self.engine.version, "groups": self.groups_pushed}
+
+    def evaluate(self, version: int) -> None:
+        """Held-out evaluation on weights >= ``version`` (``streamrl.evaluation``); its
+        responses go to the controller as figures, never to the buffer."""
+        from streamrl.evaluation import evaluate
+
+        self.wait_for_version(version, time.monotonic() + self.config.run.drain_timeout_s)
+        start = time.monotonic()
+        result = evaluate(self.engine, self.tokenizer, self.config, self.eval_set)
+        result.metrics["eval/seconds"] = time.monotonic() - start
+        self.evaluated = version
+        report = EvalReport(self.generator_id, version, result.version, result.metrics, time.time())
+        self.reporter.send(self.encoder.encode(report))  # blocking: the controller waits for it
+        log.info(
+            "generator[%d]: evaluated version %d: %s",
+            self.generator_id,
+            result.version,
+            result.metrics,
+        )
 
     def _apply_live_knobs(self, reply: AdmissionReply) -> None:
         if reply.prompts_per_call is not None:

@@ -59,9 +59,11 @@ def lr_multiplier(version: int, config: Config) -> float:
 
 
 class StepMetrics:
-    """One step's metrics as sums, token-weighted means and maxima, reduced over ranks once."""
+    """One step's metrics as sums, token-weighted means and maxima, reduced over ranks once.
+    Values stay on ``device`` until ``reduce``: adding one never waits for the GPU."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.sums: dict[str, torch.Tensor] = {}
         self.weights: dict[str, torch.Tensor] = {}
         self.maxima: dict[str, torch.Tensor] = {}
@@ -72,26 +74,32 @@ class StepMetrics:
 
     def mean(self, name: str, value: torch.Tensor | float, weight: torch.Tensor | None) -> None:
         """``value`` is a mean over ``weight`` items (tokens): the result is the weighted mean."""
-        value = torch.as_tensor(value).detach().double().cpu()
+        value = self._on_device(value)
         if weight is not None:
-            weight = torch.as_tensor(weight).detach().double().cpu()
+            weight = self._on_device(weight)
             value = value * weight
-            self.weights[name] = self.weights.get(name, torch.zeros((), dtype=torch.float64))
-            self.weights[name] = self.weights[name] + weight
-        self.sums[name] = self.sums.get(name, torch.zeros((), dtype=torch.float64)) + value
+            self.weights[name] = self.weights.get(name, 0.0) + weight
+        self.sums[name] = self.sums.get(name, 0.0) + value
 
     def max(self, name: str, value: torch.Tensor | float) -> None:
-        value = torch.as_tensor(value).detach().double().cpu()
+        value = self._on_device(value)
         self.maxima[name] = torch.maximum(self.maxima.get(name, value), value)
 
-    def reduce(self, device: torch.device) -> dict[str, float]:
+    def _on_device(self, value: torch.Tensor | float) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            return value.detach().to(self.device, torch.float64, non_blocking=True)
+        return torch.tensor(float(value), dtype=torch.float64, device=self.device)
+
+    def reduce(self) -> dict[str, float]:
+        """Two collectives (sums, maxima) and the step's one device-to-host copy."""
         names, weighted, peaks = sorted(self.sums), sorted(self.weights), sorted(self.maxima)
+        zero = torch.zeros((), dtype=torch.float64, device=self.device)
         total = torch.stack(
-            [self.sums[n] for n in names] + [self.weights[n] for n in weighted] + [torch.zeros(())]
+            [self.sums[n] for n in names] + [self.weights[n] for n in weighted] + [zero]
         )
-        total = _all_reduce(total.double().to(device), dist.ReduceOp.SUM).cpu()
-        peak = torch.stack([self.maxima[n] for n in peaks] + [torch.zeros((), dtype=torch.float64)])
-        peak = _all_reduce(peak.to(device), dist.ReduceOp.MAX).cpu()
+        total = _all_reduce(total, dist.ReduceOp.SUM).cpu()
+        peak = _all_reduce(torch.stack([self.maxima[n] for n in peaks] + [zero]), dist.ReduceOp.MAX)
+        peak = peak.cpu()
         out = {n: float(total[i]) for i, n in enumerate(names)}
         for j, name in enumerate(weighted):
             weight = float(total[len(names) + j])
@@ -142,7 +150,7 @@ class TrainStep:
             for part in split_groups(groups, lc.mini_batches)
         ]
         batches = [b for mini in minis for b in mini]
-        metrics = StepMetrics()
+        metrics = StepMetrics(self.device)
         self._batch_figures(groups, version, metrics)
         scores = self._scores(groups, batches, metrics)
         self._set_advantages(
@@ -160,7 +168,7 @@ class TrainStep:
                     set_gradient_sync(self._trained(), i == len(mini) - 1)
                     self._micro_step(batch, denominator, version, updates == 1, metrics)
                 self._optimizer_step(version, metrics)
-        out = metrics.reduce(self.device)
+        out = metrics.reduce()
         for name in ("loss/total", "policy/pg_loss", "critic/value_loss", "train/grad_norm"):
             if name in out:
                 out[name] /= updates  # summed over updates: report the mean update
@@ -264,7 +272,7 @@ class TrainStep:
         the learner side of the mismatch metrics."""
         for batch in batches:
             _, logprobs = self._logprobs(self.policy, batch)
-            batch.proximal = logprobs.float().cpu()
+            batch.proximal = logprobs.float()  # stays on the device for the updates
             self._mismatch(batch, batch.proximal, version, metrics)
         reshard(self.policy)  # no backward follows this forward to free the gathered params
 
@@ -285,9 +293,9 @@ class TrainStep:
         }
         logits, logprobs = self._logprobs(self.policy, batch)
         mask, behavior = batch.mask.to(dev), batch.behavior.to(dev)
-        tokens = batch.mask.sum()
+        tokens = mask.sum()
         if only_update:  # these weights are the step's starting weights
-            self._mismatch(batch, logprobs.detach().float().cpu(), version, metrics)
+            self._mismatch(batch, logprobs.detach(), version, metrics)
         if alg.proximal == "behavior":
             proximal = behavior  # the bypass variant: correction weight 1
         elif batch.proximal is not None:
@@ -379,16 +387,20 @@ class TrainStep:
     def _mismatch(
         self, batch: MicroBatch, learner: torch.Tensor, version: int, metrics: StepMetrics
     ) -> None:
-        on_policy = batch.mask.bool() & (batch.versions == version)
+        """Learner vs behaviour logprobs on the tokens sampled with ``version``'s weights
+        (masked reductions, no host sync; a step with none reports no mismatch figures)."""
+        behavior = batch.behavior.to(learner.device)
+        on_policy = batch.mask.bool().to(learner.device) & (
+            batch.versions.to(learner.device) == version
+        )
         count = on_policy.sum()
+        gap = torch.where(on_policy, (learner.float() - behavior).abs(), 0.0)
+        k3 = torch.where(on_policy, kl_lib.estimate(behavior, learner.float(), "k3"), 0.0)
         metrics.add("mismatch/tokens", count)
-        if not bool(count):
-            return
-        gap = (learner - batch.behavior)[on_policy]
-        metrics.mean("mismatch/logprob_abs_mean", gap.abs().mean(), count)
-        metrics.max("mismatch/logprob_abs_max", gap.abs().max())
-        k3 = kl_lib.estimate(batch.behavior[on_policy], learner[on_policy], "k3")
-        metrics.mean("mismatch/k3", k3.mean(), count)
+        mean_of = count.clamp(min=1)
+        metrics.mean("mismatch/logprob_abs_mean", gap.sum() / mean_of, count)
+        metrics.mean("mismatch/k3", k3.sum() / mean_of, count)
+        metrics.max("mismatch/logprob_abs_max", gap.amax())
 
     # ------------------------------------------------------------------ updates
 

@@ -118,3 +118,49 @@ def test_each_loss_option_trains_without_nan(model_dir: str, overrides: list[str
     finally:
         learner.close()
         assert not dist.is_initialized()
+
+
+def test_adaptive_kl_coefficient_is_fed_the_true_kl_and_checkpointed(
+    model_dir: str, tmp_path
+) -> None:
+    """The adaptive controller moves by samples per step (not 1) and survives a resume."""
+    overrides = [
+        "model.name=tiny-random-llama",
+        "learner.lr=1e-2",
+        "algorithm.kl.coef=0.1",
+        "algorithm.kl.adaptive_target=1e-6",
+        "algorithm.kl.adaptive_horizon=100",
+    ]
+
+    def learner(*more: str) -> Learner:
+        config = load_config(None, [*overrides, *more])
+        return Learner(
+            config,
+            0,
+            1,
+            f"127.0.0.1:{free_port()}",
+            model_dir,
+            ["tcp://127.0.0.1:9"],
+            "tcp://127.0.0.1:9",
+            checkpoint_dir=str(tmp_path),
+        )
+
+    first = learner()
+    try:
+        for step in range(2):
+            metrics = first.train_step(random_groups(4, 4, seed=step), step)
+        # Step 1: policy == reference, KL 0 < target: -20% x 16 samples / 100 horizon.
+        # Step 2: KL > 0, far above the target: +20% x 16 / 100.
+        assert metrics["kl/ref"] > 0
+        expected = 0.1 * (1 - 0.2 * 16 / 100) * (1 + 0.2 * 16 / 100)
+        assert metrics["kl/coef"] == pytest.approx(expected)
+        first.version = 2
+        first.save_checkpoint()
+    finally:
+        first.close()
+    resumed = learner("run.resume=true")
+    try:
+        assert resumed.version == 2
+        assert resumed.kl_controller.value == pytest.approx(expected)
+    finally:
+        resumed.close()

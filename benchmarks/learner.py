@@ -1,0 +1,213 @@
+"""Learner throughput: streamrl's training step against a plain PyTorch loop, one rank or two.
+
+Both sides train the same model on the same synthetic batch (``--batch`` sequences of
+``--prompt-tokens`` + ``--response-tokens``) in the same compute dtype with AdamW:
+
+- ``plain``: ``model(ids).logits`` over every position, log-softmax, a policy-gradient loss on
+  the response tokens, backward, AdamW step; no FSDP, no process group.
+- ``streamrl``: ``workers.train_step.TrainStep`` on FSDP2 rank(s) (gloo on CPU, NCCL on
+  CUDA), as the learner runs it: logits only at response positions, global-denominator
+  losses, one gradient reduce-scatter per update, the bf16 weight image in the forward.
+
+Figures: tokens/s (prompt + response tokens trained per second, per rank), and on CUDA the
+model FLOPs utilisation MFU = 6 * N * tokens/s / peak, with N the parameter count (embedding
+included when tied) and the peak dense bf16 FLOP/s given by ``--peak-tflops`` (H100 SXM:
+989). Run:
+
+    python benchmarks/learner.py --model smollm2-135m-instruct --threads 2
+    python benchmarks/learner.py --model random-llama-1b --device cuda --batch 32
+    python benchmarks/learner.py --model tiny-random-llama --ranks 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from streamrl.config import Config, load_config
+from streamrl.hardware import cpu_description, resolve_compute_dtype
+from streamrl.models import load_causal_lm, resolve_model
+from streamrl.protocol import Trajectory, TrajectoryGroup
+
+
+def synthetic_groups(args: argparse.Namespace, vocab: int, seed: int) -> list[TrajectoryGroup]:
+    """``args.batch`` trajectories in groups of 4, random tokens, random rewards."""
+    rng = random.Random(seed)
+    groups = []
+    for g in range(args.batch // 4):
+        trajectories = [
+            Trajectory.from_lists(
+                [rng.randrange(4, vocab) for _ in range(args.prompt_tokens)],
+                [rng.randrange(4, vocab) for _ in range(args.response_tokens)],
+                [-2.0] * args.response_tokens,
+                [0] * args.response_tokens,
+                reward=rng.random(),
+                finish_reason="length",
+                generator_id=0,
+            )
+            for _ in range(4)
+        ]
+        groups.append(TrajectoryGroup(f"g{g}", f"p{g}", trajectories, 0.0, 0.0))
+    return groups
+
+
+def bench_config(args: argparse.Namespace, ranks: int) -> Config:
+    return load_config(
+        None,
+        [
+            f"model.name={args.model}",
+            f"model.compute_dtype={args.dtype}",
+            f"learner.device={args.device}",
+            f"learner.backend={'nccl' if args.device == 'cuda' else 'gloo'}",
+            f"learner.count={ranks}",
+            f"learner.groups_per_step={args.batch // 4}",
+            f"learner.micro_batch_size={args.micro_batch}",
+            f"generator.max_new_tokens={args.response_tokens}",
+            "learner.lr=1e-6",
+        ],
+    )
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_plain(args: argparse.Namespace, model_dir: Path, dtype: str) -> list[float]:
+    """Seconds per step of the plain loop (same batch, dtype, micro-batches, AdamW)."""
+    model = load_causal_lm(model_dir, dtype, args.device)
+    model.config.use_cache = False
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    vocab = model.config.vocab_size
+    n, width = args.batch, args.prompt_tokens + args.response_tokens
+    ids = torch.randint(4, vocab, (n, width), device=args.device)
+    advantages = torch.randn(n, 1, device=args.device)
+    times = []
+    for _ in range(args.steps + 1):
+        _sync(args.device)
+        start = time.perf_counter()
+        for i in range(0, n, args.micro_batch):
+            chunk = ids[i : i + args.micro_batch]
+            logits = model(input_ids=chunk).logits[:, args.prompt_tokens - 1 : -1].float()
+            logp = logits.log_softmax(-1).gather(-1, chunk[:, args.prompt_tokens :, None])[..., 0]
+            loss = -(logp * advantages[i : i + args.micro_batch]).sum() / (n * args.response_tokens)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        _sync(args.device)
+        times.append(time.perf_counter() - start)
+    return times[1:]  # the first step warms up allocators and kernels
+
+
+def _streamrl_rank(rank: int, ranks: int, master: str, args: argparse.Namespace, out: str) -> None:
+    import torch.distributed as dist
+
+    from streamrl.workers.learner import build_train_step, rendezvous
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
+    if args.device == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    dist.init_process_group(
+        backend, store=rendezvous(master, rank, ranks), rank=rank, world_size=ranks
+    )
+    config = bench_config(args, ranks)
+    model_dir = resolve_model(args.model)
+    step = build_train_step(config, model_dir, device, ranks)
+    vocab = step.policy.config.vocab_size
+    groups = synthetic_groups(args, vocab, seed=0)
+    share = len(groups) // ranks
+    times = []
+    for version in range(args.steps + 1):
+        _sync(args.device)
+        start = time.perf_counter()
+        step(groups[rank * share : (rank + 1) * share], version)
+        _sync(args.device)
+        times.append(time.perf_counter() - start)
+    if rank == 0:
+        Path(out).write_text(json.dumps(times[1:]))
+    dist.destroy_process_group()
+
+
+def time_streamrl(args: argparse.Namespace, ranks: int) -> list[float]:
+    from streamrl.transport import free_port
+
+    out = Path(f"/tmp/streamrl-bench-learner-{time.time_ns()}.json")
+    master = f"127.0.0.1:{free_port()}"
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=_streamrl_rank, args=(r, ranks, master, args, str(out)))
+        for r in range(ranks)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    if any(p.exitcode != 0 for p in procs):
+        raise SystemExit(f"streamrl learner ranks failed: exit codes {[p.exitcode for p in procs]}")
+    times = json.loads(out.read_text())
+    out.unlink()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument("--batch", type=int, default=16, help="sequences per step (x4)")
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--response-tokens", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--ranks", default="1", help="comma list of rank counts, e.g. 1,2")
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = resolve_compute_dtype(args.dtype, args.device)
+    model_dir = resolve_model(args.model)
+    params = sum(p.numel() for p in load_causal_lm(model_dir, "bfloat16").parameters())
+    where = torch.cuda.get_device_name() if args.device == "cuda" else cpu_description()
+    tokens = args.batch * (args.prompt_tokens + args.response_tokens)
+    print(
+        f"# learner bench: {args.model} ({params / 1e6:.0f}M params), {dtype}, {where}, "
+        f"torch {torch.__version__}, threads {args.threads}, batch {args.batch} x "
+        f"({args.prompt_tokens}+{args.response_tokens}) tokens, micro-batch {args.micro_batch}, "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
+    rows = {"plain (1 process)": time_plain(args, model_dir, dtype)}
+    for ranks in (int(r) for r in args.ranks.split(",")):
+        rows[f"streamrl ({ranks} rank{'s' * (ranks > 1)})"] = time_streamrl(args, ranks)
+    print(f"{'loop':<22} {'s/step':>8} {'tokens/s':>10} {'tok/s/rank':>11} {'MFU':>7}")
+    results = {}
+    plain_rate = None
+    for name, times in rows.items():
+        seconds = statistics.median(times)
+        ranks = 1 if name.startswith("plain") else int(name.split("(")[1].split()[0])
+        rate = tokens / seconds
+        plain_rate = plain_rate or rate
+        mfu = 6 * params * rate / ranks / (args.peak_tflops * 1e12)
+        mfu_text = f"{100 * mfu:6.1f}%" if args.device == "cuda" else "    n/a"
+        print(f"{name:<22} {seconds:8.3f} {rate:10.1f} {rate / ranks:11.1f} {mfu_text}")
+        results[name] = {"s_per_step": seconds, "tokens_per_s": rate, "mfu": mfu, "ranks": ranks}
+    for name, r in results.items():
+        if not name.startswith("plain"):
+            per_rank = r["tokens_per_s"] / r["ranks"]
+            print(f"{name}: {per_rank / plain_rate:.2f}x the plain loop per rank")
+    print("MFU = 6 * params * tokens/s per rank / peak; peak", args.peak_tflops, "TFLOP/s")
+    if args.json:
+        args.json.write_text(json.dumps({"device": where, "dtype": dtype, "results": results}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The CUDA path on a GPU machine with torch + transformers preinstalled and no network:
+# installs the wheels carried in .whl/ (pyzmq, msgspec, fastapi, ...; no Ray), installs
+# streamrl without dependencies, runs the GPU tests and the benchmarks, and writes logs to
+# $OUT (or ./gpu-out). Usage: scripts/gpu_check.sh [tests|learner|generator|weights|all]...
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu-out}"
+mkdir -p "$OUT"
+PY="${PY:-python3}"
+export PYTHONUNBUFFERED=1 STREAMRL_HOME="${STREAMRL_HOME:-/tmp/streamrl-home}"
+
+if [ -d .whl ] && ! "$PY" -c "import zmq, msgspec" 2>/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+# Editable, as scripts/setup.sh does: its import finder maps streamrl.workers -> workers/.
+"$PY" -c "import streamrl.workers" 2>/dev/null || "$PY" -m pip install -q --no-index --no-deps \
+    --no-build-isolation -e . || exit 1
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+"$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
+    | tee -a "$OUT/device.txt"
+
+run_tests() {
+    "$PY" -m pytest -q -m gpu -p no:cacheprovider -o addopts="--strict-markers" tests/gpu \
+        tests/unit/test_losses.py tests/unit/test_advantages.py tests/unit/test_kl.py \
+        tests/unit/test_reward_shaping.py -rs -s 2>&1 | tee "$OUT/pytest-gpu.log"
+}
+run_learner() {
+    "$PY" benchmarks/learner.py --model random-smollm2-135m --device cuda --batch 64 \
+        --micro-batch 32 --prompt-tokens 256 --response-tokens 256 --steps 5 \
+        --json "$OUT/learner-135m.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/learner.log"
+    "$PY" benchmarks/learner.py --model random-llama-1b --device cuda --batch 32 \
+        --micro-batch 8 --prompt-tokens 256 --response-tokens 256 --steps 4 \
+        --json "$OUT/learner-1b.json" 2>&1 | grep -v "Loading weights" | tee -a "$OUT/learner.log"
+}
+run_generator() {
+    "$PY" benchmarks/generator.py --model random-smollm2-135m --device cuda --batches 8,64,256 \
+        --new-tokens 128 --json "$OUT/generator.json" 2>&1 | tee "$OUT/generator.log"
+}
+run_weights() {
+    "$PY" benchmarks/weights.py --model random-smollm2-135m --device cuda --quick 2>&1 \
+        | tee "$OUT/weights.log"
+}
+
+for what in "${@:-all}"; do
+    case "$what" in
+        tests) run_tests ;;
+        learner) run_learner ;;
+        generator) run_generator ;;
+        weights) run_weights ;;
+        all) run_tests; run_learner; run_generator; run_weights ;;
+        *) echo "unknown step $what" >&2; exit 2 ;;
+    esac
+done

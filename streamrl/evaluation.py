@@ -1,0 +1,139 @@
+"""Held-out evaluation: did the model get better? (``eval:`` in the config, ``streamrl eval``).
+
+Prompts come from ``eval.source``: the built-in arithmetic task's held-out split (questions
+training never draws, ``data.arithmetic_split``) or a verl-layout Parquet/JSONL file; the first
+``eval.max_prompts`` of them. Each is decoded ``eval.samples`` times at ``eval.temperature``
+(0 = greedy) and every response is scored twice:
+
+- by the run's verifiers (``rewards:``), as training is: ``eval/reward_mean``, and
+  ``eval/accuracy``, the share of responses given the top reward (the sum of the weights);
+- by ``first_line_answer``, which shares no code with the training rewards: the first number
+  on the first non-empty line must equal the ground truth (``eval/exact_match``). For a
+  non-numeric ground truth, the stripped first line must equal it.
+
+With ``samples > 1``, ``eval/pass_at_k`` is the share of prompts with at least one exact
+answer among their ``k = samples`` responses. In a run, generator 0 evaluates between its
+generation calls on the version the controller names (or newer: ``eval/version`` says which);
+the responses never reach the buffer.
+
+Example: ground truth ``"7"``; ``"7"`` and ``" 7.\\nbecause 3 + 4"`` are exact;
+``"3 + 4 = 7"`` is not (its first number is 3), though ``numeric_match`` with ``partial`` may
+give it partial reward.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from streamrl.config import Config
+from streamrl.data import Prompt, arithmetic_prompts, load_prompt_file
+
+_FIRST_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+
+
+def first_line_answer(response: str, ground_truth: str) -> bool:
+    """True if the response's first non-empty line answers ``ground_truth`` (module doc)."""
+    line = next((part.strip() for part in response.splitlines() if part.strip()), "")
+    try:
+        truth = float(ground_truth.strip())
+    except ValueError:
+        return line == ground_truth.strip()
+    match = _FIRST_NUMBER.search(line)
+    return match is not None and float(match.group()) == truth
+
+
+def eval_prompts(config: Config) -> list[Prompt]:
+    """The first ``eval.max_prompts`` held-out prompts (the same ones on every call)."""
+    ev = config.eval
+    if ev.source == "arithmetic":
+        source = arithmetic_prompts(config.data, ev.seed, 0, 1, split="eval")
+        return [next(source) for _ in range(ev.max_prompts)]
+    return load_prompt_file(ev.source)[: ev.max_prompts]
+
+
+class EvalResult(msgspec.Struct):
+    """One evaluation's figures and its responses (for ``streamrl eval --out``)."""
+
+    version: int
+    metrics: dict[str, float]
+    samples: list[dict[str, Any]] = []
+
+
+@dataclass
+class _Tally:
+    rewards: list[float] = field(default_factory=list)
+    exact: list[bool] = field(default_factory=list)
+    top: list[bool] = field(default_factory=list)
+    prompt_solved: dict[str, bool] = field(default_factory=dict)
+
+
+def evaluate(engine, tokenizer, config: Config, prompts: list[Prompt] | None = None) -> EvalResult:
+    """Decode the held-out prompts with ``engine`` (its current weights) and score them."""
+    from streamrl.models import stop_token_ids
+    from streamrl.rewards import CombinedReward, RewardInput
+    from streamrl.workers.engines.base import SamplingParams
+    from streamrl.workers.generator import encode_prompt
+
+    ev = config.eval
+    prompts = eval_prompts(config) if prompts is None else prompts
+    params = SamplingParams(
+        temperature=ev.temperature,
+        max_new_tokens=ev.max_new_tokens or config.generator.max_new_tokens,
+        stop_token_ids=stop_token_ids(tokenizer),
+    )
+    ids = [encode_prompt(tokenizer, p, config.data.max_prompt_tokens) for p in prompts]
+    batch = [prompt_ids for prompt_ids in ids for _ in range(ev.samples)]
+    outputs = engine.generate(batch, params)
+    reward = CombinedReward(config.rewards)
+    top_reward = sum(spec.weight for spec in config.rewards)
+    tally, samples = _Tally(), []
+    for i, out in enumerate(outputs):
+        prompt = prompts[i // ev.samples]
+        text = tokenizer.decode(out.response_ids, skip_special_tokens=True)
+        score = reward(RewardInput(text, out.response_ids, prompt.ground_truth, prompt.data_source))
+        exact = first_line_answer(text, prompt.ground_truth)
+        tally.rewards.append(score)
+        tally.exact.append(exact)
+        tally.top.append(score >= top_reward - 1e-9)
+        tally.prompt_solved[prompt.prompt_id] = (
+            tally.prompt_solved.get(prompt.prompt_id, False) or exact
+        )
+        samples.append(
+            {
+                "prompt_id": prompt.prompt_id,
+                "response": text,
+                "ground_truth": prompt.ground_truth,
+                "reward": score,
+                "exact": exact,
+            }
+        )
+    n = max(len(outputs), 1)
+    metrics = {
+        "eval/reward_mean": sum(tally.rewards) / n,
+        "eval/accuracy": sum(tally.top) / n,
+        "eval/exact_match": sum(tally.exact) / n,
+        "eval/prompts": float(len(prompts)),
+        "eval/version": float(engine.version),
+    }
+    if ev.samples > 1:
+        metrics["eval/pass_at_k"] = sum(tally.prompt_solved.values()) / max(len(prompts), 1)
+    return EvalResult(engine.version, metrics, samples)
+
+
+def format_table(rows: dict[str, dict[str, float]]) -> str:
+    """One table: a row per evaluated model, a column per figure."""
+    keys = ["eval/exact_match", "eval/accuracy", "eval/reward_mean", "eval/prompts"]
+    if any("eval/pass_at_k" in m for m in rows.values()):
+        keys.append("eval/pass_at_k")
+    width = max(len(name) for name in rows) + 2
+    header = f"{'model':<{width}}" + "".join(f"{k.split('/', 1)[1]:>14}" for k in keys)
+    lines = [header, "-" * len(header)]
+    for name, metrics in rows.items():
+        lines.append(
+            f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>14.3f}" for k in keys)
+        )
+    return "\n".join(lines)

@@ -1,0 +1,32 @@
+"""benchmarks/generator.py runs end to end on the tiny model and prints its table and JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_generator_benchmark_prints_its_table(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    args = ["--model", "tiny-random-llama", "--batches", "1,2", "--new-tokens", "4"]
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/generator.py", *args, "--threads", "1", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "device " in proc.stdout and "roofline(B) = min(" in proc.stdout
+    header = next(line for line in proc.stdout.splitlines() if line.lstrip().startswith("batch"))
+    assert header.split() == ["batch", "engine", "greedy", "sampled", "roofline", "%roof"]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["batch"] for r in rows] == [1, 2]
+    assert all(r[k] > 0 for r in rows for k in ("engine", "greedy", "sampled", "roofline"))
