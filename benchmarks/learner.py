@@ -4,7 +4,9 @@ Both sides train the same model on the same synthetic batch (``--batch`` sequenc
 ``--prompt-tokens`` + ``--response-tokens``) in the same compute dtype with AdamW:
 
 - ``plain``: ``model(ids).logits`` over every position, log-softmax, a policy-gradient loss on
-  the response tokens, backward, AdamW step; no FSDP, no process group.
+  the response tokens, backward, AdamW step; no FSDP, no process group. Two variants when
+  computing in bf16: weights held in bf16 (``plain bf16``), and fp32 master weights under
+  ``torch.autocast`` (``plain amp``), which is what streamrl keeps (``model.learner_dtype``).
 - ``streamrl``: ``workers.train_step.TrainStep`` on FSDP2 rank(s) (gloo on CPU, NCCL on
   CUDA), as the learner runs it: logits only at response positions, global-denominator
   losses, one gradient reduce-scatter per update, the bf16 weight image in the forward.
@@ -80,11 +82,14 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_plain(args: argparse.Namespace, model_dir: Path, dtype: str) -> list[float]:
-    """Seconds per step of the plain loop (same batch, dtype, micro-batches, AdamW)."""
-    model = load_causal_lm(model_dir, dtype, args.device)
+def time_plain(args: argparse.Namespace, model_dir: Path, dtype: str, master: str) -> list[float]:
+    """Seconds per step of the plain loop (same batch, compute dtype, micro-batches, AdamW):
+    weights held in ``master``, computed in ``dtype`` (autocast when they differ)."""
+    model = load_causal_lm(model_dir, master, args.device)
     model.config.use_cache = False
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    fused = args.device == "cuda"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=fused, foreach=not fused)
+    autocast = torch.autocast(args.device, getattr(torch, dtype), enabled=master != dtype)
     vocab = model.config.vocab_size
     n, width = args.batch, args.prompt_tokens + args.response_tokens
     ids = torch.randint(4, vocab, (n, width), device=args.device)
@@ -95,7 +100,8 @@ def time_plain(args: argparse.Namespace, model_dir: Path, dtype: str) -> list[fl
         start = time.perf_counter()
         for i in range(0, n, args.micro_batch):
             chunk = ids[i : i + args.micro_batch]
-            logits = model(input_ids=chunk).logits[:, args.prompt_tokens - 1 : -1].float()
+            with autocast:
+                logits = model(input_ids=chunk).logits[:, args.prompt_tokens - 1 : -1].float()
             logp = logits.log_softmax(-1).gather(-1, chunk[:, args.prompt_tokens :, None])[..., 0]
             loss = -(logp * advantages[i : i + args.micro_batch]).sum() / (n * args.response_tokens)
             loss.backward()
@@ -132,9 +138,23 @@ def _streamrl_rank(rank: int, ranks: int, master: str, args: argparse.Namespace,
         step(groups[rank * share : (rank + 1) * share], version)
         _sync(args.device)
         times.append(time.perf_counter() - start)
+    if args.profile and rank == 0:
+        _profile(lambda: step(groups[:share], args.steps + 1), args.device)
     if rank == 0:
         Path(out).write_text(json.dumps(times[1:]))
     dist.destroy_process_group()
+
+
+def _profile(fn, device: str) -> None:
+    """One more step under torch.profiler: the ops that took the most time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        _sync(device)
+    key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=48))
 
 
 def time_streamrl(args: argparse.Namespace, ranks: int) -> list[float]:
@@ -172,6 +192,7 @@ def main() -> None:
     parser.add_argument("--ranks", default="1", help="comma list of rank counts, e.g. 1,2")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--profile", action="store_true", help="profile one streamrl step")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = resolve_compute_dtype(args.dtype, args.device)
@@ -185,7 +206,9 @@ def main() -> None:
         f"({args.prompt_tokens}+{args.response_tokens}) tokens, micro-batch {args.micro_batch}, "
         f"{time.strftime('%Y-%m-%d')}"
     )
-    rows = {"plain (1 process)": time_plain(args, model_dir, dtype)}
+    rows = {"plain (1 process)": time_plain(args, model_dir, dtype, dtype)}
+    if dtype != "float32":
+        rows["plain amp (fp32 master)"] = time_plain(args, model_dir, dtype, "float32")
     for ranks in (int(r) for r in args.ranks.split(",")):
         rows[f"streamrl ({ranks} rank{'s' * (ranks > 1)})"] = time_streamrl(args, ranks)
     print(f"{'loop':<22} {'s/step':>8} {'tokens/s':>10} {'tok/s/rank':>11} {'MFU':>7}")
@@ -193,9 +216,9 @@ def main() -> None:
     plain_rate = None
     for name, times in rows.items():
         seconds = statistics.median(times)
-        ranks = 1 if name.startswith("plain") else int(name.split("(")[1].split()[0])
+        ranks = int(name.split("(")[1].split()[0]) if name.startswith("streamrl") else 1
         rate = tokens / seconds
-        plain_rate = plain_rate or rate
+        plain_rate = rate if name.startswith("plain") else plain_rate  # the fairest: the last
         mfu = 6 * params * rate / ranks / (args.peak_tflops * 1e12)
         mfu_text = f"{100 * mfu:6.1f}%" if args.device == "cuda" else "    n/a"
         print(f"{name:<22} {seconds:8.3f} {rate:10.1f} {rate / ranks:11.1f} {mfu_text}")

@@ -40,6 +40,28 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("run_dir")
     export.add_argument("out")
 
+    evaluate = sub.add_parser(
+        "eval",
+        help="score a model on held-out prompts",
+        description="Greedy held-out evaluation (the run's eval settings and verifiers for a "
+        "run directory, configs/default.yaml's otherwise); prints a table and writes JSON.",
+    )
+    evaluate.add_argument(
+        "models",
+        nargs="+",
+        metavar="MODEL_OR_RUN",
+        help="an HF directory, a run directory (its hf/) or a built-in name",
+    )
+    evaluate.add_argument("--data", help="eval.source: `arithmetic` or a .parquet/.jsonl file")
+    evaluate.add_argument("--max-prompts", type=int, help="eval.max_prompts")
+    evaluate.add_argument("--device", default="cpu", help="cpu or cuda")
+    evaluate.add_argument("--out", default="eval.json", help="JSON with figures and responses")
+
+    export_model = sub.add_parser("export", help="a run's checkpoint -> an HF model directory")
+    export_model.add_argument("run_dir")
+    export_model.add_argument("--step", type=int, help="checkpoint version (default: newest)")
+    export_model.add_argument("--out", required=True, help="output directory")
+
     _add_admin_parser(sub)
     return parser
 
@@ -153,6 +175,30 @@ def _buffer_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from streamrl.evaluation import EvalError, run_cli_eval
+
+    try:
+        return run_cli_eval(args.models, args.data, args.max_prompts, args.device, args.out)
+    except EvalError as exc:
+        print(f"streamrl eval: {exc}", file=sys.stderr)
+        return 2
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from streamrl.export import ExportError, export_checkpoint
+
+    try:
+        version = export_checkpoint(Path(args.run_dir), args.step, Path(args.out))
+    except ExportError as exc:
+        print(f"streamrl export: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported version {version} of {args.run_dir} to {args.out}")
+    return 0
+
+
 def _admin(args: argparse.Namespace) -> int:
     import json
 
@@ -191,7 +237,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    handlers = {"launch": _launch, "validate": _validate, "admin": _admin}
+    handlers = {
+        "launch": _launch,
+        "validate": _validate,
+        "admin": _admin,
+        "eval": _eval,
+        "export": _export,
+    }
     try:
         if args.command == "buffer":
             return _buffer_export(args)

@@ -97,6 +97,8 @@ class LiveRun:
         out = {k: v for k, v in self.c.last_record.items() if isinstance(v, int | float)}
         out["version"] = self.c.state.version
         out["throughput/tokens_per_s"] = self.c.tokens_per_s()
+        if self.c.evals:  # the newest held-out evaluation
+            out.update({k: float(v) for k, v in self.c.evals[-1].metrics.items()})
         return out
 
     # ------------------------------------------------------------------ writes

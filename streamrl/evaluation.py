@@ -137,3 +137,59 @@ def format_table(rows: dict[str, dict[str, float]]) -> str:
             f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>14.3f}" for k in keys)
         )
     return "\n".join(lines)
+
+
+class EvalError(ValueError):
+    """A model, run or data source that cannot be evaluated; the message is one line."""
+
+
+def _resolve_target(target: str, overrides: list[str]) -> tuple[str, Config, Any]:
+    """(label, config, model directory) for a run directory, an HF directory or a name."""
+    from pathlib import Path
+
+    from streamrl.config import ConfigError, load_config
+    from streamrl.models import ModelNotFoundError, resolve_model
+
+    path = Path(target)
+    try:
+        if (path / "config.yaml").is_file():  # a run directory: its settings, its final model
+            if not (path / "hf" / "config.json").is_file():
+                raise EvalError(f"{target}: the run has no exported model (hf/) yet")
+            return target, load_config(path / "config.yaml", overrides), path / "hf"
+        default = Path("configs/default.yaml")
+        config = load_config(default if default.is_file() else None, overrides)
+        return target, config, resolve_model(target)
+    except (ConfigError, ModelNotFoundError) as exc:
+        raise EvalError(str(exc)) from None
+
+
+def run_cli_eval(
+    targets: list[str], data: str | None, max_prompts: int | None, device: str, out: str
+) -> int:
+    """``streamrl eval``: evaluate each target greedily, print one table, write JSON."""
+    import json
+
+    from streamrl.data import DataError
+    from streamrl.hardware import resolve_compute_dtype
+    from streamrl.models import load_tokenizer
+    from streamrl.workers.engines.hf import HFEngine
+
+    overrides = [f"eval.source={data}"] if data else []
+    overrides += [f"eval.max_prompts={max_prompts}"] if max_prompts else []
+    rows, results = {}, {}
+    for target in targets:
+        label, config, model_dir = _resolve_target(target, overrides)
+        try:
+            prompts = eval_prompts(config)
+        except DataError as exc:
+            raise EvalError(str(exc)) from None
+        dtype = resolve_compute_dtype(config.model.compute_dtype, device)
+        engine = HFEngine(model_dir, device=device, dtype=dtype, seed=config.run.seed)
+        result = evaluate(engine, load_tokenizer(model_dir), config, prompts)
+        rows[label] = result.metrics
+        results[label] = msgspec.to_builtins(result)
+    print(format_table(rows))
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"wrote {out}")
+    return 0

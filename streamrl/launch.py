@@ -51,7 +51,7 @@ from streamrl.placement import (
     init_ray,
     prepare_run_dir,
 )
-from streamrl.protocol import GeneratorReport, LearnerStep, Report, ShardReport
+from streamrl.protocol import EvalReport, GeneratorReport, LearnerStep, Report, ShardReport
 from streamrl.staleness import AdmissionPolicy
 from streamrl.transport import Codec, bind_random, make_socket
 
@@ -83,6 +83,8 @@ class Controller:
         self.admin = self.live = None
         self.placement = Placement(config, address)
         self._token_samples: collections.deque = collections.deque(maxlen=4096)
+        self.evals: list[EvalReport] = []
+        self.started_at = time.time()
 
     def run(self) -> dict[str, Any]:
         from streamrl.data import check_data
@@ -230,6 +232,8 @@ class Controller:
             self.state.version = start_version
             self.policy.started = start_version * cfg.learner.groups_per_step
             print(f"resumed at version {start_version}", file=self.console, flush=True)
+        if cfg.eval.every > 0 and cfg.eval.before_train:
+            self.state.eval_requested = start_version  # generator 0's first call evaluates
         generators = [
             GeneratorActor.options(**self.placement.options("generator", g)).remote(
                 self._log_file(f"generator-{g}"),
@@ -336,6 +340,7 @@ class Controller:
             match report:
                 case LearnerStep() as step:
                     self.state.version = max(self.state.version, step.version)
+                    self._maybe_request_eval(step.version)
                     self._step_times.append(step.time)
                     self.state.last_seen["learner rank 0"] = step.time
                     self._steps.append(step)
@@ -344,11 +349,21 @@ class Controller:
                     self.state.last_seen[f"generator {g.generator_id}"] = g.time
                     total = sum(r.tokens_generated for r in self.state.generators.values())
                     self._token_samples.append((g.time, total))
+                case EvalReport() as report:
+                    self.state.eval_answered = max(self.state.eval_answered, report.requested)
+                    self.evals.append(report)
+                    self.metrics.eval(report.requested, report.version, report.metrics)
                 case ShardReport(stats=stats) as report:
                     self.state.shards[stats.shard_id] = stats
                     self.state.last_seen[f"buffer shard {stats.shard_id}"] = report.time
                     with self.admission.lock:
                         self.policy.set_dropped(self.state.buffer_dropped())
+
+    def _maybe_request_eval(self, version: int) -> None:
+        """Every ``eval.every`` versions (the final one is evaluated as generators drain)."""
+        every = self.config.eval.every
+        if every > 0 and version % every == 0 and version < self.config.run.max_steps:
+            self.state.eval_requested = max(self.state.eval_requested, version)
 
     def _write_step(self, step: LearnerStep) -> None:
         gens = self.state.generators.values()
@@ -393,9 +408,31 @@ class Controller:
             }
             for g in self.state.generators.values()
         }
-        summary = {"version": self.state.version, "generators": gens, "run_dir": str(self.run_dir)}
+        summary = {
+            "version": self.state.version,
+            "generators": gens,
+            "run_dir": str(self.run_dir),
+            "wall_time_s": time.time() - self.started_at,
+            "eval": [
+                {"requested": e.requested, "version": e.version, **e.metrics} for e in self.evals
+            ],
+        }
         (self.run_dir / "summary.json").write_bytes(msgspec.json.encode(summary))
+        self._print_outcome(summary)
         return summary
+
+    def _print_outcome(self, summary: dict[str, Any]) -> None:
+        """The answer to "did my model get better?": held-out eval before and after."""
+        lines = [f"wall time {summary['wall_time_s']:.0f} s, {summary['version']} steps"]
+        evals = summary["eval"]
+        if evals:
+            first, last = evals[0], evals[-1]
+            for key in ("eval/exact_match", "eval/accuracy", "eval/reward_mean"):
+                lines.append(
+                    f"{key:<18} {first[key]:.3f} (version {first['version']}) -> "
+                    f"{last[key]:.3f} (version {last['version']})"
+                )
+        print("\n".join(lines), file=self.console, flush=True)
 
     def shutdown(self) -> None:
         import ray

@@ -79,6 +79,25 @@ class MetricsLog:
         elif self.console is not None:
             print(summary_line(record), file=self.console, flush=True)
 
+    def eval(self, requested: int, version: int, metrics: dict[str, float]) -> None:
+        """A held-out evaluation: an ``eval`` event in metrics.jsonl (step records stay one
+        per learner step), wandb at step ``requested``, and a console line."""
+        line = {"event": "eval", "time": time.time(), "requested": requested, **metrics}
+        with self.lock:
+            self.file.write(json.dumps(line) + "\n")
+            if self.wandb is not None:
+                self.wandb.log({"step": requested, **metrics})
+        text = (
+            f"eval v{version:>3} | exact {metrics.get('eval/exact_match', 0.0):.3f} "
+            f"| accuracy {metrics.get('eval/accuracy', 0.0):.3f} "
+            f"| reward {metrics.get('eval/reward_mean', 0.0):.3f} "
+            f"| {metrics.get('eval/prompts', 0):.0f} prompts"
+        )
+        if self.progress is not None:
+            self.progress.console.print(text)
+        elif self.console is not None:
+            print(text, file=self.console, flush=True)
+
     def event(self, kind: str, **fields: Any) -> None:
         with self.lock:
             self.file.write(json.dumps({"event": kind, "time": time.time(), **fields}) + "\n")

@@ -41,6 +41,17 @@ class MicroBatch:
     proximal: torch.Tensor | None = None  # [B, T] logprobs at the step's starting weights
     ref_logprobs: torch.Tensor | None = None  # [B, T] reference-model logprobs
 
+    def to(self, device: torch.device) -> MicroBatch:
+        """The tensors on ``device``, copied once per step before any forward (from pinned
+        memory, without blocking): a pageable copy in the loop would stall the GPU queue."""
+        if device.type == "cpu":
+            return self
+        for name in _ON_DEVICE:
+            tensor = getattr(self, name)
+            if tensor is not None and tensor.device != device:
+                setattr(self, name, tensor.pin_memory().to(device, non_blocking=True))
+        return self
+
     @property
     def keep(self) -> int:
         """``logits_to_keep`` for the forward: the last ``W - start`` positions."""
@@ -48,6 +59,21 @@ class MicroBatch:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+
+# What the forward and the losses read; temperatures and lengths stay on the host (read there).
+_ON_DEVICE = (
+    "input_ids",
+    "targets",
+    "mask",
+    "behavior",
+    "versions",
+    "advantages",
+    "returns",
+    "old_values",
+    "proximal",
+    "ref_logprobs",
+)
 
 
 def build_micro_batches(groups: list[TrajectoryGroup], size: int, pad_id: int) -> list[MicroBatch]:

@@ -20,7 +20,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from streamrl.config import Config
-from streamrl.workers.fsdp import apply_fsdp, clip_and_step
+from streamrl.workers.fsdp import adamw, apply_fsdp, clip_and_step
 
 
 class ValueModel(torch.nn.Module):
@@ -58,11 +58,8 @@ class Critic:
         # Its weights never reach a generator: no need to compute on the bf16 image.
         apply_fsdp(self.model, mesh, compute_dtype, round_to_bf16=False)
         alg, lc = config.algorithm, config.learner
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=alg.critic_lr or lc.lr,
-            betas=lc.betas,
-            weight_decay=lc.weight_decay,
+        self.optimizer = adamw(
+            self.model.parameters(), alg.critic_lr or lc.lr, lc.betas, lc.weight_decay, device
         )
         self.grad_clip = lc.grad_clip
         self.base_lr = alg.critic_lr or lc.lr  # from config: a resumed optimizer holds a scaled one

@@ -72,6 +72,18 @@ def _rounding_hook(modules: list[torch.nn.Module]):
     return hook
 
 
+def adamw(
+    params, lr: float, betas: tuple[float, float], weight_decay: float, device: torch.device
+) -> torch.optim.AdamW:
+    """AdamW over (sharded) parameters: the fused kernel on CUDA, multi-tensor elsewhere.
+    Left to its default, AdamW may take the per-tensor path, where every op on a DTensor
+    pays a Python dispatch: hundreds of milliseconds per step for a 135M model on a GPU."""
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(
+        params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused, foreach=not fused
+    )
+
+
 def set_gradient_sync(modules: list[torch.nn.Module], sync: bool) -> None:
     """Whether the next backward reduce-scatters gradients (off between the micro-batches of
     one update: they accumulate unsharded and are reduced once, with the last one)."""

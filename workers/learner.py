@@ -32,7 +32,7 @@ from streamrl.models import load_causal_lm, load_tokenizer
 from streamrl.protocol import LearnerStep, TrajectoryGroup
 from streamrl.transport import make_socket
 from streamrl.workers import checkpoint
-from streamrl.workers.fsdp import apply_fsdp
+from streamrl.workers.fsdp import adamw, apply_fsdp
 from streamrl.workers.publisher import WeightPublisher
 from streamrl.workers.train_step import TrainStep
 
@@ -74,9 +74,7 @@ def build_train_step(
     if lc.activation_checkpointing:
         policy.gradient_checkpointing_enable({"use_reentrant": False})
     apply_fsdp(policy, mesh, compute)
-    optimizer = torch.optim.AdamW(
-        policy.parameters(), lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay
-    )
+    optimizer = adamw(policy.parameters(), lc.lr, lc.betas, lc.weight_decay, device)
     ref_model = None
     if config.algorithm.kl.coef > 0:
         # Frozen, sharded like the policy, no KV cache; its bf16 checkpoint values are exact

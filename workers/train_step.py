@@ -157,6 +157,8 @@ class TrainStep:
             batches, scores, [i for i, g in enumerate(groups) for _ in g.trajectories]
         )
         denominators = self._denominators(minis)
+        for batch in batches:
+            batch.to(self.device)
         updates = lc.ppo_epochs * lc.mini_batches
         if updates > 1:
             self._start_pass(batches, version, metrics)

@@ -1,0 +1,106 @@
+"""Learning quality, sync vs async: the same job, the same number of trained samples.
+
+Trains a config (default: the default job) once with ``--mode sync`` and once async, each to
+the same ``run.max_steps`` (so the same samples: steps x groups_per_step x group_size), with
+held-out evaluation on (``eval.every``). Prints, per mode, held-out exact-match accuracy
+before and after and the wall time, and writes ``quality.png``: eval accuracy against trained
+samples and against wall-clock time, one line per mode. Asynchrony should reach the same
+accuracy at equal samples (within noise) and get there sooner in wall time.
+
+    python benchmarks/quality.py                        # the default job, ~2 x 12 min here
+    python benchmarks/quality.py --config configs/tiny.yaml --out /tmp/q run.max_steps=6
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import time
+from pathlib import Path
+
+from streamrl.config import load_config
+from streamrl.launch import Controller
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_mode(mode: str, args: argparse.Namespace) -> dict:
+    """Run the job in ``mode``; its eval curve as (samples, seconds, exact, accuracy) points."""
+    config = load_config(
+        args.config,
+        [
+            f"run.output_dir={args.out}",
+            f"run.name=quality-{mode}",
+            "run.overwrite=true",
+            f"run.mode={mode}",
+            "logging.progress=false",
+            *args.overrides,
+        ],
+    )
+    if config.eval.every <= 0:
+        raise SystemExit("the config evaluates nothing (eval.every = 0): set eval.every")
+    started = time.time()
+    summary = Controller(config, console=io.StringIO()).run()
+    run_dir = Path(summary["run_dir"])
+    samples_per_step = config.learner.groups_per_step * config.generator.group_size
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    curve = [
+        {
+            "samples": e["eval/version"] * samples_per_step,
+            "seconds": e["time"] - started,
+            "exact": e["eval/exact_match"],
+            "accuracy": e["eval/accuracy"],
+        }
+        for e in events
+        if e.get("event") == "eval"
+    ]
+    return {"wall_s": summary["wall_time_s"], "steps": summary["version"], "curve": curve}
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_samples, by_time) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for mode, r in results.items():
+        xs = [p["samples"] for p in r["curve"]]
+        ts = [p["seconds"] for p in r["curve"]]
+        ys = [p["exact"] for p in r["curve"]]
+        by_samples.plot(xs, ys, marker="o", label=mode)
+        by_time.plot(ts, ys, marker="o", label=mode)
+    by_samples.set(xlabel="trained samples", ylabel="held-out exact match", title="by samples")
+    by_time.set(xlabel="wall-clock seconds", title="by time")
+    by_samples.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
+    parser.add_argument("--out", type=Path, default=Path("runs/quality"))
+    parser.add_argument("--modes", default="sync,async")
+    parser.add_argument("overrides", nargs="*", help="section.key=value for both modes")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {mode: run_mode(mode, args) for mode in args.modes.split(",")}
+    from streamrl.hardware import cpu_description
+
+    print(f"# quality: {args.config} {' '.join(args.overrides)}; {cpu_description()}")
+    print(f"{'mode':<6} {'steps':>5} {'exact before':>13} {'exact after':>12} {'wall s':>8}")
+    for mode, r in results.items():
+        first, last = r["curve"][0], r["curve"][-1]
+        print(
+            f"{mode:<6} {r['steps']:>5} {first['exact']:>13.3f} {last['exact']:>12.3f} "
+            f"{r['wall_s']:>8.0f}"
+        )
+    (args.out / "quality.json").write_text(json.dumps(results, indent=1))
+    plot(results, args.out / "quality.png")
+    print(f"wrote {args.out / 'quality.json'} and {args.out / 'quality.png'}")
+
+
+if __name__ == "__main__":
+    main()
