@@ -14,35 +14,37 @@ accuracy at equal samples (within noise) and get there sooner in wall time.
 from __future__ import annotations
 
 import argparse
-import io
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from streamrl.config import load_config
-from streamrl.launch import Controller
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_mode(mode: str, args: argparse.Namespace) -> dict:
-    """Run the job in ``mode``; its eval curve as (samples, seconds, exact, accuracy) points."""
-    config = load_config(
-        args.config,
-        [
-            f"run.output_dir={args.out}",
-            f"run.name=quality-{mode}",
-            "run.overwrite=true",
-            f"run.mode={mode}",
-            "logging.progress=false",
-            *args.overrides,
-        ],
-    )
+    """Run the job in ``mode`` with ``streamrl launch`` (its console goes to
+    ``<out>/quality-<mode>.log``); its eval curve as (samples, seconds, exact) points."""
+    overrides = [
+        f"run.output_dir={args.out}",
+        f"run.name=quality-{mode}",
+        "run.overwrite=true",
+        "logging.progress=false",
+        *args.overrides,
+    ]
+    config = load_config(args.config, [f"run.mode={mode}", *overrides])
     if config.eval.every <= 0:
         raise SystemExit("the config evaluates nothing (eval.every = 0): set eval.every")
     started = time.time()
-    summary = Controller(config, console=io.StringIO()).run()
-    run_dir = Path(summary["run_dir"])
+    with open(args.out / f"quality-{mode}.log", "w") as log:
+        command = [sys.executable, "-m", "streamrl.cli", "launch", args.config, "--mode", mode]
+        if subprocess.run([*command, *overrides], stdout=log, stderr=log).returncode != 0:
+            raise SystemExit(f"the {mode} run failed: see {log.name}")
+    run_dir = args.out / f"quality-{mode}"
+    summary = json.loads((run_dir / "summary.json").read_text())
     samples_per_step = config.learner.groups_per_step * config.generator.group_size
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     curve = [

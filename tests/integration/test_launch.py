@@ -101,6 +101,7 @@ def test_default_job_runs_smollm2_and_exports(tmp_path: Path) -> None:
             f"run.output_dir={tmp_path}",
             "--name=default",
             "run.max_steps=2",
+            "eval.max_prompts=16",
             "logging.progress=false",
         ],
         cwd=ROOT,
@@ -109,6 +110,9 @@ def test_default_job_runs_smollm2_and_exports(tmp_path: Path) -> None:
         timeout=900,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    # The answer to "did it get better?": held-out accuracy before and after, and wall time.
+    assert "eval/exact_match" in result.stdout and "(version 0) ->" in result.stdout
+    assert "wall time" in result.stdout
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "default" / "hf")
