@@ -319,12 +319,15 @@ class Controller:
                 ) from None
 
     def tokens_per_s(self, window_s: float = 10.0) -> float:
-        """Generated tokens per second over the last ``window_s`` of generator reports."""
+        """Generated tokens per second over at least the last ``window_s`` of generator
+        reports: from the newest report at or before the window's start (a generator that
+        reports once per 30 s call still gets a rate, not 0)."""
         samples = self._token_samples
         if len(samples) < 2:
             return 0.0
         end_t, end_n = samples[-1]
-        start_t, start_n = next(((t, n) for t, n in samples if t >= end_t - window_s), samples[0])
+        before = [(t, n) for t, n in samples if t <= end_t - window_s]
+        start_t, start_n = before[-1] if before else samples[0]
         if end_t - start_t < 0.2:  # too short a span to be a rate
             return 0.0
         return (end_n - start_n) / max(end_t - start_t, 1e-6)

@@ -171,7 +171,13 @@ class TrainStep:
                     self._micro_step(batch, denominator, version, updates == 1, metrics)
                 self._optimizer_step(version, metrics)
         out = metrics.reduce()
-        for name in ("loss/total", "policy/pg_loss", "critic/value_loss", "train/grad_norm"):
+        for name in (
+            "loss/total",
+            "policy/pg_loss",
+            "critic/value_loss",
+            "train/grad_norm",
+            "critic/grad_norm",
+        ):
             if name in out:
                 out[name] /= updates  # summed over updates: report the mean update
         out.update(self._step_figures(groups, out, updates, start))

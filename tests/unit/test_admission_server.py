@@ -38,3 +38,21 @@ def test_grants_pause_stop_and_live_knobs(ctx: zmq.Context) -> None:
     finally:
         sock.close()
         server.close()
+
+
+def test_generated_tokens_per_s_spans_sparse_reports() -> None:
+    """One report per 30 s call (sync mode) still gives a rate over the last two reports."""
+    import io
+
+    from streamrl.config import load_config
+    from streamrl.launch import Controller
+
+    controller = Controller(load_config(None, []), console=io.StringIO())
+    try:
+        for t, n in [(0.0, 0), (30.0, 900), (60.0, 1800)]:
+            controller._token_samples.append((t, n))
+        assert controller.tokens_per_s() == 30.0
+        controller._token_samples.extend([(61.0, 1900), (62.0, 2000)])
+        assert controller.tokens_per_s() == (2000 - 900) / (62.0 - 30.0)
+    finally:
+        controller.ctx.destroy(linger=0)
