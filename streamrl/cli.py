@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from streamrl.config import ConfigError, load_config
+from streamrl.config import ConfigError, default_config_path, load_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -92,13 +92,6 @@ def _add_admin_parser(sub: argparse._SubParsersAction) -> None:
         admin_sub.add_parser(action, parents=[run], help=text)
 
 
-def _default_config() -> str | None:
-    from pathlib import Path
-
-    path = Path("configs/default.yaml")
-    return str(path) if path.is_file() else None
-
-
 def _split_config_arg(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     # `streamrl launch learner.lr=1e-4` has no config file: the first positional is an override.
     overrides = list(args.overrides)
@@ -124,7 +117,7 @@ def _launch(args: argparse.Namespace) -> int:
             "run.resume=true",
             *overrides,
         ]
-    path = path or _default_config()
+    path = path or default_config_path()
     for flag, key in (
         ("learners", "learner.count"),
         ("generators", "generator.count"),

@@ -367,6 +367,13 @@ def _finalize(config: Config) -> Config:
     return config
 
 
+def default_config_path() -> str | None:
+    """``configs/default.yaml`` when run from a checkout (what ``streamrl launch`` and
+    ``streamrl eval`` use without a config), else None (the built-in defaults)."""
+    path = Path("configs/default.yaml")
+    return str(path) if path.is_file() else None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML config (or the defaults), apply overrides, decode strictly, validate."""
     tree: dict[str, Any] = {}

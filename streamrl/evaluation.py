@@ -1,7 +1,7 @@
 """Held-out evaluation: did the model get better? (``eval:`` in the config, ``streamrl eval``).
 
 Prompts come from ``eval.source``: the built-in arithmetic task's held-out split (questions
-training never draws, ``data.arithmetic_split``) or a verl-layout Parquet/JSONL file; the first
+training never draws, ``data.holdout_every``) or a verl-layout Parquet/JSONL file; the first
 ``eval.max_prompts`` of them. Each is decoded ``eval.samples`` times at ``eval.temperature``
 (0 = greedy) and every response is scored twice:
 
@@ -24,7 +24,6 @@ give it partial reward.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -63,14 +62,6 @@ class EvalResult(msgspec.Struct):
     samples: list[dict[str, Any]] = []
 
 
-@dataclass
-class _Tally:
-    rewards: list[float] = field(default_factory=list)
-    exact: list[bool] = field(default_factory=list)
-    top: list[bool] = field(default_factory=list)
-    prompt_solved: dict[str, bool] = field(default_factory=dict)
-
-
 def evaluate(engine, tokenizer, config: Config, prompts: list[Prompt] | None = None) -> EvalResult:
     """Decode the held-out prompts with ``engine`` (its current weights) and score them."""
     from streamrl.models import stop_token_ids
@@ -89,39 +80,40 @@ def evaluate(engine, tokenizer, config: Config, prompts: list[Prompt] | None = N
     batch = [prompt_ids for prompt_ids in ids for _ in range(ev.samples)]
     outputs = engine.generate(batch, params)
     reward = CombinedReward(config.rewards)
-    top_reward = sum(spec.weight for spec in config.rewards)
-    tally, samples = _Tally(), []
+    samples = []
     for i, out in enumerate(outputs):
         prompt = prompts[i // ev.samples]
         text = tokenizer.decode(out.response_ids, skip_special_tokens=True)
         score = reward(RewardInput(text, out.response_ids, prompt.ground_truth, prompt.data_source))
-        exact = first_line_answer(text, prompt.ground_truth)
-        tally.rewards.append(score)
-        tally.exact.append(exact)
-        tally.top.append(score >= top_reward - 1e-9)
-        tally.prompt_solved[prompt.prompt_id] = (
-            tally.prompt_solved.get(prompt.prompt_id, False) or exact
-        )
         samples.append(
             {
                 "prompt_id": prompt.prompt_id,
                 "response": text,
                 "ground_truth": prompt.ground_truth,
                 "reward": score,
-                "exact": exact,
+                "exact": first_line_answer(text, prompt.ground_truth),
             }
         )
-    n = max(len(outputs), 1)
-    metrics = {
-        "eval/reward_mean": sum(tally.rewards) / n,
-        "eval/accuracy": sum(tally.top) / n,
-        "eval/exact_match": sum(tally.exact) / n,
-        "eval/prompts": float(len(prompts)),
-        "eval/version": float(engine.version),
+    return EvalResult(
+        engine.version, _figures(samples, config, len(prompts), engine.version), samples
+    )
+
+
+def _figures(samples: list[dict[str, Any]], config: Config, prompts: int, version: int) -> dict:
+    """The eval/* figures of scored responses (module doc)."""
+    n = max(len(samples), 1)
+    top_reward = sum(spec.weight for spec in config.rewards)
+    figures = {
+        "eval/reward_mean": sum(s["reward"] for s in samples) / n,
+        "eval/accuracy": sum(s["reward"] >= top_reward - 1e-9 for s in samples) / n,
+        "eval/exact_match": sum(s["exact"] for s in samples) / n,
+        "eval/prompts": float(prompts),
+        "eval/version": float(version),
     }
-    if ev.samples > 1:
-        metrics["eval/pass_at_k"] = sum(tally.prompt_solved.values()) / max(len(prompts), 1)
-    return EvalResult(engine.version, metrics, samples)
+    if config.eval.samples > 1:
+        solved = {s["prompt_id"] for s in samples if s["exact"]}
+        figures["eval/pass_at_k"] = len(solved) / max(prompts, 1)
+    return figures
 
 
 def format_table(rows: dict[str, dict[str, float]]) -> str:
@@ -147,7 +139,7 @@ def _resolve_target(target: str, overrides: list[str]) -> tuple[str, Config, Any
     """(label, config, model directory) for a run directory, an HF directory or a name."""
     from pathlib import Path
 
-    from streamrl.config import ConfigError, load_config
+    from streamrl.config import ConfigError, default_config_path, load_config
     from streamrl.models import ModelNotFoundError, resolve_model
 
     path = Path(target)
@@ -156,8 +148,7 @@ def _resolve_target(target: str, overrides: list[str]) -> tuple[str, Config, Any
             if not (path / "hf" / "config.json").is_file():
                 raise EvalError(f"{target}: the run has no exported model (hf/) yet")
             return target, load_config(path / "config.yaml", overrides), path / "hf"
-        default = Path("configs/default.yaml")
-        config = load_config(default if default.is_file() else None, overrides)
+        config = load_config(default_config_path(), overrides)
         return target, config, resolve_model(target)
     except (ConfigError, ModelNotFoundError) as exc:
         raise EvalError(str(exc)) from None

@@ -73,11 +73,9 @@ class MetricsLog:
             self.file.write(json.dumps(clean) + "\n")
             if self.wandb is not None:
                 self.wandb.log({k: v for k, v in clean.items() if v is not None})
+        self._print(summary_line(record))
         if self.progress is not None:
-            self.progress.console.print(summary_line(record))
             self.progress.update(self.task, completed=record["step"])
-        elif self.console is not None:
-            print(summary_line(record), file=self.console, flush=True)
 
     def eval(self, requested: int, version: int, metrics: dict[str, float]) -> None:
         """A held-out evaluation: an ``eval`` event in metrics.jsonl (step records stay one
@@ -93,6 +91,10 @@ class MetricsLog:
             f"| reward {metrics.get('eval/reward_mean', 0.0):.3f} "
             f"| {metrics.get('eval/prompts', 0):.0f} prompts"
         )
+        self._print(text)
+
+    def _print(self, text: str) -> None:
+        """A console line, above the progress bar when there is one."""
         if self.progress is not None:
             self.progress.console.print(text)
         elif self.console is not None:

@@ -34,6 +34,8 @@ class MicroBatch:
     versions: torch.Tensor  # [B, T] int64 weight version that sampled each token (-1 elsewhere)
     temperatures: torch.Tensor  # [B] sampling temperature of each response
     response_lengths: torch.Tensor  # [B]
+    # The one sampling temperature of every row; None when rows differ (scale row by row).
+    temperature: float | None
     # Filled in by the training step:
     advantages: torch.Tensor | None = None  # [B] (group estimators) or [B, T] (GAE)
     returns: torch.Tensor | None = None  # [B, T] GAE returns (critic only)
@@ -104,6 +106,8 @@ def _micro_batch(chunk: list, pad_id: int) -> MicroBatch:
     behavior[is_response] = _joined((t.behavior_logprobs for t in chunk), torch.float32)
     versions = torch.full(is_response.shape, -1, dtype=torch.long)
     versions[is_response] = _joined((t.token_versions for t in chunk), torch.int32).long()
+    temperatures = torch.tensor([t.temperature for t in chunk])
+    uniform = bool((temperatures == temperatures[0]).all())
     return MicroBatch(
         input_ids=ids,
         start=start,
@@ -111,8 +115,9 @@ def _micro_batch(chunk: list, pad_id: int) -> MicroBatch:
         mask=is_response.float(),
         behavior=behavior,
         versions=versions,
-        temperatures=torch.tensor([t.temperature for t in chunk]),
+        temperatures=temperatures,
         response_lengths=response,
+        temperature=float(temperatures[0]) if uniform else None,
     )
 
 

@@ -58,11 +58,12 @@ class Critic:
         # Its weights never reach a generator: no need to compute on the bf16 image.
         apply_fsdp(self.model, mesh, compute_dtype, round_to_bf16=False)
         alg, lc = config.algorithm, config.learner
+        # From config, not the optimizer: a resumed optimizer holds a scaled learning rate.
+        self.base_lr = alg.critic_lr or lc.lr
         self.optimizer = adamw(
-            self.model.parameters(), alg.critic_lr or lc.lr, lc.betas, lc.weight_decay, device
+            self.model.parameters(), self.base_lr, lc.betas, lc.weight_decay, device
         )
         self.grad_clip = lc.grad_clip
-        self.base_lr = alg.critic_lr or lc.lr  # from config: a resumed optimizer holds a scaled one
 
     def values(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[B, W] ids -> [B, W-1] values aligned with the next-token targets."""

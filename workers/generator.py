@@ -119,7 +119,7 @@ class Generator:
         self.reporter.connect(report_endpoint)
         self.encoder = msgspec.msgpack.Encoder()
         self.prompts = prompt_source(config.data, config.run.seed, generator_id, gen.count)
-        self.eval_set = None
+        self.eval_set = None  # the held-out prompts, on the one generator that evaluates
         if generator_id == 0 and config.eval.every > 0:
             from streamrl.evaluation import eval_prompts
 
@@ -197,10 +197,8 @@ class Generator:
         self.wait_for_version(
             self.learner_version, time.monotonic() + self.config.run.drain_timeout_s
         )
-        if self.generator_id == 0 and self.config.eval.every > 0:
-            # The final weights: what the run produced. Skipped if already evaluated.
-            if self.engine.version > self.evaluated:
-                self.evaluate(self.engine.version)
+        if self.eval_set is not None and self.engine.version > self.evaluated:
+            self.evaluate(self.engine.version)  # the final weights: what the run produced
         self.report(force=True)
         return {"version": self.engine.version, "groups": self.groups_pushed}
 

@@ -295,13 +295,17 @@ class TrainStep:
         metrics: StepMetrics,
     ) -> None:
         alg, dev = self.config.algorithm, self.device
-        agg = {
-            "agg": alg.loss_agg,
-            "norm_length": float(self.config.generator.max_new_tokens),
-        }
+        norm_length = float(self.config.generator.max_new_tokens)
         logits, logprobs = self._logprobs(self.policy, batch)
         mask, behavior = batch.mask.to(dev), batch.behavior.to(dev)
         tokens = mask.sum()
+
+        def aggregate(per_token: torch.Tensor) -> torch.Tensor:
+            """The reduction rule of the module doc: ``loss_agg``, global denominator."""
+            return losses.aggregate(
+                per_token, mask, alg.loss_agg, norm_length=norm_length, denominator=denominator
+            )
+
         if only_update:  # these weights are the step's starting weights
             self._mismatch(batch, logprobs.detach(), version, metrics)
         if alg.proximal == "behavior":
@@ -323,8 +327,8 @@ class TrainStep:
             correction=alg.correction,
             is_cap=alg.is_cap,
             is_low=alg.is_low,
-            agg=agg["agg"],
-            norm_length=agg["norm_length"],
+            agg=alg.loss_agg,
+            norm_length=norm_length,
             agg_denominator=denominator,
         )
         metrics.add("policy/pg_loss", loss)
@@ -335,19 +339,11 @@ class TrainStep:
                 metrics.mean(name, value, tokens)
         if self.ref_model is not None and not alg.kl.in_reward:
             kl = kl_lib.estimate(logprobs, batch.ref_logprobs.to(dev), alg.kl.kind)
-            loss = loss + self.kl_controller.value * losses.aggregate(
-                kl, mask, denominator=denominator, mode=agg["agg"], norm_length=agg["norm_length"]
-            )
+            loss = loss + self.kl_controller.value * aggregate(kl)
             metrics.mean("kl/ref", losses.aggregate(kl.detach(), mask, "token-mean"), tokens)
         if alg.entropy_coef > 0:
             entropy = losses.token_entropy(logits, temperature=self._temperature(batch))
-            loss = loss - alg.entropy_coef * losses.aggregate(
-                entropy,
-                mask,
-                denominator=denominator,
-                mode=agg["agg"],
-                norm_length=agg["norm_length"],
-            )
+            loss = loss - alg.entropy_coef * aggregate(entropy)
             metrics.mean(
                 "policy/entropy", losses.aggregate(entropy.detach(), mask, "token-mean"), tokens
             )
@@ -358,8 +354,8 @@ class TrainStep:
                 batch.old_values.to(dev),
                 mask,
                 clip=alg.value_clip,
-                agg=agg["agg"],
-                norm_length=agg["norm_length"],
+                agg=alg.loss_agg,
+                norm_length=norm_length,
                 agg_denominator=denominator,
             )
             loss = loss + alg.value_coef * value_loss
@@ -368,10 +364,9 @@ class TrainStep:
         metrics.add("loss/total", loss)
 
     def _temperature(self, batch: MicroBatch) -> float:
-        """The batch's one sampling temperature, or 1.0 when rows differ (then the logits
-        were already divided row by row)."""
-        first = float(batch.temperatures[0])
-        return first if bool((batch.temperatures == first).all()) else 1.0
+        """The temperature to divide the logits by: the batch's one sampling temperature, or
+        1.0 when rows differ (``_logprobs`` then divides row by row)."""
+        return 1.0 if batch.temperature is None else batch.temperature
 
     def _logprobs(
         self, model: torch.nn.Module, batch: MicroBatch
@@ -380,12 +375,11 @@ class TrainStep:
         sampling temperature. No attention mask: right padding (``batching``)."""
         ids = batch.input_ids.to(self.device)
         logits = model(input_ids=ids, logits_to_keep=batch.keep).logits[:, :-1]
-        temperature = self._temperature(batch)
-        if temperature == 1.0 and not bool((batch.temperatures == 1.0).all()):
+        if batch.temperature is None:
             # Rows sampled at different temperatures: scale row by row (a copy of the logits).
             logits = logits / batch.temperatures.to(logits)[:, None, None]
         logprobs = losses.token_logprobs(
-            logits, batch.targets.to(self.device), temperature=temperature
+            logits, batch.targets.to(self.device), temperature=self._temperature(batch)
         )
         return logits, logprobs
 
