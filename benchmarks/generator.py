@@ -67,6 +67,9 @@ def best_time(fn: Callable[[], object], device: torch.device, budget_s: float = 
     return min(times)
 
 
+DTYPES = ("float32", "bfloat16")
+
+
 def matmul_flops(dtype: torch.dtype, device: torch.device) -> float:
     n = 8192 if device.type == "cuda" else 2048
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
@@ -155,7 +158,9 @@ def main() -> None:
     engine = HFEngine(resolve_model(model), device=args.device, dtype=dtype, seed=0)
     params = sum(p.numel() for p in engine.model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
-    flops = matmul_flops(getattr(torch, dtype), device)
+    # Both dtypes: the evidence for the compute dtype `auto` picks on this machine.
+    flops_by_dtype = {name: matmul_flops(getattr(torch, name), device) for name in DTYPES}
+    flops = flops_by_dtype[dtype]
     bandwidth = copy_bandwidth(device)
 
     header = {
@@ -169,11 +174,16 @@ def main() -> None:
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens,
         "matmul_flops": flops,
+        "matmul_flops_by_dtype": flops_by_dtype,
         "copy_bandwidth": bandwidth,
     }
     print(
         f"device {header['device']} | torch {torch.__version__} | {dtype} | "
         f"threads {args.threads} | {header['date']}"
+    )
+    print(
+        "matmul GFLOP/s: "
+        + ", ".join(f"{name} {value / 1e9:.1f}" for name, value in flops_by_dtype.items())
     )
     print(
         f"{model}: {params / 1e6:.1f}M params, {param_bytes / 2**20:.0f} MiB; prompt "
