@@ -59,9 +59,11 @@ PYEOF
         "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
             .whl-ray/*.whl || exit 1
     fi
-    "$PY" benchmarks/sync_vs_async.py --config gpu-bench.yaml --model random-smollm2-135m \
-        --steps 20 --learners 1 --generators 1 2>&1 | grep -v "Loading weights\|Writing model" \
-        | tee "$OUT/sync_vs_async.log"
+    "$PY" -m streamrl.cli bench throughput configs/gpu-bench.yaml --steps "${BENCH_STEPS:-20}" \
+        --warmup 5 --staleness "${BENCH_ETAS:-2}" --out /tmp/bench 2>&1 | tee "$OUT/bench.log"
+    cp /tmp/bench/results.json /tmp/bench/report.md /tmp/bench/*.png "$OUT/" 2>/dev/null
+    "$PY" -m streamrl.cli bench simulate --from /tmp/bench/results.json --gpus 8 \
+        2>&1 | tee "$OUT/simulate.log"
 }
 
 for what in "${@:-all}"; do

@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 
-def _setup_process(log_file: str) -> None:
+def _setup_process(log_file: str, cores: list[int] | None = None) -> None:
     Path(log_file).parent.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
         filename=log_file,
@@ -24,6 +24,11 @@ def _setup_process(log_file: str) -> None:
     )
     # Every role shares 2 cores here: one intra-op thread each unless the config says more.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if cores:
+        from streamrl.placement import pin_process
+
+        pin_process(cores)
+        logging.getLogger("streamrl").info("pinned to cores %s", cores)
 
 
 @ray.remote(num_cpus=0, max_concurrency=2)
@@ -54,8 +59,8 @@ class BufferShardActor:
 class LearnerActor:
     """Two-phase start: rank 0's address must be known before any rank joins the group."""
 
-    def __init__(self, log_file: str) -> None:
-        _setup_process(log_file)
+    def __init__(self, log_file: str, cores: list[int] | None = None) -> None:
+        _setup_process(log_file, cores)
         self.learner = None
 
     def rendezvous_address(self) -> str:
@@ -102,8 +107,8 @@ class LearnerActor:
 
 @ray.remote(num_cpus=0, max_concurrency=2)
 class GeneratorActor:
-    def __init__(self, log_file: str, *args: Any) -> None:
-        _setup_process(log_file)
+    def __init__(self, log_file: str, *args: Any, cores: list[int] | None = None) -> None:
+        _setup_process(log_file, cores)
         from streamrl.workers.generator import Generator
 
         self.generator = Generator(*args)

@@ -62,6 +62,13 @@ def _parser() -> argparse.ArgumentParser:
     export_model.add_argument("--step", type=int, help="checkpoint version (default: newest)")
     export_model.add_argument("--out", required=True, help="output directory")
 
+    bench = sub.add_parser(
+        "bench",
+        help="benchmarks: throughput (sync vs async), simulate (at scale), quality",
+        add_help=False,
+    )
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+
     _add_admin_parser(sub)
     return parser
 
@@ -224,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     # Overrides may follow flags (`launch cfg.yaml --learners 2 a.b=1`): argparse leaves those
     # behind as unknown arguments, so collect every `key=value` among them.
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # its own parser: flags after `bench` are not streamrl's
+        from streamrl.bench.cli import main as bench
+
+        return bench(argv[1:])
     args, extra = parser.parse_known_args(argv)
     stray = [a for a in extra if a.startswith("-") or "=" not in a]
     if stray or (extra and not hasattr(args, "overrides")):

@@ -219,6 +219,16 @@ class EvalConfig(_Section):
     max_new_tokens: int | None = None  # None = generator.max_new_tokens
 
 
+class PlacementConfig(_Section):
+    # CPU roles in local mode: pin learner ranks and generators to disjoint cores
+    # (os.sched_setaffinity), as separate GPU pools are kept apart; the split is printed at
+    # start. A pinned process runs one torch thread per core it holds (this replaces
+    # learner.threads / generator.threads). Buffer shards and the controller stay unpinned.
+    pin_cpus: bool = False
+    # Cores of the learner pool (0: half of the cores, at least 1); generators get the rest.
+    learner_cores: int = 0
+
+
 class AdminConfig(_Section):
     host: str = "127.0.0.1"
     port: int = 0
@@ -244,6 +254,7 @@ class Config(_Section):
     algorithm: AlgorithmConfig = msgspec.field(default_factory=AlgorithmConfig)
     weights: WeightsConfig = msgspec.field(default_factory=WeightsConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    placement: PlacementConfig = msgspec.field(default_factory=PlacementConfig)
     admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
 
@@ -301,6 +312,7 @@ def _finalize(config: Config) -> Config:
         (config.buffer.capacity >= 1, "buffer.capacity must be >= 1"),
         (config.buffer.max_staleness >= 0, "buffer.max_staleness must be >= 0"),
         (config.eval.every >= 0, "eval.every must be >= 0"),
+        (config.placement.learner_cores >= 0, "placement.learner_cores must be >= 0"),
         (config.eval.max_prompts >= 1, "eval.max_prompts must be >= 1"),
         (config.eval.samples >= 1, "eval.samples must be >= 1"),
         (config.eval.temperature >= 0, "eval.temperature must be >= 0"),

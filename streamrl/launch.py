@@ -48,6 +48,8 @@ from streamrl.placement import (
     Placement,
     RunError,
     check_port_free,
+    cpu_split,
+    describe_split,
     init_ray,
     prepare_run_dir,
 )
@@ -56,6 +58,8 @@ from streamrl.staleness import AdmissionPolicy
 from streamrl.transport import Codec, bind_random, make_socket
 
 log = logging.getLogger("streamrl")
+
+GENERATOR_TIMERS = ("busy_s", "wait_admission_s", "wait_weights_s", "weights_pause_s", "eval_s")
 
 
 # --------------------------------------------------------------------------- the run
@@ -85,6 +89,7 @@ class Controller:
         self._token_samples: collections.deque = collections.deque(maxlen=4096)
         self.evals: list[EvalReport] = []
         self.started_at = time.time()
+        self.cores: dict[str, list[list[int]]] = {}
 
     def run(self) -> dict[str, Any]:
         from streamrl.data import check_data
@@ -104,6 +109,8 @@ class Controller:
                 )
             )
             check_port_free(cfg.admin.host, cfg.admin.port, "admin endpoint")
+            if self.address is None:  # pinning is a local-mode affair: cores are per node
+                self.cores = cpu_split(cfg, sorted(os.sched_getaffinity(0)))
             self.run_dir = prepare_run_dir(cfg)
             self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.console, cfg)
             init_ray(self.address)
@@ -179,6 +186,21 @@ class Controller:
             for learner in self.learners:
                 learner.stop.remote()
 
+    def _cores(self, role: str, index: int) -> list[int] | None:
+        sets = self.cores.get(role)
+        return sets[index] if sets else None
+
+    def _role_config(self, role: str, index: int) -> Config:
+        """The run's config as one role instance sees it: a pinned role runs one torch thread
+        per core it holds."""
+        cores = self._cores(role, index)
+        if not cores:
+            return self.config
+        section = getattr(self.config, role)
+        return msgspec.structs.replace(
+            self.config, **{role: msgspec.structs.replace(section, threads=len(cores))}
+        )
+
     def _log_file(self, role: str) -> str:
         return str((self.run_dir / "logs" / f"{role}.log").resolve())
 
@@ -202,9 +224,11 @@ class Controller:
         shard_eps = ray.get([s.endpoints.remote() for s in shards])
         serve_refs = [s.serve.remote() for s in shards]
         self._start_admin([req for _, req in shard_eps])
+        if self.cores:
+            print(f"cpu pinning: {describe_split(self.cores)}", file=self.console, flush=True)
         learners = [
             LearnerActor.options(**self.placement.options("learner", r)).remote(
-                self._log_file(f"learner-{r}")
+                self._log_file(f"learner-{r}"), self._cores("learner", r)
             )
             for r in range(cfg.learner.count)
         ]
@@ -214,7 +238,7 @@ class Controller:
         weight_eps = ray.get(
             [
                 learner.setup.remote(
-                    cfg,
+                    self._role_config("learner", r),
                     r,
                     cfg.learner.count,
                     master,
@@ -237,7 +261,7 @@ class Controller:
         generators = [
             GeneratorActor.options(**self.placement.options("generator", g)).remote(
                 self._log_file(f"generator-{g}"),
-                cfg,
+                self._role_config("generator", g),
                 g,
                 model_dir,
                 [ingest for ingest, _ in shard_eps],
@@ -245,6 +269,7 @@ class Controller:
                 [a for _, a in weight_eps],
                 self.admission.endpoint,
                 self.report_endpoint,
+                cores=self._cores("generator", g),
             )
             for g in range(cfg.generator.count)
         ]
@@ -385,6 +410,15 @@ class Controller:
             "weights/anchors_requested": sum(g.anchors_requested for g in gens),
             "weights/apply_s_max": max((g.weights_apply_s for g in gens), default=0.0),
             "weights/checksum_failures": sum(g.checksum_failures for g in gens),
+            # Cumulative over generators, for rates over any window (`streamrl bench`).
+            "generators/count": len(gens),
+            "generators/tokens_total": sum(g.tokens_generated for g in gens),
+            "generators/groups_total": sum(g.groups_pushed for g in gens),
+            "generators/weights_bytes_total": sum(g.weights_bytes_received for g in gens),
+            **{
+                f"generators/{name}_total": sum(getattr(g, name) for g in gens)
+                for name in GENERATOR_TIMERS
+            },
         }
         self.last_record = record
         self.metrics.write(record)

@@ -136,3 +136,63 @@ class Placement:
             ),
         )
         return options
+
+
+def _share(pool: list[int], members: int) -> list[list[int]]:
+    """Split ``pool`` into ``members`` contiguous core sets; with fewer cores than members,
+    every member shares the whole pool."""
+    if members <= 0:
+        return []
+    if len(pool) < members:
+        return [list(pool) for _ in range(members)]
+    size = len(pool) // members
+    return [pool[i * size : (i + 1) * size] for i in range(members)]
+
+
+def cpu_split(config: Config, available: list[int]) -> dict[str, list[list[int]]]:
+    """Core sets per CPU role instance under ``placement.pin_cpus``: learner ranks get the
+    first ``placement.learner_cores`` cores (default half), generators the rest. Roles on a GPU
+    are placed per device instead and get no entry. Empty when pinning is off."""
+    if not config.placement.pin_cpus:
+        return {}
+    cpu_roles = {
+        "learner": config.learner.count if config.learner.device == "cpu" else 0,
+        "generator": config.generator.count if config.generator.device == "cpu" else 0,
+    }
+    cores = sorted(available)
+    if cpu_roles["learner"] and cpu_roles["generator"]:
+        if len(cores) < 2:
+            raise RunError(
+                f"placement.pin_cpus needs at least 2 cores for disjoint learner and generator "
+                f"pools; this process may use {len(cores)}"
+            )
+        k = config.placement.learner_cores or max(1, len(cores) // 2)
+        if k >= len(cores):
+            raise RunError(
+                f"placement.learner_cores={k} leaves no core for the generators "
+                f"({len(cores)} usable)"
+            )
+        pools = {"learner": cores[:k], "generator": cores[k:]}
+    else:
+        pools = {"learner": cores, "generator": cores}
+    return {role: _share(pools[role], n) for role, n in cpu_roles.items() if n}
+
+
+def describe_split(split: dict[str, list[list[int]]]) -> str:
+    """``learner rank 0: cores [0]; generator 0: cores [1]`` (what the controller prints)."""
+    names = {"learner": "learner rank", "generator": "generator"}
+    return "; ".join(
+        f"{names[role]} {i}: cores {sets[i]}"
+        for role, sets in split.items()
+        for i in range(len(sets))
+    )
+
+
+def pin_process(cores: list[int] | None) -> None:
+    """Pin this process to ``cores`` and run one torch thread per core (no-op for None)."""
+    if not cores:
+        return
+    os.sched_setaffinity(0, cores)
+    import torch
+
+    torch.set_num_threads(len(cores))

@@ -446,6 +446,14 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     weights_bytes_received: int = 0
     weights_apply_s: float = 0.0
     weights_latency_s: float = 0.0  # publish to applied, for the last version
+    # Cumulative seconds by activity, timed inside the generator's loop (`streamrl bench`):
+    # generating and scoring; waiting for admission; waiting for a version it must hold;
+    # applying weights (between calls or in flight, during which decoding pauses); evaluating.
+    busy_s: float = 0.0
+    wait_admission_s: float = 0.0
+    wait_weights_s: float = 0.0
+    weights_pause_s: float = 0.0
+    eval_s: float = 0.0
 
 
 class ShardReport(msgspec.Struct, tag="shard_report"):

@@ -9,11 +9,13 @@ Loop (waits for -> unblocked by):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -58,6 +60,17 @@ class AdmissionClient:
         if reply is None:
             raise RuntimeError("malformed admission reply from the controller")
         return reply
+
+
+@dataclasses.dataclass
+class ActivityTimers:
+    """Cumulative seconds a generator spent by activity (GeneratorReport's fields)."""
+
+    busy_s: float = 0.0
+    wait_admission_s: float = 0.0
+    wait_weights_s: float = 0.0
+    weights_pause_s: float = 0.0
+    eval_s: float = 0.0
 
 
 def encode_prompt(tokenizer, prompt: Prompt, max_tokens: int) -> list[int]:
@@ -137,16 +150,22 @@ class Generator:
         self.prompts_per_call = gen.prompts_per_call
         self.tokens_generated = self.groups_pushed = 0
         self._last_report = 0.0
+        self.timers = ActivityTimers()
 
     # ------------------------------------------------------------------ weights
 
     def poll_weights(self, _engine: Engine | None = None) -> None:
+        start = time.perf_counter()
         changed = self.subscriber.poll(self.learner_version)
         # A version can move with no tensor changed (e.g. a zero-advantage step): still adopt it.
+        if self.subscriber.version != self.engine.version or changed:
+            self.timers.weights_pause_s += time.perf_counter() - start  # decoding waited
         if self.subscriber.version != self.engine.version:
+            start = time.perf_counter()
             self.engine.update_weights(
                 [(n, self.subscriber.image[n]) for n in changed], self.subscriber.version
             )
+            self.timers.weights_pause_s += time.perf_counter() - start
             log.info("generator[%d]: applied version %d", self.generator_id, self.engine.version)
             self.report(force=True)
 
@@ -172,7 +191,8 @@ class Generator:
 
     def run(self) -> dict[str, int]:
         while True:
-            reply = self.admission.request(self.prompts_per_call)
+            with self._timing("wait_admission_s"):
+                reply = self.admission.request(self.prompts_per_call)
             if self.learner_version == 0 and reply.learner_version > self.engine.version:
                 # A fresh generator behind the learner (late join, resumed run): anchor now.
                 for rank in range(len(self.subscriber.ranks)):
@@ -182,16 +202,21 @@ class Generator:
             if reply.stop:
                 break
             if reply.eval_version > self.evaluated:
-                self.evaluate(reply.eval_version)
+                with self._timing("eval_s"):
+                    self.evaluate(reply.eval_version)
             if reply.granted == 0:
-                self.poll_weights()
-                self.report()
-                time.sleep(0.02)
+                with self._timing("wait_admission_s"):
+                    self.poll_weights()
+                    self.report()
+                    time.sleep(0.02)
                 continue
-            if not self.wait_for_version(reply.min_version, watch_stop=True):
+            with self._timing("wait_weights_s"):
+                held = self.wait_for_version(reply.min_version, watch_stop=True)
+            if not held:
                 break
-            prompts = [next(self.prompts) for _ in range(reply.granted)]
-            self.push(self.generate_groups(prompts))
+            with self._timing("busy_s"):
+                prompts = [next(self.prompts) for _ in range(reply.granted)]
+                self.push(self.generate_groups(prompts))
             self.report()
         # Drain: keep applying versions until we hold the learner's final one.
         self.wait_for_version(
@@ -201,6 +226,17 @@ class Generator:
             self.evaluate(self.engine.version)  # the final weights: what the run produced
         self.report(force=True)
         return {"version": self.engine.version, "groups": self.groups_pushed}
+
+    @contextlib.contextmanager
+    def _timing(self, activity: str) -> Iterator[None]:
+        """Add the block's seconds to ``activity``'s timer, less the weight application inside
+        it (``weights_pause_s`` has those)."""
+        start, paused = time.perf_counter(), self.timers.weights_pause_s
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - start - (self.timers.weights_pause_s - paused)
+            setattr(self.timers, activity, getattr(self.timers, activity) + spent)
 
     def evaluate(self, version: int) -> None:
         """Held-out evaluation on weights >= ``version`` (``streamrl.evaluation``); its
@@ -299,6 +335,7 @@ class Generator:
                 weights_bytes_received=sub.bytes_received,
                 weights_apply_s=sub.last_apply_s,
                 weights_latency_s=sub.last_latency_s,
+                **dataclasses.asdict(self.timers),
             )
         )
         try:

@@ -167,7 +167,8 @@ class Learner:
             if not self._every_rank_has_a_batch(groups is not None):
                 break  # stopped (request_stop), on every rank at the same step
             assert groups is not None
-            wait_s = time.perf_counter() - wait_start
+            busy_start = time.perf_counter()
+            wait_s = busy_start - wait_start
             metrics = self.train_step(groups, self.version)
             self.version += 1
             metrics.update(self.publisher.publish(self.version))
@@ -175,6 +176,8 @@ class Learner:
             if self._checkpoint_due():
                 self.save_checkpoint()
                 metrics["checkpoint/version"] = float(self.version)
+            # Training, publishing and checkpointing: the learner's busy time (`streamrl bench`).
+            metrics["time/busy_s"] = time.perf_counter() - busy_start
             if self.rank == 0:
                 self.reporter.send(
                     self.encoder.encode(LearnerStep(self.version, metrics, time.time()))

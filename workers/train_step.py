@@ -58,6 +58,14 @@ def lr_multiplier(version: int, config: Config) -> float:
     return lc.min_lr_ratio + (1 - lc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+STALENESS_BINS = 9  # groups at staleness 0..7, and 8 or more
+
+
+def staleness_bin(k: int) -> str:
+    """Metric name of the staleness histogram's bin ``k`` (the last bin holds k or more)."""
+    return f"staleness/groups_at_{k}" + ("_or_more" if k == STALENESS_BINS - 1 else "")
+
+
 class StepMetrics:
     """One step's metrics as sums, token-weighted means and maxima, reduced over ranks once.
     Values stay on ``device`` until ``reduce``: adding one never waits for the GPU."""
@@ -171,6 +179,9 @@ class TrainStep:
                     self._micro_step(batch, denominator, version, updates == 1, metrics)
                 self._optimizer_step(version, metrics)
         out = metrics.reduce()
+        for k in range(STALENESS_BINS):
+            if out.get(staleness_bin(k)) == 0.0:
+                del out[staleness_bin(k)]
         for name in (
             "loss/total",
             "policy/pg_loss",
@@ -191,6 +202,12 @@ class TrainStep:
         staleness = torch.tensor([float(version - g.min_version) for g in groups])
         metrics.mean("staleness/mean", staleness.mean(), float(len(groups)))
         metrics.max("staleness/max", staleness.max())
+        # A histogram with a fixed set of keys (every rank must reduce the same names); the
+        # empty bins are dropped after the reduction.
+        for k in range(STALENESS_BINS):
+            last = k == STALENESS_BINS - 1
+            count = (staleness >= k).sum() if last else (staleness == k).sum()
+            metrics.add(staleness_bin(k), count)
         tokens = sum(t.num_response_tokens for g in groups for t in g.trajectories)
         metrics.add("train/response_tokens", float(tokens))
 

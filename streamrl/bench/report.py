@@ -1,0 +1,124 @@
+"""The machine a benchmark ran on, and ``report.md`` and PNGs from ``bench throughput``."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def machine() -> dict[str, Any]:
+    """What to quote next to every figure: CPU model and capability, cores, torch, GPU, date."""
+    import torch
+
+    from streamrl.hardware import cpu_description
+
+    info: dict[str, Any] = {
+        "cpu": cpu_description(),
+        "cores": len(os.sched_getaffinity(0)),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    return info
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: dict) -> str:
+    """``report.md``: the machine, one table row per mode, and the comparison with the ideal."""
+    m = meta["machine"]
+    lines = [
+        f"# streamrl bench throughput: {meta['config']}",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}"
+        + (f", {m['gpu']}" if "gpu" in m else "")
+        + f"; {m['date']}. Placement: {meta['placement']}.",
+        f"Window: {meta['steps']} steps after a warm-up of {meta['warmup']}.",
+        "",
+        "| mode | samples/s | trained tok/s | generated tok/s | generator busy | "
+        "waits admission | waits weights | weight pauses | learner busy | staleness mean | "
+        "staleness histogram | weight bytes/step | window s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        label = "sync" if r["mode"] == "sync" else f"async η={r['eta']}"
+        hist = ", ".join(f"{k}: {v:.0f}" for k, v in sorted(r["staleness_histogram"].items()))
+        lines.append(
+            f"| {label} | {r['samples_per_s']:.2f} | {r['trained_tokens_per_s']:.1f} | "
+            f"{r['generated_tokens_per_s']:.1f} | {_pct(r['generator_busy'])} | "
+            f"{_pct(r['generator_wait_admission'])} | {_pct(r['generator_wait_weights'])} | "
+            f"{_pct(r['generator_weights_pause'])} | {_pct(r['learner_busy'])} | "
+            f"{r['staleness_mean']:.2f} | {hist} | {r['weight_bytes_per_step']:.3g} | "
+            f"{r['window_s']:.0f} |"
+        )
+    c = comparison
+    lines += [
+        "",
+        f"Measured alone (sync run): T_gen {c['t_gen_s']:.2f} s and T_train "
+        f"{c['t_train_s']:.2f} s per step; ideal async/sync "
+        f"(T_gen + T_train) / max = {c['ideal']:.2f}x.",
+        "",
+        "| η | async/sync | efficiency (÷ ideal) | target ≥ 0.9 | generator busy | target ≥ 90% |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in c["async"]:
+        lines.append(
+            f"| {row['eta']} | {row['async_over_sync']:.2f}x | {row['efficiency']:.2f} | "
+            f"{'met' if row['efficiency'] >= 0.9 else 'missed'} | {_pct(row['generator_busy'])} "
+            f"| {'met' if row['generator_busy'] >= 0.9 else 'missed'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: list[dict[str, Any]], out: Path) -> list[Path]:
+    """throughput.png (samples/s per mode), utilisation.png (busy fractions over time),
+    reward.png (batch reward against wall time)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = ["sync" if r["mode"] == "sync" else f"async η={r['eta']}" for r in results]
+    paths = []
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.bar(labels, [r["samples_per_s"] for r in results], color="tab:blue")
+    ax.set_ylabel("trained samples / s")
+    ax.set_title("throughput (steady-state window)")
+    fig.tight_layout()
+    paths.append(out / "throughput.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(len(results), 1, figsize=(7, 2.2 * len(results)), squeeze=False)
+    for ax, r, label in zip(axes[:, 0], results, labels, strict=True):
+        t = [p["t"] for p in r["timeline"]]
+        ax.step(t, [p["generator_busy"] for p in r["timeline"]], label="generators", where="pre")
+        ax.step(t, [p["learner_busy"] for p in r["timeline"]], label="learner", where="pre")
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel(label)
+    axes[0, 0].legend(loc="lower right")
+    axes[0, 0].set_title("busy fraction between learner steps")
+    axes[-1, 0].set_xlabel("seconds since the first step")
+    fig.tight_layout()
+    paths.append(out / "utilisation.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for r, label in zip(results, labels, strict=True):
+        ax.plot([p["t"] for p in r["timeline"]], [p["reward"] for p in r["timeline"]], label=label)
+    ax.set_xlabel("seconds since the first step")
+    ax.set_ylabel("batch reward mean")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "reward.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,274 @@
+"""``streamrl bench throughput``: synchronous against asynchronous mode, steady state only.
+
+The same config runs once with ``--mode sync`` and once async at each ``max_staleness`` (η),
+each through ``streamrl launch`` in its own process, on the same placement: on CPU, learner
+ranks and generators are pinned to disjoint cores (``placement.pin_cpus``), the way separate
+GPU pools are; on GPU, each role has its own device. Held-out evaluation is off.
+
+Every figure comes from the run's ``metrics.jsonl`` over a window that skips ``warmup``
+steps (process start, model load and, in async mode, the η batches generated before the
+first step) and spans the ``steps`` after it:
+
+- trained samples/s and tokens/s: what the learner consumed in the window;
+- generated tokens/s: what the generators produced (kept or dropped);
+- busy fractions from timers inside the roles (``GeneratorReport`` timers, the learner's
+  ``time/busy_s``), and the generators' time waiting for admission, waiting for a weight
+  version, and paused applying weights;
+- the staleness histogram and weight bytes published per step.
+
+From the sync run, T_gen and T_train per step (each role's busy seconds per step: in sync mode
+each runs alone) give the ideal speedup ``(T_gen + T_train) / max(T_gen, T_train)``;
+efficiency = measured async/sync ÷ ideal.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from streamrl.config import Config, load_config
+
+GENERATOR_TIMERS = ("busy_s", "wait_admission_s", "wait_weights_s", "weights_pause_s", "eval_s")
+
+
+class BenchError(RuntimeError):
+    """A benchmark that cannot run or measures nothing; the message is one line."""
+
+
+def mode_overrides(mode: str, eta: int, steps: int, warmup: int, out: Path) -> list[str]:
+    """What every benchmarked run shares, beside the user's overrides."""
+    name = "sync" if mode == "sync" else f"async-eta{eta}"
+    return [
+        f"run.output_dir={out / 'runs'}",
+        f"run.name={name}",
+        "run.overwrite=true",
+        f"run.mode={mode}",
+        f"run.max_steps={warmup + steps}",
+        f"buffer.max_staleness={eta}",
+        "eval.every=0",
+        "logging.progress=false",
+        "placement.pin_cpus=true",
+    ]
+
+
+def run_mode(
+    config_path: str | None,
+    overrides: list[str],
+    mode: str,
+    eta: int,
+    steps: int,
+    warmup: int,
+    out: Path,
+) -> dict[str, Any]:
+    """One benchmarked run (``streamrl launch`` in a child process; its console goes to
+    ``<out>/<name>.log``), measured by ``measure``."""
+    args = [*mode_overrides(mode, eta, steps, warmup, out), *overrides]
+    config = load_config(config_path, args)
+    name = config.run.name
+    command = [sys.executable, "-m", "streamrl.cli", "launch"]
+    command += [config_path] if config_path else []
+    with open(out / f"{name}.log", "w") as log:
+        if subprocess.run([*command, *args], stdout=log, stderr=log).returncode != 0:
+            raise BenchError(f"the {name} run failed: see {log.name}")
+    lines = (out / "runs" / name / "metrics.jsonl").read_text().splitlines()
+    result = measure([json.loads(line) for line in lines], warmup, config)
+    result.update(mode=mode, eta=0 if mode == "sync" else eta, name=name)
+    return result
+
+
+def measure(records: list[dict[str, Any]], warmup: int, config: Config) -> dict[str, Any]:
+    """The window's figures from a run's step records (module doc). The window opens at the
+    record of step ``warmup`` and closes at the last step."""
+    steps = [r for r in records if "step" in r]
+    if len(steps) < warmup + 2:
+        raise BenchError(f"{len(steps)} steps logged: need the warm-up ({warmup}) and 2 more")
+    opening = steps[warmup - 1] if warmup > 0 else steps[0]
+    window = [r for r in steps if r["step"] > opening["step"]]
+    last = window[-1]
+    span = last["time"] - opening["time"]
+    n_gen = max(int(last.get("generators/count", config.generator.count)), 1)
+
+    def delta(key: str) -> float:
+        return float(last.get(key, 0.0)) - float(opening.get(key, 0.0))
+
+    def per_generator(key: str) -> float:
+        return delta(key) / (span * n_gen)
+
+    samples_per_step = config.learner.groups_per_step * config.generator.group_size
+    histogram: dict[str, float] = {}
+    for r in window:
+        for key, value in r.items():
+            if key.startswith("staleness/groups_at_"):
+                bucket = key.removeprefix("staleness/groups_at_")
+                histogram[bucket] = histogram.get(bucket, 0.0) + value
+    learner_busy = sum(r.get("time/busy_s", 0.0) for r in window)
+    return {
+        "steps": len(window),
+        "window_s": span,
+        "samples_per_s": len(window) * samples_per_step / span,
+        "trained_tokens_per_s": sum(r["train/response_tokens"] for r in window) / span,
+        "generated_tokens_per_s": delta("generators/tokens_total") / span,
+        "generator_busy": per_generator("generators/busy_s_total"),
+        "generator_wait_admission": per_generator("generators/wait_admission_s_total"),
+        "generator_wait_weights": per_generator("generators/wait_weights_s_total"),
+        "generator_weights_pause": per_generator("generators/weights_pause_s_total"),
+        "learner_busy": learner_busy / span,
+        "t_gen_per_step_s": delta("generators/busy_s_total") / n_gen / len(window),
+        "t_train_per_step_s": learner_busy / len(window),
+        "groups_generated": delta("generators/groups_total"),
+        "groups_dropped": delta("buffer/dropped"),
+        "calls_per_step": delta("generators/groups_total")
+        / max(config.generator.prompts_per_call, 1)
+        / len(window),
+        "staleness_mean": sum(r["staleness/mean"] for r in window) / len(window),
+        "staleness_histogram": histogram,
+        "weight_bytes_per_step": sum(r.get("weights/bytes_sent", 0.0) for r in window)
+        / len(window),
+        "weights_changed_frac_max": max(r.get("weights/changed_frac", 0.0) for r in steps),
+        "timeline": timeline(steps, n_gen),
+    }
+
+
+def timeline(steps: list[dict[str, Any]], n_gen: int) -> list[dict[str, float]]:
+    """Per step: seconds since the first step, generator and learner busy fractions over the
+    interval since the previous step, and the batch's mean reward (for the report's plots)."""
+    points = []
+    for prev, cur in zip(steps, steps[1:], strict=False):
+        dt = max(cur["time"] - prev["time"], 1e-9)
+        gen = cur.get("generators/busy_s_total", 0.0) - prev.get("generators/busy_s_total", 0.0)
+        points.append(
+            {
+                "t": cur["time"] - steps[0]["time"],
+                "generator_busy": min(gen / (dt * n_gen), 1.0),
+                "learner_busy": min(cur.get("time/busy_s", 0.0) / dt, 1.0),
+                "reward": cur.get("reward/mean", 0.0),
+            }
+        )
+    return points
+
+
+def check_weights_move(result: dict[str, Any]) -> None:
+    """A workload whose weights never change measures nothing of the weight path."""
+    if result["weights_changed_frac_max"] <= 0.0:
+        raise BenchError(
+            f"the {result['name']} run never changed its weights (weights/changed_frac 0 at "
+            "every step): it measures nothing of the weight path; use a config whose reward "
+            "the model can learn (configs/default.yaml, configs/tiny.yaml)"
+        )
+
+
+def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """async/sync per η against the ideal from the sync run's T_gen and T_train."""
+    sync = next(r for r in results if r["mode"] == "sync")
+    t_gen, t_train = sync["t_gen_per_step_s"], sync["t_train_per_step_s"]
+    ideal = (t_gen + t_train) / max(t_gen, t_train, 1e-9)
+    rows = []
+    for r in results:
+        if r["mode"] == "sync":
+            continue
+        ratio = r["samples_per_s"] / sync["samples_per_s"]
+        rows.append(
+            {
+                "eta": r["eta"],
+                "async_over_sync": ratio,
+                "efficiency": ratio / ideal,
+                "generator_busy": r["generator_busy"],
+            }
+        )
+    return {"t_gen_s": t_gen, "t_train_s": t_train, "ideal": ideal, "async": rows}
+
+
+def placement_text(config: Config) -> str:
+    """How roles are placed in the benchmarked runs (printed and put in the report)."""
+    import os
+
+    from streamrl.placement import cpu_split, describe_split
+
+    split = cpu_split(config, sorted(os.sched_getaffinity(0)))
+    gpu = [
+        f"{role}s on {section.device}"
+        for role, section in (("learner", config.learner), ("generator", config.generator))
+        if section.device != "cpu"
+    ]
+    return "; ".join(filter(None, [describe_split(split), *gpu])) or "unpinned"
+
+
+def bench_throughput(
+    config_path: str | None,
+    overrides: list[str],
+    *,
+    steps: int,
+    warmup: int,
+    etas: list[int],
+    out: Path,
+    console=sys.stdout,
+) -> dict[str, Any]:
+    """Run sync, then async at each η; write results.json, report.md and PNGs to ``out``."""
+    from streamrl.bench.report import machine, markdown, plots
+
+    if steps < 2 or warmup < 1:
+        raise BenchError("need --steps >= 2 and --warmup >= 1 (the window opens after warm-up)")
+    if not etas or min(etas) < 0:
+        raise BenchError("--staleness needs one or more values >= 0")
+    config = load_config(
+        config_path, [*mode_overrides("async", max(etas), steps, warmup, out), *overrides]
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "config": config_path or "built-in defaults",
+        "overrides": overrides,
+        "steps": steps,
+        "warmup": warmup,
+        "machine": machine(),
+        "placement": placement_text(config),
+    }
+    print(
+        f"bench throughput: {meta['config']}; {meta['machine']['cpu']}, "
+        f"{meta['machine']['cores']} cores; placement: {meta['placement']}",
+        file=console,
+        flush=True,
+    )
+    results = []
+    for mode, eta in [("sync", 0), *(("async", e) for e in etas)]:
+        result = run_mode(config_path, overrides, mode, eta, steps, warmup, out)
+        if mode == "sync":
+            check_weights_move(result)
+        results.append(result)
+        print(
+            f"{result['name']:<12} {result['samples_per_s']:.2f} samples/s, "
+            f"{result['generated_tokens_per_s']:.1f} generated tok/s, generator busy "
+            f"{100 * result['generator_busy']:.0f}%, learner busy "
+            f"{100 * result['learner_busy']:.0f}%, staleness {result['staleness_mean']:.2f} "
+            f"({result['window_s']:.0f} s window)",
+            file=console,
+            flush=True,
+        )
+    comparison = compare(results)
+    shape = {
+        "generators": config.generator.count,
+        "learner_ranks": config.learner.count,
+        "groups_per_step": config.learner.groups_per_step,
+        "group_size": config.generator.group_size,
+        "prompts_per_call": config.generator.prompts_per_call,
+    }
+    report = {"meta": meta, "shape": shape, "results": results, "comparison": comparison}
+    (out / "results.json").write_text(json.dumps(report, indent=1))
+    (out / "report.md").write_text(markdown(results, comparison, meta))
+    plots(results, out)
+    print(
+        f"ideal async/sync {comparison['ideal']:.2f}x (T_gen {comparison['t_gen_s']:.2f} s, "
+        f"T_train {comparison['t_train_s']:.2f} s per step)",
+        file=console,
+    )
+    for row in comparison["async"]:
+        print(
+            f"async η={row['eta']}: {row['async_over_sync']:.2f}x sync, efficiency "
+            f"{row['efficiency']:.2f} of ideal (target 0.9), generator busy "
+            f"{100 * row['generator_busy']:.0f}% (target 90%)",
+            file=console,
+        )
+    print(f"wrote {out / 'report.md'}, results.json and PNGs", file=console, flush=True)
+    return report
