@@ -59,7 +59,14 @@ from streamrl.transport import Codec, bind_random, make_socket
 
 log = logging.getLogger("streamrl")
 
-GENERATOR_TIMERS = ("busy_s", "wait_admission_s", "wait_weights_s", "weights_pause_s", "eval_s")
+GENERATOR_COUNTERS = (
+    "busy_s",
+    "calls",
+    "wait_admission_s",
+    "wait_weights_s",
+    "weights_pause_s",
+    "eval_s",
+)
 
 
 # --------------------------------------------------------------------------- the run
@@ -417,7 +424,7 @@ class Controller:
             "generators/weights_bytes_total": sum(g.weights_bytes_received for g in gens),
             **{
                 f"generators/{name}_total": sum(getattr(g, name) for g in gens)
-                for name in GENERATOR_TIMERS
+                for name in GENERATOR_COUNTERS
             },
         }
         self.last_record = record

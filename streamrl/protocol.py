@@ -450,6 +450,7 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     # generating and scoring; waiting for admission; waiting for a version it must hold;
     # applying weights (between calls or in flight, during which decoding pauses); evaluating.
     busy_s: float = 0.0
+    calls: int = 0  # generation calls (each decodes its granted groups' rows together)
     wait_admission_s: float = 0.0
     wait_weights_s: float = 0.0
     weights_pause_s: float = 0.0

@@ -64,9 +64,10 @@ class AdmissionClient:
 
 @dataclasses.dataclass
 class ActivityTimers:
-    """Cumulative seconds a generator spent by activity (GeneratorReport's fields)."""
+    """Cumulative seconds a generator spent by activity, and its calls (GeneratorReport)."""
 
     busy_s: float = 0.0
+    calls: int = 0
     wait_admission_s: float = 0.0
     wait_weights_s: float = 0.0
     weights_pause_s: float = 0.0
@@ -217,6 +218,7 @@ class Generator:
             with self._timing("busy_s"):
                 prompts = [next(self.prompts) for _ in range(reply.granted)]
                 self.push(self.generate_groups(prompts))
+            self.timers.calls += 1
             self.report()
         # Drain: keep applying versions until we hold the learner's final one.
         self.wait_for_version(

@@ -6,9 +6,12 @@ The model follows the code it imitates:
 - admission is ``staleness.AdmissionPolicy`` itself (the same class): a generator may start a
   group while ``started - dropped < (η + v + 1) * groups_per_step`` and must hold weights of
   the reply's ``min_version`` first;
-- a generator call decodes ``prompts_per_call * group_size`` rows; it lasts ``call_overhead_s``
-  plus ``decode_step_s`` per decode step of its longest response (lockstep decoding), plus a
-  ``weight_sync_s`` pause for every version applied (between calls, or in flight);
+- a generator call decodes the rows of the groups it was granted (at most
+  ``prompts_per_call * group_size``) in lockstep until its longest response ends; a decode
+  step of ``r`` rows takes ``decode_step_s * (fixed_rows + r) / (fixed_rows + ref_rows)``
+  (``fixed_rows`` = None: the same at any batch, as for a launch-bound GPU engine; 0: per
+  row, as for a saturated one); a call also pauses ``weight_sync_s`` per version applied
+  (between calls, or in flight);
 - each generated group is dropped with probability ``drop_rate`` (dynamic sampling); its
   admission budget returns, as the shards' drop reports make it return;
 - the learner takes the oldest ``groups_per_step`` groups with ``min_version >= v - η``
@@ -64,10 +67,21 @@ class Workload:
     train_s_per_token: float
     lengths: Lengths = field(default_factory=Lengths)
     call_overhead_s: float = 0.0
+    ref_rows: float = 1.0
+    fixed_rows: float | None = None
     train_step_overhead_s: float = 0.0
     weight_sync_s: float = 0.0
+    # Seconds from a version's publication until a generator can apply it (encode, send).
+    weight_latency_s: float = 0.0
     drop_rate: float = 0.0
     prompt_tokens: float = 0.0  # trained with each response (context, not loss)
+
+
+def step_seconds(w: Workload, rows: int) -> float:
+    """One decode step of ``rows`` rows (module doc)."""
+    if w.fixed_rows is None:
+        return w.decode_step_s
+    return w.decode_step_s * (w.fixed_rows + rows) / (w.fixed_rows + w.ref_rows)
 
 
 @dataclass
@@ -83,6 +97,7 @@ class Simulation:
         self.w, self.eta, self.in_flight, self.steps = w, eta, in_flight, steps
         self.rng = random.Random(seed)
         self.now, self.version = 0.0, 0
+        self.published = 0  # the newest version generators can apply (after the latency)
         self.policy = AdmissionPolicy(w.groups_per_step, eta, self)
         self.buffer: list[_Group] = []
         self._heap: list[tuple[float, int, Coroutine]] = []
@@ -134,27 +149,27 @@ class Simulation:
                 yield "version"
                 continue
             while applied < grant.min_version:
-                if self.version <= applied:
+                if self.published <= applied:
                     yield "version"
                     continue
                 yield w.weight_sync_s
-                applied = self.version
-            if self.version > applied:  # newer weights are applied between calls
+                applied = self.published
+            if self.published > applied:  # newer weights are applied between calls
                 yield w.weight_sync_s
-                applied = self.version
+                applied = self.published
             start_version = applied
             lengths = [
                 [w.lengths.draw(self.rng) for _ in range(w.group_size)]
                 for _ in range(grant.granted)
             ]
             longest = max(max(group) for group in lengths)
-            duration = w.call_overhead_s + w.decode_step_s * longest
+            duration = w.call_overhead_s + step_seconds(w, grant.granted * w.group_size) * longest
             yield duration
             self.busy["generator"] += duration
-            if self.in_flight and self.version > applied:
+            if self.in_flight and self.published > applied:
                 # Versions published during the call were applied in flight: decoding paused.
-                yield w.weight_sync_s * (self.version - applied)
-                applied = self.version
+                yield w.weight_sync_s * (self.published - applied)
+                applied = self.published
             for group in lengths:
                 if self.rng.random() < w.drop_rate:
                     self.policy.set_dropped(self.policy.dropped + 1)
@@ -185,7 +200,13 @@ class Simulation:
             self.version += 1
             self.step_times.append(self.now)
             self.busy_marks.append((self.now, self.busy["generator"], self.busy["learner"]))
-            self._notify("version")
+            self._notify("version")  # admission opens at once; the weights arrive later
+            self._schedule(self._publish(self.version), self.now)
+
+    def _publish(self, version: int) -> Coroutine:
+        yield self.w.weight_latency_s
+        self.published = max(self.published, version)
+        self._notify("version")
 
 
 def simulate(w: Workload, eta: int, in_flight: bool, steps: int, warmup: int, seed: int = 0):
@@ -224,6 +245,14 @@ def predict(w: Workload, etas: list[int], steps: int, warmup: int, seed: int = 0
     return {"workload": asdict(w), "modes": modes}
 
 
+# How a decode step's time grows with its rows, for the HF engine (``fixed_rows``):
+# CPU: benchmarks/README.md's engine figures on the 2-core AVX512 EPYC, 78.1 tok/s at batch 8
+# and 115.3 at 16, are steps of 102 and 139 ms: 66 ms + 4.6 ms per row, so the fixed part
+# equals 14.5 rows. CUDA: on the H100 a step took 102, 100 and 91 ms at batch 8, 64 and 256:
+# launch-bound, the same at any batch (None).
+ENGINE_FIXED_ROWS: dict[str, float | None] = {"cpu": 14.5, "cuda": None}
+
+
 def workload_from_bench(results: dict[str, Any]) -> Workload:
     """Calibrate the model from ``bench throughput``'s results.json: per-call and per-token
     costs from the sync run (each role alone), lengths fixed at the measured mean."""
@@ -234,6 +263,7 @@ def workload_from_bench(results: dict[str, Any]) -> Workload:
     mean_len = sync["trained_tokens_per_s"] / sync["samples_per_s"]
     calls = max(sync["calls_per_step"] * steps, 1e-9)
     call_s = sync["t_gen_per_step_s"] * steps / calls
+    device = shape.get("generator_device", "cpu").split(":")[0]
     tokens_per_step = mean_len * samples_per_step
     generated = max(sync["groups_generated"], 1.0)
     return Workload(
@@ -243,9 +273,13 @@ def workload_from_bench(results: dict[str, Any]) -> Workload:
         group_size=shape["group_size"],
         prompts_per_call=shape["prompts_per_call"],
         decode_step_s=call_s / mean_len,
+        ref_rows=sync["rows_per_call"],
+        fixed_rows=ENGINE_FIXED_ROWS.get(device, None),
         train_s_per_token=sync["t_train_per_step_s"] * shape["learner_ranks"] / tokens_per_step,
         lengths=Lengths(fixed=mean_len),
         weight_sync_s=sync["generator_weights_pause"] * sync["window_s"] / steps,
+        # In sync mode a generator waits for every version: its wait is the latency.
+        weight_latency_s=sync["generator_wait_weights"] * sync["window_s"] / steps,
         drop_rate=sync["groups_dropped"] / generated,
     )
 
@@ -285,6 +319,8 @@ def projection_workload(gpus: int) -> Workload:
         prompts_per_call=4,
         # A call's rows share the GPU's decode rate; the call lasts until its longest row ends.
         decode_step_s=rows / gen_tok_s,
+        ref_rows=rows,
+        fixed_rows=0.0,
         train_s_per_token=(4 / 3) / train_tok_s,
         lengths=Lengths(median=1000.0, sigma=0.8, cap=8192),
         weight_sync_s=2.0,

@@ -31,8 +31,6 @@ from typing import Any
 
 from streamrl.config import Config, load_config
 
-GENERATOR_TIMERS = ("busy_s", "wait_admission_s", "wait_weights_s", "weights_pause_s", "eval_s")
-
 
 class BenchError(RuntimeError):
     """A benchmark that cannot run or measures nothing; the message is one line."""
@@ -120,9 +118,10 @@ def measure(records: list[dict[str, Any]], warmup: int, config: Config) -> dict[
         "t_train_per_step_s": learner_busy / len(window),
         "groups_generated": delta("generators/groups_total"),
         "groups_dropped": delta("buffer/dropped"),
-        "calls_per_step": delta("generators/groups_total")
-        / max(config.generator.prompts_per_call, 1)
-        / len(window),
+        "calls_per_step": delta("generators/calls_total") / len(window),
+        "rows_per_call": delta("generators/groups_total")
+        * config.generator.group_size
+        / max(delta("generators/calls_total"), 1.0),
         "staleness_mean": sum(r["staleness/mean"] for r in window) / len(window),
         "staleness_histogram": histogram,
         "weight_bytes_per_step": sum(r.get("weights/bytes_sent", 0.0) for r in window)
@@ -253,11 +252,15 @@ def bench_throughput(
         "groups_per_step": config.learner.groups_per_step,
         "group_size": config.generator.group_size,
         "prompts_per_call": config.generator.prompts_per_call,
+        "generator_device": config.generator.device,
     }
     report = {"meta": meta, "shape": shape, "results": results, "comparison": comparison}
     (out / "results.json").write_text(json.dumps(report, indent=1))
     (out / "report.md").write_text(markdown(results, comparison, meta))
-    plots(results, out)
+    try:
+        plots(results, out)
+    except ImportError:  # matplotlib is a dev extra: the figures are in report.md either way
+        print("matplotlib is not installed: no PNGs", file=console)
     print(
         f"ideal async/sync {comparison['ideal']:.2f}x (T_gen {comparison['t_gen_s']:.2f} s, "
         f"T_train {comparison['t_train_s']:.2f} s per step)",

@@ -27,6 +27,7 @@ def _records(n: int, step_s: float, gen_busy_per_step: float, train_s: float) ->
             "generators/count": 1,
             "generators/tokens_total": 50 * i,
             "generators/groups_total": 4 * i,
+            "generators/calls_total": 2 * i,
             "generators/busy_s_total": gen_busy_per_step * i,
             "generators/wait_admission_s_total": 0.0,
             "generators/wait_weights_s_total": 0.0,
@@ -51,6 +52,8 @@ def test_measure_uses_the_window_after_warmup() -> None:
     assert result["generator_busy"] == pytest.approx(0.75)
     assert result["learner_busy"] == pytest.approx(0.5)
     assert result["t_gen_per_step_s"] == pytest.approx(1.5)
+    assert result["calls_per_step"] == pytest.approx(2.0)
+    assert result["rows_per_call"] == pytest.approx(2 * 2)  # 2 groups x group_size 2
     assert result["staleness_histogram"] == {"1": 20.0}
     with pytest.raises(BenchError, match="need the warm-up"):
         measure(records[:4], warmup=3, config=config)
@@ -141,6 +144,8 @@ def test_workload_calibrated_from_bench_results() -> None:
                 "t_gen_per_step_s": 6.0,
                 "t_train_per_step_s": 4.0,
                 "calls_per_step": 2.0,
+                "rows_per_call": 16.0,
+                "generator_wait_weights": 0.0,
                 "groups_generated": 40.0,
                 "groups_dropped": 0.0,
                 "generator_weights_pause": 0.01,
