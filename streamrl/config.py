@@ -97,7 +97,9 @@ class GeneratorConfig(_Section):
     # HF engine: rows decoded together; finished rows are refilled from the waiting prompts
     # (continuous batching). None = every prompt of a call at once.
     max_batch_size: int | None = None
-    threads: int = 1
+    # torch intra-op threads; 0 = auto: the cores this generator is pinned to, or without
+    # pinning an even share of the machine's cores among the CPU roles (printed at start).
+    threads: int = 0
 
 
 class BufferConfig(_Section):
@@ -147,7 +149,8 @@ class LearnerConfig(_Section):
     min_lr_ratio: float = 0.0
     # Recompute each decoder block's activations in backward (less memory, ~30% more compute).
     activation_checkpointing: bool = False
-    threads: int = 1
+    # torch intra-op threads per rank; 0 = auto (as generator.threads).
+    threads: int = 0
     # Seconds to wait for a full batch before logging that the learner is starved.
     batch_wait_log_s: float = 30.0
 
@@ -222,8 +225,8 @@ class EvalConfig(_Section):
 class PlacementConfig(_Section):
     # CPU roles in local mode: pin learner ranks and generators to disjoint cores
     # (os.sched_setaffinity), as separate GPU pools are kept apart; the split is printed at
-    # start. A pinned process runs one torch thread per core it holds (this replaces
-    # learner.threads / generator.threads). Buffer shards and the controller stay unpinned.
+    # start. A pinned process with threads 0 (auto) runs one torch thread per core it holds.
+    # Buffer shards and the controller stay unpinned.
     pin_cpus: bool = False
     # Cores of the learner pool (0: half of the cores, at least 1); generators get the rest.
     learner_cores: int = 0
@@ -313,6 +316,8 @@ def _finalize(config: Config) -> Config:
         (config.buffer.max_staleness >= 0, "buffer.max_staleness must be >= 0"),
         (config.eval.every >= 0, "eval.every must be >= 0"),
         (config.placement.learner_cores >= 0, "placement.learner_cores must be >= 0"),
+        (config.learner.threads >= 0, "learner.threads must be >= 0 (0 = auto)"),
+        (config.generator.threads >= 0, "generator.threads must be >= 0 (0 = auto)"),
         (config.eval.max_prompts >= 1, "eval.max_prompts must be >= 1"),
         (config.eval.samples >= 1, "eval.samples must be >= 1"),
         (config.eval.temperature >= 0, "eval.temperature must be >= 0"),

@@ -52,6 +52,7 @@ from streamrl.placement import (
     describe_split,
     init_ray,
     prepare_run_dir,
+    role_threads,
 )
 from streamrl.protocol import EvalReport, GeneratorReport, LearnerStep, Report, ShardReport
 from streamrl.staleness import AdmissionPolicy
@@ -198,14 +199,16 @@ class Controller:
         return sets[index] if sets else None
 
     def _role_config(self, role: str, index: int) -> Config:
-        """The run's config as one role instance sees it: a pinned role runs one torch thread
-        per core it holds."""
-        cores = self._cores(role, index)
-        if not cores:
-            return self.config
+        """The run's config as one role instance sees it: its torch threads resolved."""
+        threads = self._threads(role, index)
         section = getattr(self.config, role)
         return msgspec.structs.replace(
-            self.config, **{role: msgspec.structs.replace(section, threads=len(cores))}
+            self.config, **{role: msgspec.structs.replace(section, threads=threads)}
+        )
+
+    def _threads(self, role: str, index: int) -> int:
+        return role_threads(
+            self.config, role, self._cores(role, index), len(os.sched_getaffinity(0))
         )
 
     def _log_file(self, role: str) -> str:
@@ -233,6 +236,14 @@ class Controller:
         self._start_admin([req for _, req in shard_eps])
         if self.cores:
             print(f"cpu pinning: {describe_split(self.cores)}", file=self.console, flush=True)
+        cpu_roles = [r for r in ("learner", "generator") if getattr(cfg, r).device == "cpu"]
+        if cpu_roles:
+            split = ", ".join(f"{r} {self._threads(r, 0)}" for r in cpu_roles)
+            print(
+                f"torch threads per process: {split} ({len(os.sched_getaffinity(0))} cores here)",
+                file=self.console,
+                flush=True,
+            )
         learners = [
             LearnerActor.options(**self.placement.options("learner", r)).remote(
                 self._log_file(f"learner-{r}"), self._cores("learner", r)

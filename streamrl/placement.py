@@ -196,3 +196,15 @@ def pin_process(cores: list[int] | None) -> None:
     import torch
 
     torch.set_num_threads(len(cores))
+
+
+def role_threads(config: Config, role: str, cores: list[int] | None, available: int) -> int:
+    """torch threads for one ``role`` process: its configured ``threads`` if set, else the
+    cores it is pinned to, else an even share of ``available`` cores among the CPU roles."""
+    section = getattr(config, role)
+    if section.threads > 0:
+        return section.threads
+    if cores:
+        return len(cores)
+    cpu_processes = sum(s.count for s in (config.learner, config.generator) if s.device == "cpu")
+    return max(1, available // max(cpu_processes, 1))

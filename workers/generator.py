@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from streamrl.config import Config
 from streamrl.data import Prompt, prompt_source
 from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_tokenizer, stop_token_ids
+from streamrl.placement import role_threads
 from streamrl.protocol import (
     AdmissionReply,
     AdmissionRequest,
@@ -94,7 +96,8 @@ class Generator:
         report_endpoint: str,
     ) -> None:
         gen = config.generator
-        torch.set_num_threads(gen.threads)
+        # The controller resolves threads (0 = auto); a role built directly resolves its own.
+        torch.set_num_threads(role_threads(config, "generator", None, len(os.sched_getaffinity(0))))
         self.config, self.generator_id = config, generator_id
         self.tokenizer = load_tokenizer(Path(model_dir))
         compute = resolve_compute_dtype(config.model.compute_dtype, gen.device)

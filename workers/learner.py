@@ -29,6 +29,7 @@ from streamrl.buffers.client import BufferClient, FetchStopped
 from streamrl.config import Config
 from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_causal_lm, load_tokenizer
+from streamrl.placement import role_threads
 from streamrl.protocol import LearnerStep, TrajectoryGroup
 from streamrl.transport import make_socket
 from streamrl.workers import checkpoint
@@ -115,7 +116,8 @@ class Learner:
         checkpoint_dir: str = "checkpoints",
     ) -> None:
         lc = config.learner
-        torch.set_num_threads(lc.threads)
+        # The controller resolves threads (0 = auto); a role built directly resolves its own.
+        torch.set_num_threads(role_threads(config, "learner", None, len(os.sched_getaffinity(0))))
         torch.manual_seed(config.run.seed)
         self.config, self.rank, self.world_size = config, rank, world_size
         self.model_dir = Path(model_dir)

@@ -180,3 +180,16 @@ def test_cpu_split_pins_pools_to_disjoint_cores() -> None:
     wide = load_config(None, ["placement.pin_cpus=true", "placement.learner_cores=2"])
     with pytest.raises(RunError, match="leaves no core"):
         cpu_split(wide, [0, 1])
+
+
+def test_threads_default_to_a_share_of_the_cores() -> None:
+    from streamrl.placement import role_threads
+
+    config = load_config(None, ["learner.count=1", "generator.count=3"])
+    assert role_threads(config, "learner", None, 8) == 2  # 8 cores over 4 CPU processes
+    assert role_threads(config, "generator", [2, 3, 4], 8) == 3  # pinned: its cores
+    assert role_threads(config, "generator", None, 2) == 1  # never 0
+    explicit = load_config(None, ["generator.threads=5"])
+    assert role_threads(explicit, "generator", [1], 8) == 5
+    with pytest.raises(Exception, match="generator.threads must be >= 0"):
+        load_config(None, ["generator.threads=-1"])
