@@ -68,19 +68,6 @@ def numeric_match(sample: RewardInput, *, partial: float = 0.0) -> float:
     return partial if any(_numbers_equal(n, sample.ground_truth) for n in numbers) else 0.0
 
 
-@register("numeric_distance")
-def numeric_distance(sample: RewardInput, *, scale: float = 10.0) -> float:
-    """Graded closeness of the first number to the ground truth: ``1 - |error| / scale``,
-    at least 0 (0 without a number). Beside ``numeric_match`` it gives near misses a gradient
-    toward the answer, so fewer groups score all alike."""
-    numbers = _NUMBER.findall(sample.response_text)
-    first = _to_number(numbers[0]) if numbers else None
-    truth = _to_number(sample.ground_truth)
-    if first is None or truth is None:
-        return 0.0
-    return max(0.0, 1.0 - abs(first - truth) / scale)
-
-
 @register("gsm8k")
 def gsm8k(sample: RewardInput, *, format_score: float = 0.0) -> float:
     """GSM8K style: the answer follows ``####``; 1 if it matches, ``format_score`` if present."""

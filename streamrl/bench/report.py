@@ -40,7 +40,14 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: di
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}"
         + (f", {m['gpu']}" if "gpu" in m else "")
         + f"; {m['date']}. Placement: {meta['placement']}.",
-        f"Window: {meta['steps']} steps after a warm-up of {meta['warmup']}.",
+        f"Window: {meta['steps']} steps after a warm-up of {meta['warmup']}; buffer level "
+        "(groups) at its opening / mean over it: "
+        + ", ".join(
+            f"{'sync' if r['mode'] == 'sync' else 'η=' + str(r['eta'])} "
+            f"{r['buffer_at_open']:.0f} / {r['buffer_mean']:.1f}"
+            for r in results
+        )
+        + ".",
         "",
         "| mode | samples/s | trained tok/s | generated tok/s | generator busy | "
         "waits admission | waits weights | weight pauses | learner busy | staleness mean | "

@@ -123,6 +123,9 @@ def measure(records: list[dict[str, Any]], warmup: int, config: Config) -> dict[
         * config.generator.group_size
         / max(delta("generators/calls_total"), 1.0),
         "staleness_mean": sum(r["staleness/mean"] for r in window) / len(window),
+        # The buffer's level when the window opens and over it: steady if they agree.
+        "buffer_at_open": float(opening.get("buffer/size", 0)),
+        "buffer_mean": sum(r.get("buffer/size", 0) for r in window) / len(window),
         "staleness_histogram": histogram,
         "weight_bytes_per_step": sum(r.get("weights/bytes_sent", 0.0) for r in window)
         / len(window),
