@@ -54,20 +54,18 @@ from streamrl.placement import (
     prepare_run_dir,
     role_threads,
 )
-from streamrl.protocol import EvalReport, GeneratorReport, LearnerStep, Report, ShardReport
+from streamrl.protocol import (
+    EvalReport,
+    GeneratorActivity,
+    GeneratorReport,
+    LearnerStep,
+    Report,
+    ShardReport,
+)
 from streamrl.staleness import AdmissionPolicy
 from streamrl.transport import Codec, bind_random, make_socket
 
 log = logging.getLogger("streamrl")
-
-GENERATOR_COUNTERS = (
-    "busy_s",
-    "calls",
-    "wait_admission_s",
-    "wait_weights_s",
-    "weights_pause_s",
-    "eval_s",
-)
 
 
 # --------------------------------------------------------------------------- the run
@@ -434,8 +432,8 @@ class Controller:
             "generators/groups_total": sum(g.groups_pushed for g in gens),
             "generators/weights_bytes_total": sum(g.weights_bytes_received for g in gens),
             **{
-                f"generators/{name}_total": sum(getattr(g, name) for g in gens)
-                for name in GENERATOR_COUNTERS
+                f"generators/{name}_total": sum(getattr(g.activity, name) for g in gens)
+                for name in GeneratorActivity.__struct_fields__
             },
         }
         self.last_record = record

@@ -432,6 +432,20 @@ class LearnerStep(msgspec.Struct, tag="learner_step"):
     time: float
 
 
+class GeneratorActivity(msgspec.Struct):
+    """Cumulative seconds a generator spent by activity, timed inside its loop, and its calls
+    (``streamrl bench``): generating and scoring; waiting for admission; waiting for a version
+    it must hold; applying weights (between calls or in flight, while decoding pauses);
+    evaluating."""
+
+    busy_s: float = 0.0
+    calls: int = 0  # generation calls (each decodes its granted groups' rows together)
+    wait_admission_s: float = 0.0
+    wait_weights_s: float = 0.0
+    weights_pause_s: float = 0.0
+    eval_s: float = 0.0
+
+
 class GeneratorReport(msgspec.Struct, tag="generator_report"):
     generator_id: int
     applied_version: int
@@ -446,15 +460,7 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     weights_bytes_received: int = 0
     weights_apply_s: float = 0.0
     weights_latency_s: float = 0.0  # publish to applied, for the last version
-    # Cumulative seconds by activity, timed inside the generator's loop (`streamrl bench`):
-    # generating and scoring; waiting for admission; waiting for a version it must hold;
-    # applying weights (between calls or in flight, during which decoding pauses); evaluating.
-    busy_s: float = 0.0
-    calls: int = 0  # generation calls (each decodes its granted groups' rows together)
-    wait_admission_s: float = 0.0
-    wait_weights_s: float = 0.0
-    weights_pause_s: float = 0.0
-    eval_s: float = 0.0
+    activity: GeneratorActivity = msgspec.field(default_factory=lambda: GeneratorActivity())
 
 
 class ShardReport(msgspec.Struct, tag="shard_report"):

@@ -32,6 +32,7 @@ from streamrl.protocol import (
     AdmissionReply,
     AdmissionRequest,
     EvalReport,
+    GeneratorActivity,
     GeneratorReport,
     Trajectory,
     TrajectoryGroup,
@@ -62,18 +63,6 @@ class AdmissionClient:
         if reply is None:
             raise RuntimeError("malformed admission reply from the controller")
         return reply
-
-
-@dataclasses.dataclass
-class ActivityTimers:
-    """Cumulative seconds a generator spent by activity, and its calls (GeneratorReport)."""
-
-    busy_s: float = 0.0
-    calls: int = 0
-    wait_admission_s: float = 0.0
-    wait_weights_s: float = 0.0
-    weights_pause_s: float = 0.0
-    eval_s: float = 0.0
 
 
 def encode_prompt(tokenizer, prompt: Prompt, max_tokens: int) -> list[int]:
@@ -154,7 +143,7 @@ class Generator:
         self.prompts_per_call = gen.prompts_per_call
         self.tokens_generated = self.groups_pushed = 0
         self._last_report = 0.0
-        self.timers = ActivityTimers()
+        self.timers = GeneratorActivity()
 
     # ------------------------------------------------------------------ weights
 
@@ -340,7 +329,7 @@ class Generator:
                 weights_bytes_received=sub.bytes_received,
                 weights_apply_s=sub.last_apply_s,
                 weights_latency_s=sub.last_latency_s,
-                **dataclasses.asdict(self.timers),
+                activity=msgspec.structs.replace(self.timers),  # a copy: the timers go on
             )
         )
         try:

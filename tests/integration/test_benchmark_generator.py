@@ -30,3 +30,21 @@ def test_generator_benchmark_prints_its_table(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())["rows"]
     assert [r["batch"] for r in rows] == [1, 2]
     assert all(r[k] > 0 for r in rows for k in ("engine", "greedy", "sampled", "roofline"))
+
+
+@pytest.mark.slow
+def test_peer_loop_trains_and_compares(tmp_path: Path) -> None:
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"results": [{"mode": "sync", "eta": 0, "samples_per_s": 1.0}]}))
+    args = ["--config", "configs/tiny.yaml", "--steps", "2", "--warmup", "1", "--threads", "1"]
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/peer_loop.py", *args, "--compare", str(results)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "single-process loop:" in proc.stdout and "trained samples/s" in proc.stdout
+    assert "streamrl sync: 1.00 trained samples/s" in proc.stdout
+    assert "oneDNN bf16" in proc.stdout  # the CPU line is printed
