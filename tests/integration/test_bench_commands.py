@@ -74,3 +74,15 @@ def test_bench_bad_input_is_one_line() -> None:
     assert result.stderr.strip().count("\n") == 0 and "not found" in result.stderr
     result = _cli("bench", "simulate", "--from", "/nonexistent/results.json")
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
+
+
+def test_bench_quality_compares_modes_at_equal_samples(tmp_path: Path) -> None:
+    result = _cli(
+        "bench", "quality", "--config", "configs/tiny.yaml", "--out", str(tmp_path),
+        "run.max_steps=2", "eval.every=1", "eval.max_prompts=4",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "quality.json").read_text())
+    assert set(report) == {"sync", "async"}
+    assert all(r["steps"] == 2 and len(r["curve"]) >= 2 for r in report.values())
+    assert (tmp_path / "quality.png").stat().st_size > 0
