@@ -22,7 +22,9 @@ def _etas(text: str) -> list[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streamrl bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="streamrl bench", description="Benchmarks: throughput, simulate, quality."
+    )
     sub = parser.add_subparsers(dest="bench", required=True)
     tp = sub.add_parser(
         "throughput",
