@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from streamrl.bench.report import mode_label
 from streamrl.config import default_config_path, load_config
 from streamrl.data import prompt_source
 from streamrl.hardware import cpu_description, resolve_compute_dtype
@@ -139,9 +140,8 @@ def main() -> None:
     if args.compare:
         report = json.loads(args.compare.read_text())
         for r in report["results"]:
-            name = "streamrl sync" if r["mode"] == "sync" else f"streamrl async η={r['eta']}"
             print(
-                f"{name}: {r['samples_per_s']:.2f} trained samples/s "
+                f"streamrl {mode_label(r)}: {r['samples_per_s']:.2f} trained samples/s "
                 f"({r['samples_per_s'] / samples_per_s:.2f}x the single-process loop)"
             )
 

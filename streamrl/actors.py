@@ -25,9 +25,8 @@ def _setup_process(log_file: str, cores: list[int] | None = None) -> None:
     # Every role shares 2 cores here: one intra-op thread each unless the config says more.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if cores:
-        from streamrl.placement import pin_process
-
-        pin_process(cores)
+        # Affinity only: the role sets its torch threads (placement.role_threads).
+        os.sched_setaffinity(0, cores)
         logging.getLogger("streamrl").info("pinned to cores %s", cores)
 
 

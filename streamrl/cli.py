@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     export_model.add_argument("--step", type=int, help="checkpoint version (default: newest)")
     export_model.add_argument("--out", required=True, help="output directory")
 
+    # Listed for --help only: main() hands `bench ...` to streamrl.bench.cli's own parser.
     bench = sub.add_parser(
         "bench",
         help="benchmarks: throughput (sync vs async), simulate (at scale), quality",

@@ -95,7 +95,8 @@ class Controller:
         self._token_samples: collections.deque = collections.deque(maxlen=4096)
         self.evals: list[EvalReport] = []
         self.started_at = time.time()
-        self.cores: dict[str, list[list[int]]] = {}
+        self.available_cores = sorted(os.sched_getaffinity(0))
+        self.cores: dict[str, list[list[int]]] = {}  # per role instance, when pinned
 
     def run(self) -> dict[str, Any]:
         from streamrl.data import check_data
@@ -116,7 +117,7 @@ class Controller:
             )
             check_port_free(cfg.admin.host, cfg.admin.port, "admin endpoint")
             if self.address is None:  # pinning is a local-mode affair: cores are per node
-                self.cores = cpu_split(cfg, sorted(os.sched_getaffinity(0)))
+                self.cores = cpu_split(cfg, self.available_cores)
             self.run_dir = prepare_run_dir(cfg)
             self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.console, cfg)
             init_ray(self.address)
@@ -205,9 +206,7 @@ class Controller:
         )
 
     def _threads(self, role: str, index: int) -> int:
-        return role_threads(
-            self.config, role, self._cores(role, index), len(os.sched_getaffinity(0))
-        )
+        return role_threads(self.config, role, self._cores(role, index), len(self.available_cores))
 
     def _log_file(self, role: str) -> str:
         return str((self.run_dir / "logs" / f"{role}.log").resolve())
@@ -238,7 +237,7 @@ class Controller:
         if cpu_roles:
             split = ", ".join(f"{r} {self._threads(r, 0)}" for r in cpu_roles)
             print(
-                f"torch threads per process: {split} ({len(os.sched_getaffinity(0))} cores here)",
+                f"torch threads per process: {split} ({len(self.available_cores)} cores here)",
                 file=self.console,
                 flush=True,
             )

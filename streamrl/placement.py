@@ -188,16 +188,6 @@ def describe_split(split: dict[str, list[list[int]]]) -> str:
     )
 
 
-def pin_process(cores: list[int] | None) -> None:
-    """Pin this process to ``cores`` and run one torch thread per core (no-op for None)."""
-    if not cores:
-        return
-    os.sched_setaffinity(0, cores)
-    import torch
-
-    torch.set_num_threads(len(cores))
-
-
 def role_threads(config: Config, role: str, cores: list[int] | None, available: int) -> int:
     """torch threads for one ``role`` process: its configured ``threads`` if set, else the
     cores it is pinned to, else an even share of ``available`` cores among the CPU roles."""

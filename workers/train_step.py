@@ -204,9 +204,10 @@ class TrainStep:
         metrics.max("staleness/max", staleness.max())
         # A histogram with a fixed set of keys (every rank must reduce the same names); the
         # empty bins are dropped after the reduction.
-        for k in range(STALENESS_BINS):
-            last = k == STALENESS_BINS - 1
-            count = (staleness >= k).sum() if last else (staleness == k).sum()
+        counts = torch.bincount(
+            staleness.long().clamp(0, STALENESS_BINS - 1), minlength=STALENESS_BINS
+        )
+        for k, count in enumerate(counts):
             metrics.add(staleness_bin(k), count)
         tokens = sum(t.num_response_tokens for g in groups for t in g.trajectories)
         metrics.add("train/response_tokens", float(tokens))

@@ -27,6 +27,11 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def mode_label(result: dict[str, Any]) -> str:
+    """``sync`` or ``async η=2``: how a benchmarked mode is named in tables and plots."""
+    return "sync" if result["mode"] == "sync" else f"async η={result['eta']}"
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
@@ -43,9 +48,7 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: di
         f"Window: {meta['steps']} steps after a warm-up of {meta['warmup']}; buffer level "
         "(groups) at its opening / mean over it: "
         + ", ".join(
-            f"{'sync' if r['mode'] == 'sync' else 'η=' + str(r['eta'])} "
-            f"{r['buffer_at_open']:.0f} / {r['buffer_mean']:.1f}"
-            for r in results
+            f"{mode_label(r)} {r['buffer_at_open']:.0f} / {r['buffer_mean']:.1f}" for r in results
         )
         + ".",
         "",
@@ -55,10 +58,9 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: di
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        label = "sync" if r["mode"] == "sync" else f"async η={r['eta']}"
         hist = ", ".join(f"{k}: {v:.0f}" for k, v in sorted(r["staleness_histogram"].items()))
         lines.append(
-            f"| {label} | {r['samples_per_s']:.2f} | {r['trained_tokens_per_s']:.1f} | "
+            f"| {mode_label(r)} | {r['samples_per_s']:.2f} | {r['trained_tokens_per_s']:.1f} | "
             f"{r['generated_tokens_per_s']:.1f} | {_pct(r['generator_busy'])} | "
             f"{_pct(r['generator_wait_admission'])} | {_pct(r['generator_wait_weights'])} | "
             f"{_pct(r['generator_weights_pause'])} | {_pct(r['learner_busy'])} | "
@@ -92,7 +94,7 @@ def plots(results: list[dict[str, Any]], out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = ["sync" if r["mode"] == "sync" else f"async η={r['eta']}" for r in results]
+    labels = [mode_label(r) for r in results]
     paths = []
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.bar(labels, [r["samples_per_s"] for r in results], color="tab:blue")

@@ -15,8 +15,9 @@ The model follows the code it imitates:
 - each generated group is dropped with probability ``drop_rate`` (dynamic sampling); its
   admission budget returns, as the shards' drop reports make it return;
 - the learner takes the oldest ``groups_per_step`` groups with ``min_version >= v - η``
-  (older ones are dropped as stale), trains ``train_step_overhead_s + tokens *
-  train_s_per_token / learner_ranks`` and publishes version ``v + 1``;
+  (older ones are dropped as stale), trains ``response tokens * train_s_per_token /
+  learner_ranks`` and publishes version ``v + 1``, which generators can apply
+  ``weight_latency_s`` later;
 - sync mode is η = 0 without in-flight updates.
 
 Figures are measured like ``bench throughput``'s: over the steps after ``warmup``.
@@ -66,15 +67,12 @@ class Workload:
     decode_step_s: float
     train_s_per_token: float
     lengths: Lengths = field(default_factory=Lengths)
-    call_overhead_s: float = 0.0
     ref_rows: float = 1.0
     fixed_rows: float | None = None
-    train_step_overhead_s: float = 0.0
     weight_sync_s: float = 0.0
     # Seconds from a version's publication until a generator can apply it (encode, send).
     weight_latency_s: float = 0.0
     drop_rate: float = 0.0
-    prompt_tokens: float = 0.0  # trained with each response (context, not loss)
 
 
 def step_seconds(w: Workload, rows: int) -> float:
@@ -163,7 +161,7 @@ class Simulation:
                 for _ in range(grant.granted)
             ]
             longest = max(max(group) for group in lengths)
-            duration = w.call_overhead_s + step_seconds(w, grant.granted * w.group_size) * longest
+            duration = step_seconds(w, grant.granted * w.group_size) * longest
             yield duration
             self.busy["generator"] += duration
             if self.in_flight and self.published > applied:
@@ -174,8 +172,7 @@ class Simulation:
                 if self.rng.random() < w.drop_rate:
                     self.policy.set_dropped(self.policy.dropped + 1)
                     continue
-                tokens = sum(group) + w.prompt_tokens * w.group_size
-                self.buffer.append(_Group(start_version, tokens))
+                self.buffer.append(_Group(start_version, sum(group)))
             self._notify("buffer")
             self._notify("version")  # returned budget may admit a waiting generator
 
@@ -193,7 +190,7 @@ class Simulation:
                 continue
             batch, self.buffer = self.buffer[: w.groups_per_step], self.buffer[w.groups_per_step :]
             tokens = sum(g.tokens for g in batch)
-            duration = w.train_step_overhead_s + tokens * w.train_s_per_token / w.learner_ranks
+            duration = tokens * w.train_s_per_token / w.learner_ranks
             yield duration
             self.busy["learner"] += duration
             self.step_staleness.append([self.version - g.min_version for g in batch])

@@ -11,9 +11,9 @@ first step) and spans the ``steps`` after it:
 
 - trained samples/s and tokens/s: what the learner consumed in the window;
 - generated tokens/s: what the generators produced (kept or dropped);
-- busy fractions from timers inside the roles (``GeneratorReport`` timers, the learner's
-  ``time/busy_s``), and the generators' time waiting for admission, waiting for a weight
-  version, and paused applying weights;
+- busy fractions from timers inside the roles (``GeneratorActivity`` in each generator
+  report, the learner's ``time/busy_s``), and the generators' time waiting for admission,
+  waiting for a weight version, and paused applying weights;
 - the staleness histogram and weight bytes published per step.
 
 From the sync run, T_gen and T_train per step (each role's busy seconds per step: in sync mode

@@ -1,4 +1,4 @@
-"""benchmarks/generator.py runs end to end on the tiny model and prints its table and JSON."""
+"""benchmarks/generator.py and benchmarks/peer_loop.py run end to end on the tiny model."""
 
 from __future__ import annotations
 
@@ -12,18 +12,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-def test_generator_benchmark_prints_its_table(tmp_path: Path) -> None:
-    out = tmp_path / "figures.json"
-    args = ["--model", "tiny-random-llama", "--batches", "1,2", "--new-tokens", "4"]
+def _benchmark(script: str, *args: str) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [sys.executable, "benchmarks/generator.py", *args, "--threads", "1", "--json", str(out)],
+        [sys.executable, f"benchmarks/{script}", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_generator_benchmark_prints_its_table(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    args = ["--model", "tiny-random-llama", "--batches", "1,2", "--new-tokens", "4"]
+    proc = _benchmark("generator.py", *args, "--threads", "1", "--json", str(out))
     assert "device " in proc.stdout and "roofline(B) = min(" in proc.stdout
     header = next(line for line in proc.stdout.splitlines() if line.lstrip().startswith("batch"))
     assert header.split() == ["batch", "engine", "greedy", "sampled", "roofline", "%roof"]
@@ -37,14 +42,7 @@ def test_peer_loop_trains_and_compares(tmp_path: Path) -> None:
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"results": [{"mode": "sync", "eta": 0, "samples_per_s": 1.0}]}))
     args = ["--config", "configs/tiny.yaml", "--steps", "2", "--warmup", "1", "--threads", "1"]
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/peer_loop.py", *args, "--compare", str(results)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _benchmark("peer_loop.py", *args, "--compare", str(results))
     assert "single-process loop:" in proc.stdout and "trained samples/s" in proc.stdout
     assert "streamrl sync: 1.00 trained samples/s" in proc.stdout
     assert "oneDNN bf16" in proc.stdout  # the CPU line is printed
