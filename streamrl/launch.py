@@ -93,6 +93,7 @@ class Controller:
         self.admin = self.live = None
         self.placement = Placement(config, address)
         self._token_samples: collections.deque = collections.deque(maxlen=4096)
+        self._last_step_tokens: tuple[float, int] | None = None  # (time, generated tokens)
         self.evals: list[EvalReport] = []
         self.started_at = time.time()
         self.available_cores = sorted(os.sched_getaffinity(0))
@@ -339,8 +340,13 @@ class Controller:
 
     def _record_reports(self) -> None:
         self._drain_reports(timeout_ms=200)
-        for step in self._steps:
-            self._write_step(step)
+        if self._steps:
+            # Steps drained together share one rate: reports from several sockets arrive in
+            # no fixed order, so the tokens cannot be split among them.
+            rate = self.step_tokens_per_s(self._steps[-1].time)
+            for step in self._steps:
+                self.last_record = self._step_record(step, rate)
+                self.metrics.write(self.last_record)
         self._steps = []
 
     def _check_roles(self, watched: list) -> None:
@@ -371,6 +377,17 @@ class Controller:
         if end_t - start_t < 0.2:  # too short a span to be a rate
             return 0.0
         return (end_n - start_n) / max(end_t - start_t, 1e-6)
+
+    def step_tokens_per_s(self, now: float) -> float:
+        """Generated tokens per second since the previous step record was written (since the
+        first generator report, for step 1). Unlike the rolling ``tokens_per_s``, a sync step whose
+        training alone outlasts the window still shows the rate its generation ran at."""
+        total = sum(g.tokens_generated for g in self.state.generators.values())
+        if self._last_step_tokens is None:
+            self._last_step_tokens = self._token_samples[0] if self._token_samples else (now, 0)
+        start_t, start_n = self._last_step_tokens
+        self._last_step_tokens = (now, total)
+        return (total - start_n) / (now - start_t) if now > start_t else 0.0
 
     def _drain_reports(self, timeout_ms: int) -> None:
         if not self.report_sock.poll(timeout_ms):
@@ -408,13 +425,13 @@ class Controller:
         if every > 0 and version % every == 0 and version < self.config.run.max_steps:
             self.state.eval_requested = max(self.state.eval_requested, version)
 
-    def _write_step(self, step: LearnerStep) -> None:
+    def _step_record(self, step: LearnerStep, tokens_per_s: float) -> dict[str, Any]:
         gens = self.state.generators.values()
-        record = {
+        return {
             "step": step.version,
             "time": step.time,
             **step.metrics,
-            "throughput/tokens_per_s": self.tokens_per_s(),
+            "throughput/tokens_per_s": tokens_per_s,
             "buffer/size": sum(s.size for s in self.state.shards.values()),
             "buffer/dropped": self.state.buffer_dropped(),
             "generators/min_version": min((g.applied_version for g in gens), default=0),
@@ -435,8 +452,6 @@ class Controller:
                 for name in GeneratorActivity.__struct_fields__
             },
         }
-        self.last_record = record
-        self.metrics.write(record)
 
     def _wait_generators(self, gen_refs: list) -> None:
         import ray

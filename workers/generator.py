@@ -211,7 +211,8 @@ class Generator:
                 prompts = [next(self.prompts) for _ in range(reply.granted)]
                 self.push(self.generate_groups(prompts))
             self.timers.calls += 1
-            self.report()
+            # After every call: the controller's per-step figures count the groups just pushed.
+            self.report(force=True)
         # Drain: keep applying versions until we hold the learner's final one.
         self.wait_for_version(
             self.learner_version, time.monotonic() + self.config.run.drain_timeout_s

@@ -56,3 +56,25 @@ def test_generated_tokens_per_s_spans_sparse_reports() -> None:
         assert controller.tokens_per_s() == (2000 - 900) / (62.0 - 30.0)
     finally:
         controller.ctx.destroy(linger=0)
+
+
+def test_step_tokens_per_s_covers_the_whole_step() -> None:
+    """A sync step: 20 s generating 600 tokens, then 25 s training. The rolling 10 s window
+    sees only training (0 tokens/s); the step's figure is its rate over all 45 s."""
+    import io
+
+    from streamrl.config import load_config
+    from streamrl.launch import Controller
+    from streamrl.protocol import GeneratorReport
+
+    controller = Controller(load_config(None, []), console=io.StringIO())
+    try:
+        for t, n in [(0.0, 0), (10.0, 300), (20.0, 600), (35.0, 600), (44.0, 600)]:
+            controller._token_samples.append((t, n))
+        controller.state.generators[0] = GeneratorReport(0, 0, 600, 8, 0, 0, 44.0)
+        assert controller.tokens_per_s() == 0.0
+        assert controller.step_tokens_per_s(45.0) == 600 / 45.0
+        controller.state.generators[0] = GeneratorReport(0, 1, 1500, 16, 0, 0, 80.0)
+        assert controller.step_tokens_per_s(90.0) == 900 / 45.0
+    finally:
+        controller.ctx.destroy(linger=0)
