@@ -9,6 +9,7 @@ This module is a leaf: stdlib, msgspec and yaml only. ``streamrl validate`` impo
 from __future__ import annotations
 
 import re
+import string
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -64,6 +65,8 @@ class DataConfig(_Section):
     max_operand: int = 20
     operations: list[Literal["+", "-", "*"]] = msgspec.field(default_factory=lambda: ["+", "-"])
     system_prompt: str = "Answer with the number only."
+    # The user message of an arithmetic question; `{a}`, `{op}` and `{b}` are filled in.
+    question_template: str = "What is {a} {op} {b}?"
     max_prompt_tokens: int = 128
     # One arithmetic question in this many is held out for evaluation and never trained on
     # (0: none held out).
@@ -296,6 +299,14 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     return parsed
 
 
+def _fields_of(template: str) -> set[str] | None:
+    """The named fields of a str.format template (None if it does not parse)."""
+    try:
+        return {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
+    except ValueError:
+        return None
+
+
 def _finalize(config: Config) -> Config:
     """Apply the settings one choice implies, then check what the types cannot express."""
     if config.learner.gpus > 0 and config.learner.device == "cpu":
@@ -322,6 +333,10 @@ def _finalize(config: Config) -> Config:
         (config.eval.samples >= 1, "eval.samples must be >= 1"),
         (config.eval.temperature >= 0, "eval.temperature must be >= 0"),
         (config.data.holdout_every >= 0, "data.holdout_every must be >= 0"),
+        (
+            _fields_of(config.data.question_template) == {"a", "op", "b"},
+            "data.question_template must use exactly the fields {a}, {op} and {b}",
+        ),
         (config.buffer.max_reuse >= 1, "buffer.max_reuse must be >= 1"),
         (config.buffer.compact_every_s >= 0, "buffer.compact_every_s must be >= 0"),
         (config.generator.group_size >= 1, "generator.group_size must be >= 1"),

@@ -42,7 +42,8 @@ def is_held_out(a: int, op: str, b: int, every: int) -> bool:
 def arithmetic_prompts(
     config: DataConfig, seed: int, stream: int, streams: int, split: str = "train"
 ) -> Iterator[Prompt]:
-    """Seeded arithmetic questions, e.g. ``What is 7 + 12?`` with ground truth ``19``.
+    """Seeded arithmetic questions, e.g. ``What is 7 + 12?`` with ground truth ``19``
+    (``data.question_template`` words the question).
 
     ``split="train"`` never yields a held-out question (``data.holdout_every``) and
     ``split="eval"`` yields only those, so evaluation measures questions training never saw."""
@@ -57,7 +58,8 @@ def arithmetic_prompts(
         messages = []
         if config.system_prompt:
             messages.append({"role": "system", "content": config.system_prompt})
-        messages.append({"role": "user", "content": f"What is {a} {op} {b}?"})
+        question = config.question_template.format(a=a, op=op, b=b)
+        messages.append({"role": "user", "content": question})
         yield Prompt(f"arith-{index}", messages, str(answer), "arithmetic")
         index += streams
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from streamrl.config import ConfigError, DataConfig, RewardSpec
+from streamrl.config import ConfigError, DataConfig, RewardSpec, load_config
 from streamrl.data import DataError, load_prompt_file, prompt_source
 from streamrl.rewards import CombinedReward, RewardInput, resolve_reward
 
@@ -88,3 +88,16 @@ def test_combined_weights_and_plugins() -> None:
         resolve_reward("nope")
     with pytest.raises(ConfigError, match="cannot be loaded"):
         resolve_reward("no_such_module_xyz:fn")
+
+
+def test_question_template_words_the_question() -> None:
+    config = DataConfig(question_template="{a} {op} {b} = ?")
+    p = next(prompt_source(config, 1, 0, 1))
+    a_, op, b_, _, _ = p.messages[-1]["content"].split()
+    assert str(eval(f"{a_}{op}{b_}")) == p.ground_truth  # noqa: S307 - our own digits
+
+
+@pytest.mark.parametrize("template", ["What is {a} + {b}?", "{a} {op} {b} {c}", "{a {op} {b}"])
+def test_question_template_must_name_a_op_and_b(template: str) -> None:
+    with pytest.raises(ConfigError, match="question_template"):
+        load_config(None, [f"data.question_template={template}"])
