@@ -138,10 +138,10 @@ def _launch(args: argparse.Namespace) -> int:
         if value is not None:
             overrides.append(f"{key}={value}")
     config = load_config(path, overrides)
+    from streamrl.controller.run import launch
+    from streamrl.controller.rundir import RunError
     from streamrl.data import DataError
-    from streamrl.launch import launch
     from streamrl.models import ModelNotFoundError
-    from streamrl.placement import RunError
 
     try:
         summary = launch(config, address=args.address)

@@ -27,7 +27,7 @@ from streamrl.config import Config
 from streamrl.data import Prompt, prompt_source
 from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_tokenizer, stop_token_ids
-from streamrl.placement import role_threads
+from streamrl.controller.placement import role_threads
 from streamrl.protocol import (
     AdmissionReply,
     AdmissionRequest,

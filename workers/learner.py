@@ -29,7 +29,7 @@ from streamrl.buffers.client import BufferClient, FetchStopped
 from streamrl.config import Config
 from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_causal_lm, load_tokenizer
-from streamrl.placement import role_threads
+from streamrl.controller.placement import role_threads
 from streamrl.protocol import LearnerStep, TrajectoryGroup
 from streamrl.transport import make_socket
 from streamrl.workers import checkpoint

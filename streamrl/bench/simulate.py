@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamrl.staleness import AdmissionPolicy
+from streamrl.controller.staleness import AdmissionPolicy
 
 LABEL = "SIMULATION"
 

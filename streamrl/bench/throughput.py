@@ -187,7 +187,7 @@ def placement_text(config: Config) -> str:
     """How roles are placed in the benchmarked runs (printed and put in the report)."""
     import os
 
-    from streamrl.placement import cpu_split, describe_split
+    from streamrl.controller.placement import cpu_split, describe_split
 
     split = cpu_split(config, sorted(os.sched_getaffinity(0)))
     gpu = [

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from streamrl.config import load_config
+from streamrl.controller.run import Controller
 from streamrl.evaluation import eval_prompts
-from streamrl.launch import Controller
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

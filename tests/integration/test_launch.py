@@ -10,7 +10,7 @@ import pytest
 from support import alive
 
 from streamrl.config import load_config
-from streamrl.launch import Controller
+from streamrl.controller.run import Controller
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED_KEYS = {

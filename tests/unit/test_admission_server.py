@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import zmq
 
-from streamrl.admission import AdmissionServer, RunState
+from streamrl.controller.admission import AdmissionServer, RunState
+from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.protocol import AdmissionReply, AdmissionRequest
-from streamrl.staleness import AdmissionPolicy
 from streamrl.transport import Codec, make_socket
 
 
@@ -45,7 +45,7 @@ def test_generated_tokens_per_s_spans_sparse_reports() -> None:
     import io
 
     from streamrl.config import load_config
-    from streamrl.launch import Controller
+    from streamrl.controller.run import Controller
 
     controller = Controller(load_config(None, []), console=io.StringIO())
     try:
@@ -64,7 +64,7 @@ def test_step_tokens_per_s_covers_the_whole_step() -> None:
     import io
 
     from streamrl.config import load_config
-    from streamrl.launch import Controller
+    from streamrl.controller.run import Controller
     from streamrl.protocol import GeneratorReport
 
     controller = Controller(load_config(None, []), console=io.StringIO())

@@ -8,7 +8,8 @@ import pytest
 from streamrl.bench.simulate import Lengths, Simulation, Workload, predict, workload_from_bench
 from streamrl.bench.throughput import BenchError, check_weights_move, compare, measure
 from streamrl.config import load_config
-from streamrl.placement import RunError, cpu_split
+from streamrl.controller.placement import cpu_split
+from streamrl.controller.rundir import RunError
 
 
 def _records(n: int, step_s: float, gen_busy_per_step: float, train_s: float) -> list[dict]:
@@ -183,7 +184,7 @@ def test_cpu_split_pins_pools_to_disjoint_cores() -> None:
 
 
 def test_threads_default_to_a_share_of_the_cores() -> None:
-    from streamrl.placement import role_threads
+    from streamrl.controller.placement import role_threads
 
     config = load_config(None, ["learner.count=1", "generator.count=3"])
     assert role_threads(config, "learner", None, 8) == 2  # 8 cores over 4 CPU processes

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from streamrl.staleness import AdmissionPolicy
+from streamrl.controller.staleness import AdmissionPolicy
 
 
 class FakeVersions:

@@ -24,7 +24,7 @@ from streamrl.protocol import Ack, Checkpoint, Reconfigure
 from streamrl.transport import Codec, make_socket
 
 if TYPE_CHECKING:
-    from streamrl.launch import Controller
+    from streamrl.controller.run import Controller
 
 _SHARD_KEYS = {
     "capacity",

@@ -14,8 +14,8 @@ from typing import Any
 
 import zmq
 
+from streamrl.controller.staleness import AdmissionPolicy, Grant
 from streamrl.protocol import AdmissionReply, AdmissionRequest, GeneratorReport
-from streamrl.staleness import AdmissionPolicy, Grant
 from streamrl.transport import Codec, bind_random, make_socket
 
 log = logging.getLogger(__name__)

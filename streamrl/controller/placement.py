@@ -1,4 +1,4 @@
-"""Run directory and Ray: where a run's files go, how Ray starts or is joined, where roles go.
+"""Ray and cores: how Ray starts or is joined, where roles go, how many threads each gets.
 
 Local mode (no ``--address``): an embedded Ray bound to 127.0.0.1 and every role's sockets on
 loopback. Cluster mode: join the cluster; roles bind their node's address; GPU roles get a
@@ -9,39 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from streamrl.config import Config, to_yaml
-
-
-class RunError(RuntimeError):
-    """A run that cannot start or continue; the message is one line for the user."""
-
-
-def _without_secrets(config: Config) -> Config:
-    # The admin token never goes on disk in clear (admin.token, 0600, is the place for it).
-    return msgspec.structs.replace(config, admin=msgspec.structs.replace(config.admin, token=None))
-
-
-def prepare_run_dir(config: Config) -> Path:
-    run_dir = Path(config.run.output_dir) / config.run.name
-    if config.run.resume:
-        if not (run_dir / "config.yaml").is_file():
-            raise RunError(f"nothing to resume: {run_dir} is not a run directory")
-    elif run_dir.exists() and any(run_dir.iterdir()):
-        if not config.run.overwrite:
-            raise RunError(
-                f"run directory {run_dir} already exists; "
-                "pick another --name or set run.overwrite=true"
-            )
-        shutil.rmtree(run_dir)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(_without_secrets(config)))
-    return run_dir
+from streamrl.config import Config
+from streamrl.controller.rundir import RunError
 
 
 def check_port_free(host: str, port: int, what: str) -> None:

@@ -41,19 +41,19 @@ from typing import Any
 import msgspec
 import zmq
 
-from streamrl.admission import AdmissionServer, RunState
 from streamrl.config import Config
-from streamrl.metrics import MetricsLog
-from streamrl.placement import (
+from streamrl.controller.admission import AdmissionServer, RunState
+from streamrl.controller.placement import (
     Placement,
-    RunError,
     check_port_free,
     cpu_split,
     describe_split,
     init_ray,
-    prepare_run_dir,
     role_threads,
 )
+from streamrl.controller.rundir import RunError, prepare_run_dir
+from streamrl.controller.staleness import AdmissionPolicy
+from streamrl.metrics import MetricsLog
 from streamrl.protocol import (
     EvalReport,
     GeneratorActivity,
@@ -62,7 +62,6 @@ from streamrl.protocol import (
     Report,
     ShardReport,
 )
-from streamrl.staleness import AdmissionPolicy
 from streamrl.transport import Codec, bind_random, make_socket
 
 log = logging.getLogger("streamrl")
@@ -146,7 +145,7 @@ class Controller:
 
     def _start_admin(self, shard_request_endpoints: list[str]) -> None:
         from streamrl.admin.server import start_admin
-        from streamrl.control import LiveRun
+        from streamrl.controller.live import LiveRun
 
         self.live = LiveRun(self, shard_request_endpoints)
         self.admin = start_admin(
@@ -215,7 +214,7 @@ class Controller:
     def _run(self, model_dir: str) -> dict[str, Any]:
         import ray
 
-        from streamrl.actors import BufferShardActor, GeneratorActor, LearnerActor
+        from streamrl.controller.actors import BufferShardActor, GeneratorActor, LearnerActor
 
         cfg = self.config
         shards = [
