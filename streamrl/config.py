@@ -41,6 +41,10 @@ class RunConfig(_Section):
     checkpoint_every: int = 0
     # Continue the run in <output_dir>/<name> from its newest checkpoint (`launch --resume`).
     resume: bool = False
+    # Supervision: a generator that dies, or sends no heartbeat for this long (SIGSTOP counts),
+    # is replaced, at most `max_restarts` times per generator id before the run fails.
+    max_restarts: int = 3
+    heartbeat_timeout_s: float = 60.0
 
 
 class ModelConfig(_Section):
@@ -320,6 +324,8 @@ def _finalize(config: Config) -> Config:
     checks = [
         (config.run.max_steps >= 1, "run.max_steps must be >= 1"),
         (config.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0"),
+        (config.run.max_restarts >= 0, "run.max_restarts must be >= 0"),
+        (config.run.heartbeat_timeout_s > 0, "run.heartbeat_timeout_s must be > 0"),
         (config.learner.count >= 1, "learner.count must be >= 1"),
         (config.generator.count >= 1, "generator.count must be >= 1"),
         (config.buffer.shards >= 1, "buffer.shards must be >= 1"),

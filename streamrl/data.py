@@ -1,8 +1,11 @@
 """Prompt sources (DESIGN.md §7).
 
-A source yields ``Prompt``s forever (it cycles through a file; the arithmetic task is
-procedurally generated from a seed). Generators take prompts from disjoint streams: source
-``k`` of ``m`` sees every ``m``-th prompt, so no two generators work on the same prompt.
+A run has one prompt stream with random access: ``PromptStream(config, seed)[i]`` is prompt
+``i``, the same on every machine (the arithmetic task draws question ``i`` from a generator
+seeded by ``(seed, i)``; a file is cycled through, reshuffled every epoch from ``(seed,
+epoch)``). The controller's admission hands out indices (``controller.admission``), so no two
+generators work on the same prompt however many come and go, and a resumed run continues the
+stream instead of replaying it.
 
 File layout follows verl: ``prompt`` (chat messages or a string), the answer in
 ``reward_model.ground_truth`` or ``ground_truth``, and an optional ``data_source``.
@@ -10,6 +13,7 @@ File layout follows verl: ``prompt`` (chat messages or a string), the answer in
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import zlib
@@ -39,29 +43,31 @@ def is_held_out(a: int, op: str, b: int, every: int) -> bool:
     return every > 0 and zlib.crc32(f"{a}{op}{b}".encode()) % every == 0
 
 
-def arithmetic_prompts(
-    config: DataConfig, seed: int, stream: int, streams: int, split: str = "train"
-) -> Iterator[Prompt]:
-    """Seeded arithmetic questions, e.g. ``What is 7 + 12?`` with ground truth ``19``
-    (``data.question_template`` words the question).
-
-    ``split="train"`` never yields a held-out question (``data.holdout_every``) and
-    ``split="eval"`` yields only those, so evaluation measures questions training never saw."""
-    rng = random.Random(f"{seed}:{stream}")
-    index = stream
+def arithmetic_question(config: DataConfig, seed: int, index: int, split: str = "train") -> Prompt:
+    """Question ``index`` of the seeded stream, e.g. ``What is 7 + 12?`` with ground truth
+    ``19`` (``data.question_template`` words it). ``split="train"`` never yields a held-out
+    question (``data.holdout_every``) and ``split="eval"`` yields only those, so evaluation
+    measures questions training never saw."""
+    rng = random.Random(f"{seed}:{index}")
     while True:
         a, b = rng.randint(0, config.max_operand), rng.randint(0, config.max_operand)
         op = rng.choice(config.operations)
-        if is_held_out(a, op, b, config.holdout_every) != (split == "eval"):
-            continue
-        answer = {"+": a + b, "-": a - b, "*": a * b}[op]
-        messages = []
-        if config.system_prompt:
-            messages.append({"role": "system", "content": config.system_prompt})
-        question = config.question_template.format(a=a, op=op, b=b)
-        messages.append({"role": "user", "content": question})
-        yield Prompt(f"arith-{index}", messages, str(answer), "arithmetic")
-        index += streams
+        if is_held_out(a, op, b, config.holdout_every) == (split == "eval"):
+            break
+    answer = {"+": a + b, "-": a - b, "*": a * b}[op]
+    messages = []
+    if config.system_prompt:
+        messages.append({"role": "system", "content": config.system_prompt})
+    messages.append({"role": "user", "content": config.question_template.format(a=a, op=op, b=b)})
+    return Prompt(f"arith-{index}", messages, str(answer), "arithmetic")
+
+
+def arithmetic_prompts(
+    config: DataConfig, seed: int, stream: int, streams: int, split: str = "train"
+) -> Iterator[Prompt]:
+    """Questions ``stream``, ``stream + streams``, ... of the seeded stream."""
+    for index in itertools.count(stream, streams):
+        yield arithmetic_question(config, seed, index, split)
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
@@ -119,22 +125,33 @@ def load_prompt_file(path: str | Path) -> list[Prompt]:
     return [_row_to_prompt(row, i, path) for i, row in enumerate(rows)]
 
 
-def file_prompts(prompts: list[Prompt], seed: int, stream: int, streams: int) -> Iterator[Prompt]:
-    """Cycle through this stream's share of the prompts, reshuffled every epoch."""
-    share = prompts[stream::streams] or prompts
-    rng = random.Random(f"{seed}:{stream}")
-    while True:
-        order = list(share)
-        rng.shuffle(order)
-        yield from order
+class PromptStream:
+    """The run's prompts by index (module doc): ``stream[i]`` is the same prompt every time."""
+
+    def __init__(self, config: DataConfig, seed: int) -> None:
+        self.config, self.seed = config, seed
+        self.rows = None if config.source == "arithmetic" else load_prompt_file(config.source)
+        self._epoch: tuple[int, list[Prompt]] | None = None
+
+    def __getitem__(self, index: int) -> Prompt:
+        if index < 0:
+            raise IndexError(f"prompt index {index} < 0")
+        if self.rows is None:
+            return arithmetic_question(self.config, self.seed, index)
+        epoch, position = divmod(index, len(self.rows))
+        if self._epoch is None or self._epoch[0] != epoch:
+            order = list(self.rows)
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+            self._epoch = (epoch, order)
+        return self._epoch[1][position]
 
 
 def prompt_source(
     config: DataConfig, seed: int, stream: int = 0, streams: int = 1
 ) -> Iterator[Prompt]:
-    if config.source == "arithmetic":
-        return arithmetic_prompts(config, seed, stream, streams)
-    return file_prompts(load_prompt_file(config.source), seed, stream, streams)
+    """Prompts ``stream``, ``stream + streams``, ... of the run's stream (``PromptStream``)."""
+    prompts = PromptStream(config, seed)
+    return (prompts[i] for i in itertools.count(stream, streams))
 
 
 def check_data(config: DataConfig) -> None:

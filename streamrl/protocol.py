@@ -340,6 +340,7 @@ class AdmissionRequest(msgspec.Struct, tag="admission_request"):
 
     generator_id: int
     n_groups: int
+    incarnation: int = 0  # a replaced generator's successor asks with a higher one
 
 
 class AdmissionReply(msgspec.Struct, tag="admission_reply"):
@@ -356,8 +357,13 @@ class AdmissionReply(msgspec.Struct, tag="admission_reply"):
     temperature: float | None = None
     prompts_per_call: int | None = None
     # Evaluate the held-out prompts on weights of at least this version before the next
-    # call, then send an ``EvalReport`` (-1: no evaluation asked; only generator 0 is asked).
+    # call, then send an ``EvalReport`` (-1: no evaluation asked; only generator 0 is asked:
+    # a replaced generator keeps its id and scaling down retires the highest ids).
     eval_version: int = -1
+    # The run's prompt indices for the granted groups, in order (``data.PromptStream``).
+    prompt_indices: list[int] = []
+    # Leave the run (``generator.count`` lowered): finish now, without draining to the end.
+    retire: bool = False
 
 
 # --------------------------------------------------------------------------- weights
@@ -461,6 +467,7 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     weights_apply_s: float = 0.0
     weights_latency_s: float = 0.0  # publish to applied, for the last version
     activity: GeneratorActivity = msgspec.field(default_factory=lambda: GeneratorActivity())
+    incarnation: int = 0  # reports of a replaced generator's predecessor are ignored
 
 
 class ShardReport(msgspec.Struct, tag="shard_report"):
@@ -479,4 +486,14 @@ class EvalReport(msgspec.Struct, tag="eval_report"):
     time: float
 
 
-Report = LearnerStep | GeneratorReport | ShardReport | EvalReport
+class Heartbeat(msgspec.Struct, tag="heartbeat"):
+    """Sent every second by a thread of the role's process, whatever its main loop is doing:
+    a process that stops sending (killed, SIGSTOPped, wedged) misses its heartbeats."""
+
+    role: str  # "generator"
+    index: int
+    incarnation: int
+    time: float
+
+
+Report = LearnerStep | GeneratorReport | ShardReport | EvalReport | Heartbeat

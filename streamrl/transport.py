@@ -8,7 +8,6 @@ per socket, and malformed frames counted and dropped instead of crashing the pro
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from collections import Counter
 from typing import Any, Generic, TypeVar
@@ -22,15 +21,14 @@ T = TypeVar("T")
 LOOPBACK = "127.0.0.1"
 
 
-def bind_host() -> str:
-    """Where this process binds its sockets: 127.0.0.1 unless the controller placed it on a
-    cluster (``STREAMRL_BIND_HOST=node``: this node's address, reachable from other nodes)."""
-    host = os.environ.get("STREAMRL_BIND_HOST", LOOPBACK)
-    if host == "node":
+def resolve_host(bind_host: str) -> str:
+    """The address a role binds on: ``bind_host`` itself, or for ``"node"`` (cluster mode,
+    ``controller.specs``) this node's address as Ray knows it, reachable from other nodes."""
+    if bind_host == "node":
         import ray.util
 
         return ray.util.get_node_ip_address()
-    return host
+    return bind_host
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -53,10 +51,8 @@ def make_socket(
     return sock
 
 
-def bind_random(sock: zmq.Socket, host: str | None = None, role: str = "") -> str:
-    """Bind to a free port on ``host`` (default: ``bind_host()``); return the endpoint (logged
-    once)."""
-    host = host or bind_host()
+def bind_random(sock: zmq.Socket, host: str = LOOPBACK, role: str = "") -> str:
+    """Bind to a free port on ``host``; return the endpoint (logged once)."""
     port = sock.bind_to_random_port(f"tcp://{host}")
     endpoint = f"tcp://{host}:{port}"
     log.info("%s bound %s", role or "socket", endpoint)

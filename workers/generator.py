@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,16 +25,17 @@ import torch
 import zmq
 
 from streamrl.config import Config
-from streamrl.data import Prompt, prompt_source
+from streamrl.controller.placement import role_threads
+from streamrl.data import Prompt, PromptStream
 from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_tokenizer, stop_token_ids
-from streamrl.controller.placement import role_threads
 from streamrl.protocol import (
     AdmissionReply,
     AdmissionRequest,
     EvalReport,
     GeneratorActivity,
     GeneratorReport,
+    Heartbeat,
     Trajectory,
     TrajectoryGroup,
     pack_int32,
@@ -49,20 +51,57 @@ log = logging.getLogger(__name__)
 class AdmissionClient:
     """Asks the controller for permission to start groups (DEALER -> controller ROUTER)."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, generator_id: int) -> None:
+    def __init__(
+        self, ctx: zmq.Context, endpoint: str, generator_id: int, incarnation: int = 0
+    ) -> None:
         self.sock = make_socket(ctx, zmq.DEALER)
         self.sock.connect(endpoint)
-        self.generator_id = generator_id
+        self.generator_id, self.incarnation = generator_id, incarnation
         self.codec: Codec[AdmissionReply] = Codec(AdmissionReply, "admission client")
 
     def request(self, n_groups: int, timeout_s: float = 30.0) -> AdmissionReply:
-        self.sock.send(self.codec.encode(AdmissionRequest(self.generator_id, n_groups)))
+        request = AdmissionRequest(self.generator_id, n_groups, self.incarnation)
+        self.sock.send(self.codec.encode(request))
         if not self.sock.poll(int(timeout_s * 1000)):
             raise TimeoutError(f"controller did not answer admission within {timeout_s:.0f}s")
         reply = self.codec.decode(self.sock.recv())
         if reply is None:
             raise RuntimeError("malformed admission reply from the controller")
         return reply
+
+
+class HeartbeatThread:
+    """A ``Heartbeat`` every ``every_s`` from a daemon thread with its own socket (ZeroMQ
+    sockets are not thread-safe): the supervisor replaces a generator that goes silent."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        generator_id: int,
+        incarnation: int,
+        every_s: float = 1.0,
+    ) -> None:
+        self.sock = make_socket(ctx, zmq.PUSH, sndhwm=4)
+        self.sock.connect(endpoint)
+        self.beat = Heartbeat("generator", generator_id, incarnation, 0.0)
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="heartbeat")
+        self.thread.start()
+
+    def _run(self) -> None:
+        encoder = msgspec.msgpack.Encoder()
+        while not self._stop.is_set():
+            self.beat.time = time.time()
+            with contextlib.suppress(zmq.Again):  # the controller is behind: skip this beat
+                self.sock.send(encoder.encode(self.beat), zmq.NOBLOCK)
+            self._stop.wait(self.every_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=2)
+        self.sock.close()
 
 
 def encode_prompt(tokenizer, prompt: Prompt, max_tokens: int) -> list[int]:
@@ -83,11 +122,16 @@ class Generator:
         anchor_endpoints: list[str],
         admission_endpoint: str,
         report_endpoint: str,
+        *,
+        incarnation: int = 0,
     ) -> None:
         gen = config.generator
         # The controller resolves threads (0 = auto); a role built directly resolves its own.
         torch.set_num_threads(role_threads(config, "generator", None, len(os.sched_getaffinity(0))))
-        self.config, self.generator_id = config, generator_id
+        self.config, self.generator_id, self.incarnation = config, generator_id, incarnation
+        self.ctx = zmq.Context()
+        # First, before the model loads: the supervisor hears this process from the start.
+        self.heartbeat = HeartbeatThread(self.ctx, report_endpoint, generator_id, incarnation)
         self.tokenizer = load_tokenizer(Path(model_dir))
         compute = resolve_compute_dtype(config.model.compute_dtype, gen.device)
         log.info(
@@ -105,7 +149,6 @@ class Generator:
             image = {}
             for f in sorted(Path(model_dir).glob("*.safetensors")):
                 image.update({k: v.to(torch.bfloat16) for k, v in load_file(f).items()})
-        self.ctx = zmq.Context()
         self.subscriber = WeightSubscriber(
             image,
             publisher_endpoints,
@@ -114,7 +157,7 @@ class Generator:
             ctx=self.ctx,
             anchor_timeout_s=config.weights.anchor_timeout_s,
         )
-        self.admission = AdmissionClient(self.ctx, admission_endpoint, generator_id)
+        self.admission = AdmissionClient(self.ctx, admission_endpoint, generator_id, incarnation)
         self.pushers = []
         for endpoint in shard_endpoints:
             sock = make_socket(self.ctx, zmq.PUSH)
@@ -124,12 +167,8 @@ class Generator:
         self.reporter = make_socket(self.ctx, zmq.PUSH)
         self.reporter.connect(report_endpoint)
         self.encoder = msgspec.msgpack.Encoder()
-        self.prompts = prompt_source(config.data, config.run.seed, generator_id, gen.count)
-        self.eval_set = None  # the held-out prompts, on the one generator that evaluates
-        if generator_id == 0 and config.eval.every > 0:
-            from streamrl.evaluation import eval_prompts
-
-            self.eval_set = eval_prompts(config)
+        self.prompts = PromptStream(config.data, config.run.seed)
+        self.eval_set: list[Prompt] | None = None  # loaded when this generator is first asked
         self.reward = CombinedReward(config.rewards)
         self.sampling = SamplingParams(
             temperature=gen.temperature,
@@ -192,6 +231,10 @@ class Generator:
                     self.subscriber.request_anchor(rank)
             self.learner_version = reply.learner_version
             self._apply_live_knobs(reply)
+            if reply.retire:  # generator.count lowered: every granted group is pushed
+                log.info("generator[%d]: retiring", self.generator_id)
+                self.report(force=True)
+                return {"version": self.engine.version, "groups": self.groups_pushed}
             if reply.stop:
                 break
             if reply.eval_version > self.evaluated:
@@ -208,7 +251,7 @@ class Generator:
             if not held:
                 break
             with self._timing("busy_s"):
-                prompts = [next(self.prompts) for _ in range(reply.granted)]
+                prompts = [self.prompts[i] for i in reply.prompt_indices]
                 self.push(self.generate_groups(prompts))
             self.timers.calls += 1
             # After every call: the controller's per-step figures count the groups just pushed.
@@ -217,7 +260,8 @@ class Generator:
         self.wait_for_version(
             self.learner_version, time.monotonic() + self.config.run.drain_timeout_s
         )
-        if self.eval_set is not None and self.engine.version > self.evaluated:
+        evaluator = self.generator_id == 0 and self.config.eval.every > 0
+        if evaluator and self.engine.version > self.evaluated:
             self.evaluate(self.engine.version)  # the final weights: what the run produced
         self.report(force=True)
         return {"version": self.engine.version, "groups": self.groups_pushed}
@@ -236,8 +280,10 @@ class Generator:
     def evaluate(self, version: int) -> None:
         """Held-out evaluation on weights >= ``version`` (``streamrl.evaluation``); its
         responses go to the controller as figures, never to the buffer."""
-        from streamrl.evaluation import evaluate
+        from streamrl.evaluation import eval_prompts, evaluate
 
+        if self.eval_set is None:
+            self.eval_set = eval_prompts(self.config)
         self.wait_for_version(version, time.monotonic() + self.config.run.drain_timeout_s)
         start = time.monotonic()
         result = evaluate(self.engine, self.tokenizer, self.config, self.eval_set)
@@ -331,6 +377,7 @@ class Generator:
                 weights_apply_s=sub.last_apply_s,
                 weights_latency_s=sub.last_latency_s,
                 activity=msgspec.structs.replace(self.timers),  # a copy: the timers go on
+                incarnation=self.incarnation,
             )
         )
         try:
@@ -339,6 +386,7 @@ class Generator:
             pass
 
     def close(self) -> None:
+        self.heartbeat.stop()
         self.subscriber.close()
         self.engine.shutdown()
         self.ctx.destroy(linger=0)

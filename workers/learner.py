@@ -27,9 +27,9 @@ import zmq
 from streamrl.algorithms import kl as kl_lib
 from streamrl.buffers.client import BufferClient, FetchStopped
 from streamrl.config import Config
+from streamrl.controller.placement import role_threads
 from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_causal_lm, load_tokenizer
-from streamrl.controller.placement import role_threads
 from streamrl.protocol import LearnerStep, TrajectoryGroup
 from streamrl.transport import make_socket
 from streamrl.workers import checkpoint
@@ -114,6 +114,7 @@ class Learner:
         shard_endpoints: list[str],
         report_endpoint: str,
         checkpoint_dir: str = "checkpoints",
+        bind_host: str = "127.0.0.1",
     ) -> None:
         lc = config.learner
         # The controller resolves threads (0 = auto); a role built directly resolves its own.
@@ -140,7 +141,7 @@ class Learner:
         self.version = self._resume() if config.run.resume else 0
         # Created after resuming: its first image (and anchors) are the resumed version.
         self.publisher = WeightPublisher(
-            self.model, rank, world_size, config.weights, version=self.version
+            self.model, rank, world_size, config.weights, version=self.version, host=bind_host
         )
         self.buffer = BufferClient(
             shard_endpoints, name=f"learner[{rank}]", log_every_s=lc.batch_wait_log_s

@@ -1,4 +1,4 @@
-"""The live-key table: which config keys ``PATCH /config`` may change during a run.
+"""Checking a ``PATCH /config`` against the live-key table (``controller.knobs``).
 
 A patch is a flat JSON object of dotted keys, ``{"buffer.capacity": 128, "buffer.sampling":
 "random"}``, checked here in full before the controller sees any of it (all or nothing):
@@ -19,52 +19,13 @@ changes nothing and answers 409 ``learner.lr``; ``{"buffer.max_staleness": 0}`` 
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import msgspec
 
 from streamrl.config import Config
-
-
-@dataclass(frozen=True)
-class LiveKey:
-    key: str
-    check: Callable[[Any], bool]
-    rule: str  # what ``check`` demands, in words, for error messages and the docs
-    where: str  # which decision reads it
-
-
-LIVE_KEYS: dict[str, LiveKey] = {
-    k.key: k
-    for k in (
-        LiveKey("buffer.capacity", lambda v: v >= 1, ">= 1", "buffer shards, next ingest"),
-        LiveKey(
-            "buffer.max_staleness",
-            lambda v: v >= 0,
-            ">= 0",
-            "admission (next request) and buffer eviction (next batch)",
-        ),
-        LiveKey("buffer.sampling", lambda v: True, "", "buffer shards, next batch"),
-        LiveKey("buffer.max_reuse", lambda v: v >= 1, ">= 1", "buffer shards, next batch"),
-        LiveKey("buffer.overflow", lambda v: True, "", "buffer shards, next ingest"),
-        LiveKey(
-            "buffer.drop_zero_variance",
-            lambda v: True,
-            "",
-            "buffer shards, next ingest (DAPO dynamic sampling)",
-        ),
-        LiveKey("generator.temperature", lambda v: v > 0, "> 0", "generators, next call"),
-        LiveKey(
-            "generator.prompts_per_call",
-            lambda v: v >= 1,
-            ">= 1",
-            "generators, next call (prompts decoded concurrently)",
-        ),
-    )
-}
+from streamrl.controller.knobs import LIVE_KEYS, LiveKey
 
 
 class PatchError(Exception):

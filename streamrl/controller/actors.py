@@ -1,6 +1,7 @@
 """Ray actor shells: one per role, each a thin process wrapper around the role's class.
 
-They configure logging to the run's ``logs/`` folder, pin torch threads, and forward calls.
+Each takes one spec (``controller.specs``), configures logging to the run's ``logs/`` folder,
+sets its CPU affinity, builds its role with the spec's fields and forwards calls.
 ``max_concurrency=2`` lets the controller call ``stop``/``endpoints`` while ``run`` is busy.
 """
 
@@ -12,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import ray
+
+from streamrl.controller.specs import GeneratorSpec, LearnerSpec, ShardSpec
+from streamrl.transport import resolve_host
 
 
 def _setup_process(log_file: str, cores: list[int] | None = None) -> None:
@@ -32,11 +36,17 @@ def _setup_process(log_file: str, cores: list[int] | None = None) -> None:
 
 @ray.remote(num_cpus=0, max_concurrency=2)
 class BufferShardActor:
-    def __init__(self, log_file: str, *args: Any, **kwargs: Any) -> None:
-        _setup_process(log_file)
+    def __init__(self, spec: ShardSpec) -> None:
+        _setup_process(spec.log_file, spec.cores)
         from streamrl.buffers.server import BufferShard
 
-        self.shard = BufferShard(*args, **kwargs)
+        self.shard = BufferShard(
+            spec.config,
+            spec.shard_id,
+            log_dir=Path(spec.log_dir),
+            report_endpoint=spec.report_endpoint,
+            host=resolve_host(spec.bind_host),
+        )
 
     def endpoints(self) -> tuple[str, str]:
         return self.shard.ingest_endpoint, self.shard.request_endpoint
@@ -58,20 +68,32 @@ class BufferShardActor:
 class LearnerActor:
     """Two-phase start: rank 0's address must be known before any rank joins the group."""
 
-    def __init__(self, log_file: str, cores: list[int] | None = None) -> None:
-        _setup_process(log_file, cores)
+    def __init__(self, spec: LearnerSpec) -> None:
+        _setup_process(spec.log_file, spec.cores)
+        self.spec = spec
         self.learner = None
 
     def rendezvous_address(self) -> str:
-        from streamrl.transport import bind_host, free_port
+        from streamrl.transport import free_port
 
-        host = bind_host()
+        host = resolve_host(self.spec.bind_host)
         return f"{host}:{free_port(host)}"
 
-    def setup(self, *args: Any) -> tuple[str, str]:
+    def setup(self, master: str) -> tuple[str, str]:
         from streamrl.workers.learner import Learner
 
-        self.learner = Learner(*args)
+        spec = self.spec
+        self.learner = Learner(
+            spec.config,
+            spec.rank,
+            spec.world_size,
+            master,
+            spec.model_dir,
+            spec.shard_endpoints,
+            spec.report_endpoint,
+            spec.checkpoint_dir,
+            bind_host=resolve_host(spec.bind_host),
+        )
         return self.learner.endpoints()
 
     def pid(self) -> int:
@@ -89,9 +111,12 @@ class LearnerActor:
     def request_checkpoint(self) -> None:
         self.learner.request_checkpoint()
 
-    def set_max_staleness(self, value: int) -> None:
-        # Read once per step by run(): the next batch request uses the new bound.
-        self.learner.config.buffer.max_staleness = value
+    def set_live(self, key: str, value: Any) -> None:
+        """A live knob that reaches learners (``controller.knobs``); run() reads the config
+        once per step, so the next batch request uses it."""
+        from streamrl.controller.knobs import set_key
+
+        set_key(self.learner.config, key, value)
 
     def final_checkpoint(self) -> str:
         return str(self.learner.final_checkpoint())
@@ -106,11 +131,21 @@ class LearnerActor:
 
 @ray.remote(num_cpus=0, max_concurrency=2)
 class GeneratorActor:
-    def __init__(self, log_file: str, *args: Any, cores: list[int] | None = None) -> None:
-        _setup_process(log_file, cores)
+    def __init__(self, spec: GeneratorSpec) -> None:
+        _setup_process(spec.log_file, spec.cores)
         from streamrl.workers.generator import Generator
 
-        self.generator = Generator(*args)
+        self.generator = Generator(
+            spec.config,
+            spec.generator_id,
+            spec.model_dir,
+            spec.shard_endpoints,
+            spec.publisher_endpoints,
+            spec.anchor_endpoints,
+            spec.admission_endpoint,
+            spec.report_endpoint,
+            incarnation=spec.incarnation,
+        )
 
     def pid(self) -> int:
         return os.getpid()

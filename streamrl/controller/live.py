@@ -1,8 +1,8 @@
 """The controller's side of the admin API: ``RunControl`` over the live run (issue: operating).
 
-Every method runs on an HTTP worker thread. Shared state is guarded by the admission lock
-(admission decisions, live generator knobs) and by ``self.lock`` (the config and the shard
-control sockets, which only this class uses).
+Every method runs on an HTTP worker thread. Shared state is guarded by ``state.lock`` (the
+run's state: admission decisions, live generator knobs) and by ``self.lock`` (the config and
+the shard control sockets, which only this class uses).
 
 Live changes are all-or-nothing: buffer knobs go to every shard as one ``Reconfigure``; if a
 shard refuses, the shards that accepted are set back and the patch answers 422.
@@ -20,20 +20,12 @@ import msgspec
 import zmq
 
 from streamrl.config import to_dict
+from streamrl.controller.knobs import LIVE_KEYS, get_key, set_key
 from streamrl.protocol import Ack, Checkpoint, Reconfigure
 from streamrl.transport import Codec, make_socket
 
 if TYPE_CHECKING:
     from streamrl.controller.run import Controller
-
-_SHARD_KEYS = {
-    "capacity",
-    "max_staleness",
-    "sampling",
-    "max_reuse",
-    "overflow",
-    "drop_zero_variance",
-}
 
 
 class LiveRun:
@@ -104,28 +96,27 @@ class LiveRun:
     # ------------------------------------------------------------------ writes
 
     def apply_live(self, changes: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+        """Apply a validated patch; each key reaches the roles its row names (``knobs``)."""
+        rows = [LIVE_KEYS[key] for key in changes]
         with self.lock:
-            config = self.c.config
-            old = {key: _get(config, key) for key in changes}
-            buffer_changes = {
-                key.split(".", 1)[1]: value
-                for key, value in changes.items()
-                if key.startswith("buffer.") and key.split(".", 1)[1] in _SHARD_KEYS
-            }
-            if buffer_changes:
-                self._reconfigure_shards(
-                    buffer_changes,
-                    {key: _get(config, f"buffer.{key}") for key in buffer_changes},
-                )
-            with self.c.admission.lock:
-                for key, value in changes.items():
-                    _set(config, key, value)
-                self.c.policy.max_staleness = config.buffer.max_staleness
-                self.c.state.temperature = config.generator.temperature
-                self.c.state.prompts_per_call = config.generator.prompts_per_call
-            if "buffer.max_staleness" in changes:  # the learners' batch floor follows too
-                for learner in self.c.learners:
-                    learner.set_max_staleness.remote(config.buffer.max_staleness)
+            config, state = self.c.config, self.c.state
+            old = {key: get_key(config, key) for key in changes}
+            to_shards = {row.field: changes[row.key] for row in rows if "shards" in row.reaches}
+            if to_shards:
+                previous = {row.field: old[row.key] for row in rows if "shards" in row.reaches}
+                self._reconfigure_shards(to_shards, previous)
+            with state.lock:
+                for row in rows:
+                    value = changes[row.key]
+                    set_key(config, row.key, value)  # the supervisor reads the config
+                    if "admission" in row.reaches:
+                        setattr(self.c.policy, row.field, value)
+                    if "generators" in row.reaches:
+                        setattr(state, row.field, value)  # rides on AdmissionReply.<field>
+            for row in rows:
+                if "learners" in row.reaches:
+                    for learner in self.c.learners:
+                        learner.set_live.remote(row.key, changes[row.key])
             return {key: (old[key], changes[key]) for key in changes}
 
     def _reconfigure_shards(self, changes: dict[str, Any], previous: dict[str, Any]) -> None:
@@ -151,11 +142,11 @@ class LiveRun:
         raise RuntimeError(f"a buffer shard did not answer {type(message).__name__} in time")
 
     def pause(self) -> None:
-        with self.c.admission.lock:
+        with self.c.state.lock:
             self.c.state.paused = True
 
     def resume(self) -> None:
-        with self.c.admission.lock:
+        with self.c.state.lock:
             self.c.state.paused = False
 
     def stop(self) -> None:
@@ -180,13 +171,3 @@ class LiveRun:
 
     def close(self) -> None:
         self.ctx.destroy(linger=0)
-
-
-def _get(config: Any, dotted: str) -> Any:
-    section, key = dotted.split(".", 1)
-    return getattr(getattr(config, section), key)
-
-
-def _set(config: Any, dotted: str, value: Any) -> None:
-    section, key = dotted.split(".", 1)
-    setattr(getattr(config, section), key, value)

@@ -72,19 +72,22 @@ class Placement:
     def __init__(self, config: Config, address: str | None) -> None:
         self.config, self.address = config, address
         self._groups: dict[str, Any] = {}
+        # Placement groups keep the counts the run started with (generator.count is live).
+        self._counts = {"learner": config.learner.count, "generator": config.generator.count}
 
     def options(self, role: str, index: int) -> dict[str, Any]:
-        """Ray options for one actor: where its sockets bind, and its GPU bundle if it has one.
-        GPU roles get one placement group per role (learners packed for NCCL, generators
-        spread), created on first use."""
+        """Ray options for one actor: its GPU bundle if it has one. GPU roles get one placement
+        group per role, sized at the start (learners packed for NCCL, generators spread),
+        created on first use; a generator added live beyond it asks Ray for any free GPU."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        bind = "127.0.0.1" if self.address is None else "node"
-        options: dict[str, Any] = {"runtime_env": {"env_vars": {"STREAMRL_BIND_HOST": bind}}}
+        options: dict[str, Any] = {}
         gpus = {"learner": self.config.learner.gpus, "generator": self.config.generator.gpus}
-        count = {"learner": self.config.learner.count, "generator": self.config.generator.count}
+        count = self._counts
         if gpus.get(role, 0) <= 0:
             return options
+        if index >= count[role]:
+            return {"num_gpus": gpus[role]}
         if role not in self._groups:
             from ray.util.placement_group import placement_group
 

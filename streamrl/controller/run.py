@@ -42,7 +42,7 @@ import msgspec
 import zmq
 
 from streamrl.config import Config
-from streamrl.controller.admission import AdmissionServer, RunState
+from streamrl.controller.admission import AdmissionServer
 from streamrl.controller.placement import (
     Placement,
     check_port_free,
@@ -52,17 +52,21 @@ from streamrl.controller.placement import (
     role_threads,
 )
 from streamrl.controller.rundir import RunError, prepare_run_dir
+from streamrl.controller.specs import GeneratorSpec, LearnerSpec, ShardSpec, bind_host_for
 from streamrl.controller.staleness import AdmissionPolicy
+from streamrl.controller.state import RunState, load_prompt_ledger
+from streamrl.controller.supervisor import GeneratorPool
 from streamrl.metrics import MetricsLog
 from streamrl.protocol import (
     EvalReport,
     GeneratorActivity,
     GeneratorReport,
+    Heartbeat,
     LearnerStep,
     Report,
     ShardReport,
 )
-from streamrl.transport import Codec, bind_random, make_socket
+from streamrl.transport import Codec, bind_random, make_socket, resolve_host
 
 log = logging.getLogger("streamrl")
 
@@ -74,6 +78,7 @@ class Controller:
     def __init__(self, config: Config, address: str | None = None, console=sys.stdout) -> None:
         self.config, self.address, self.console = config, address, console
         self.state = RunState()
+        self.bind_host = bind_host_for(address)
         self.ctx = zmq.Context()
         self.report_codec: Codec[Report] = Codec(Report, "reports")
         self.policy = AdmissionPolicy(
@@ -84,7 +89,10 @@ class Controller:
         self.pids: list[int] = []
         self._steps: list[LearnerStep] = []
         self.learners: list[Any] = []
-        self.roles: dict[Any, str] = {}
+        self.pool = GeneratorPool(self)
+        self._all_pids: set[int] = set()  # every role process ever started (pids.json)
+        self._pids_text = ""
+        self.roles: dict[Any, str] = {}  # run() refs of learner ranks and buffer shards
         self.stopping = False
         self.last_record: dict[str, Any] = {}
         self._step_times: list[float] = []
@@ -137,11 +145,10 @@ class Controller:
     def _open_control_plane(self) -> None:
         """Report and admission sockets; on a cluster they bind this node's address so roles
         on other nodes reach them (after ray.init, which knows that address)."""
-        if self.address is not None:
-            os.environ["STREAMRL_BIND_HOST"] = "node"
+        host = resolve_host(self.bind_host)
         self.report_sock = make_socket(self.ctx, zmq.PULL, rcvhwm=0)
-        self.report_endpoint = bind_random(self.report_sock, role="controller reports")
-        self.admission = AdmissionServer(self.ctx, self.policy, self.state)
+        self.report_endpoint = bind_random(self.report_sock, host, "controller reports")
+        self.admission = AdmissionServer(self.ctx, self.policy, self.state, host)
 
     def _start_admin(self, shard_request_endpoints: list[str]) -> None:
         from streamrl.admin.server import start_admin
@@ -169,20 +176,46 @@ class Controller:
         )
 
     def role_health(self, now: float) -> dict[str, dict[str, Any]]:
+        """Every role: alive, its newest heartbeat or report, restarts and last failure."""
         import ray
 
         running = set()
         if self._watched:
             _, not_done = ray.wait(list(self._watched), timeout=0, num_returns=len(self._watched))
             running = {self.roles.get(ref) for ref in not_done}
-        return {
-            role: {
-                "alive": role in running,
-                "last_heartbeat": self.state.last_seen.get(role),
-                "restarts": 0,
+        roles = [*self.roles.values(), *(f"generator {g}" for g in sorted(self.pool.slots))]
+        state = self.state
+        with state.lock:
+            return {
+                role: {
+                    "alive": role in running or role.startswith("generator "),
+                    "last_heartbeat": state.last_seen.get(role),
+                    "restarts": state.restarts.get(role, 0),
+                    "last_failure": state.failures.get(role, ""),
+                }
+                for role in roles
             }
-            for role in self.roles.values()
-        }
+
+    def note(self, message: str) -> None:
+        """A supervision event, for the console and the controller's log."""
+        log.warning("%s", message)
+        print(message, file=self.console, flush=True)
+
+    def generator_spec(self, generator_id: int, incarnation: int) -> GeneratorSpec:
+        return GeneratorSpec(
+            log_file=self._log_file(f"generator-{generator_id}"),
+            bind_host=self.bind_host,
+            cores=self._cores("generator", generator_id),
+            config=self._role_config("generator", generator_id),
+            generator_id=generator_id,
+            model_dir=self.model_dir,
+            shard_endpoints=[ingest for ingest, _ in self.shard_endpoints],
+            publisher_endpoints=[p for p, _ in self.weight_endpoints],
+            anchor_endpoints=[a for _, a in self.weight_endpoints],
+            admission_endpoint=self.admission.endpoint,
+            report_endpoint=self.report_endpoint,
+            incarnation=incarnation,
+        )
 
     def request_stop(self) -> None:
         """Graceful stop: no new groups start, learners finish their current step, the model
@@ -195,7 +228,7 @@ class Controller:
 
     def _cores(self, role: str, index: int) -> list[int] | None:
         sets = self.cores.get(role)
-        return sets[index] if sets else None
+        return sets[index % len(sets)] if sets else None  # generators added live share
 
     def _role_config(self, role: str, index: int) -> Config:
         """The run's config as one role instance sees it: its torch threads resolved."""
@@ -214,23 +247,27 @@ class Controller:
     def _run(self, model_dir: str) -> dict[str, Any]:
         import ray
 
-        from streamrl.controller.actors import BufferShardActor, GeneratorActor, LearnerActor
+        from streamrl.controller.actors import BufferShardActor, LearnerActor
 
         cfg = self.config
+        self.model_dir = model_dir
         shards = [
             BufferShardActor.options(**self.placement.options("buffer", 0)).remote(
-                self._log_file(f"buffer-{i}"),
-                cfg.buffer,
-                i,
-                log_dir=(self.run_dir / "buffer").resolve(),
-                report_endpoint=self.report_endpoint,
+                ShardSpec(
+                    log_file=self._log_file(f"buffer-{i}"),
+                    bind_host=self.bind_host,
+                    config=cfg.buffer,
+                    shard_id=i,
+                    log_dir=str((self.run_dir / "buffer").resolve()),
+                    report_endpoint=self.report_endpoint,
+                )
             )
             for i in range(cfg.buffer.shards)
         ]
         self.actors += shards
-        shard_eps = ray.get([s.endpoints.remote() for s in shards])
+        self.shard_endpoints = ray.get([s.endpoints.remote() for s in shards])
         serve_refs = [s.serve.remote() for s in shards]
-        self._start_admin([req for _, req in shard_eps])
+        self._start_admin([req for _, req in self.shard_endpoints])
         if self.cores:
             print(f"cpu pinning: {describe_split(self.cores)}", file=self.console, flush=True)
         cpu_roles = [r for r in ("learner", "generator") if getattr(cfg, r).device == "cpu"]
@@ -243,61 +280,52 @@ class Controller:
             )
         learners = [
             LearnerActor.options(**self.placement.options("learner", r)).remote(
-                self._log_file(f"learner-{r}"), self._cores("learner", r)
+                LearnerSpec(
+                    log_file=self._log_file(f"learner-{r}"),
+                    bind_host=self.bind_host,
+                    cores=self._cores("learner", r),
+                    config=self._role_config("learner", r),
+                    rank=r,
+                    world_size=cfg.learner.count,
+                    model_dir=model_dir,
+                    shard_endpoints=[req for _, req in self.shard_endpoints],
+                    report_endpoint=self.report_endpoint,
+                    checkpoint_dir=str((self.run_dir / "checkpoints").resolve()),
+                )
             )
             for r in range(cfg.learner.count)
         ]
         self.actors += learners
         self.learners = learners
         master = ray.get(learners[0].rendezvous_address.remote())
-        weight_eps = ray.get(
-            [
-                learner.setup.remote(
-                    self._role_config("learner", r),
-                    r,
-                    cfg.learner.count,
-                    master,
-                    model_dir,
-                    [req for _, req in shard_eps],
-                    self.report_endpoint,
-                    str((self.run_dir / "checkpoints").resolve()),
-                )
-                for r, learner in enumerate(learners)
-            ]
-        )
+        self.weight_endpoints = ray.get([learner.setup.remote(master) for learner in learners])
         start_version = ray.get(learners[0].version.remote())
         if start_version:
-            # Resumed: the budget of the batches already trained on is spent.
+            # Resumed: the budget of the batches already trained on is spent, and the prompt
+            # stream continues where it was (prompts.json), not from its start.
             self.state.version = start_version
             self.policy.started = start_version * cfg.learner.groups_per_step
-            print(f"resumed at version {start_version}", file=self.console, flush=True)
+            self.state.prompts = load_prompt_ledger(self.run_dir)
+            print(
+                f"resumed at version {start_version}, prompt "
+                f"{self.state.prompts.next_index} of the stream",
+                file=self.console,
+                flush=True,
+            )
         if cfg.eval.every > 0 and cfg.eval.before_train:
             self.state.eval_requested = start_version  # generator 0's first call evaluates
-        generators = [
-            GeneratorActor.options(**self.placement.options("generator", g)).remote(
-                self._log_file(f"generator-{g}"),
-                self._role_config("generator", g),
-                g,
-                model_dir,
-                [ingest for ingest, _ in shard_eps],
-                [p for p, _ in weight_eps],
-                [a for _, a in weight_eps],
-                self.admission.endpoint,
-                self.report_endpoint,
-                cores=self._cores("generator", g),
-            )
-            for g in range(cfg.generator.count)
-        ]
-        self.actors += generators
+        for g in range(cfg.generator.count):
+            self.pool.start(g)
         self.pids = ray.get([a.pid.remote() for a in self.actors])
+        self._role_names = [
+            *(f"buffer shard {i}" for i in range(len(shards))),
+            *(f"learner rank {r}" for r in range(len(learners))),
+        ]
+        self.pool.pids(wait=True)
         # Operators (and tests) can see exactly which processes this run owns.
-        (self.run_dir / "pids.json").write_text(
-            json.dumps({"controller": os.getpid(), "roles": self.pids})
-        )
-        gen_refs = [g.run.remote() for g in generators]
+        self._write_pids()
         learner_refs = [learner.run.remote(cfg.run.max_steps) for learner in learners]
         self.roles = {
-            **{ref: f"generator {i}" for i, ref in enumerate(gen_refs)},
             **{ref: f"learner rank {i}" for i, ref in enumerate(learner_refs)},
             **{ref: f"buffer shard {i}" for i, ref in enumerate(serve_refs)},
         }
@@ -309,21 +337,54 @@ class Controller:
             flush=True,
         )
 
-        self._watched = learner_refs + serve_refs + gen_refs
+        self._watched = learner_refs + serve_refs
         self._loop(self._watched, learner_refs)
         # Learners are done: stop admission, let generators drain to the final version.
         self.state.stop = True
-        self._wait_generators(gen_refs)
+        self._wait_generators()
         ray.get([learner.final_checkpoint.remote() for learner in learners])
         hf_dir = str((self.run_dir / "hf").resolve())
         ray.get([learner.export_hf.remote(hf_dir) for learner in learners])
+        self._final_shard_stats()
         return self._summary()
+
+    def _final_shard_stats(self) -> None:
+        """Ask every shard for its figures now (its periodic report may be a second old)."""
+        from streamrl.buffers.client import BufferClient
+
+        client = BufferClient([req for _, req in self.shard_endpoints], name="controller")
+        try:
+            for stats in client.stats():
+                if stats is not None:
+                    self.state.shards[stats.shard_id] = stats
+        finally:
+            client.close()
+
+    def _write_pids(self) -> None:
+        """``pids.json``: every process this run started, by role (replacements included)."""
+        by_role = dict(zip(self._role_names, self.pids, strict=True))
+        generator_pids = self.pool.pids()  # refreshes each slot's pid
+        for generator_id, slot in self.pool.slots.items():
+            if slot.pid and slot.pid > 0:
+                by_role[f"generator {generator_id}"] = slot.pid
+        self._all_pids.update(self.pids, generator_pids)
+        text = json.dumps(
+            {"controller": os.getpid(), "roles": sorted(self._all_pids), "by_role": by_role}
+        )
+        if text != self._pids_text:  # replaced whole, so a reader never sees half a file
+            self._pids_text = text
+            tmp = self.run_dir / "pids.json.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, self.run_dir / "pids.json")
 
     def _loop(self, watched: list, learner_refs: list) -> None:
         while True:
             try:
                 self._record_reports()
                 self._check_roles(watched)
+                self.pool.check()
+                if any(slot.pid is None for slot in self.pool.slots.values()):
+                    self._write_pids()  # a generator started or replaced: it is ours too
                 if not any(ref in watched for ref in learner_refs):
                     self._record_reports()  # the last step's report may still be in flight
                     return
@@ -346,6 +407,11 @@ class Controller:
             for step in self._steps:
                 self.last_record = self._step_record(step, rate)
                 self.metrics.write(self.last_record)
+            with self.state.lock:
+                ledger = self.state.prompts.snapshot()
+            tmp = self.run_dir / "prompts.json.tmp"
+            tmp.write_text(json.dumps(ledger))
+            os.replace(tmp, self.run_dir / "prompts.json")  # a crash leaves the old one whole
         self._steps = []
 
     def _check_roles(self, watched: list) -> None:
@@ -381,7 +447,7 @@ class Controller:
         """Generated tokens per second since the previous step record was written (since the
         first generator report, for step 1). Unlike the rolling ``tokens_per_s``, a sync step whose
         training alone outlasts the window still shows the rate its generation ran at."""
-        total = sum(g.tokens_generated for g in self.state.generators.values())
+        total = sum(g.tokens_generated for g in self.state.all_generator_reports())
         if self._last_step_tokens is None:
             self._last_step_tokens = self._token_samples[0] if self._token_samples else (now, 0)
         start_t, start_n = self._last_step_tokens
@@ -404,10 +470,16 @@ class Controller:
                     self.state.last_seen["learner rank 0"] = step.time
                     self._steps.append(step)
                 case GeneratorReport() as g:
-                    self.state.generators[g.generator_id] = g
-                    self.state.last_seen[f"generator {g.generator_id}"] = g.time
-                    total = sum(r.tokens_generated for r in self.state.generators.values())
+                    if not self.state.generator_report(g):
+                        continue  # from a replaced incarnation
+                    total = sum(r.tokens_generated for r in self.state.all_generator_reports())
                     self._token_samples.append((g.time, total))
+                case Heartbeat() as beat:
+                    with self.state.lock:
+                        health = self.state.health.get(beat.index)
+                        if health is not None and health.incarnation == beat.incarnation:
+                            health.last_heartbeat = beat.time
+                            self.state.last_seen[f"generator {beat.index}"] = beat.time
                 case EvalReport() as report:
                     self.state.eval_answered = max(self.state.eval_answered, report.requested)
                     self.evals.append(report)
@@ -415,7 +487,7 @@ class Controller:
                 case ShardReport(stats=stats) as report:
                     self.state.shards[stats.shard_id] = stats
                     self.state.last_seen[f"buffer shard {stats.shard_id}"] = report.time
-                    with self.admission.lock:
+                    with self.state.lock:
                         self.policy.set_dropped(self.state.buffer_dropped())
 
     def _maybe_request_eval(self, version: int) -> None:
@@ -425,7 +497,8 @@ class Controller:
             self.state.eval_requested = max(self.state.eval_requested, version)
 
     def _step_record(self, step: LearnerStep, tokens_per_s: float) -> dict[str, Any]:
-        gens = self.state.generators.values()
+        gens = list(self.state.generators.values())  # live ones
+        every = self.state.all_generator_reports()  # and ended incarnations, for totals
         return {
             "step": step.version,
             "time": step.time,
@@ -443,25 +516,24 @@ class Controller:
             "weights/checksum_failures": sum(g.checksum_failures for g in gens),
             # Cumulative over generators, for rates over any window (`streamrl bench`).
             "generators/count": len(gens),
-            "generators/tokens_total": sum(g.tokens_generated for g in gens),
-            "generators/groups_total": sum(g.groups_pushed for g in gens),
-            "generators/weights_bytes_total": sum(g.weights_bytes_received for g in gens),
+            "generators/restarts": sum(h.restarts for h in self.state.health.values()),
+            "generators/tokens_total": sum(g.tokens_generated for g in every),
+            "generators/groups_total": sum(g.groups_pushed for g in every),
+            "generators/weights_bytes_total": sum(g.weights_bytes_received for g in every),
             **{
-                f"generators/{name}_total": sum(getattr(g.activity, name) for g in gens)
+                f"generators/{name}_total": sum(getattr(g.activity, name) for g in every)
                 for name in GeneratorActivity.__struct_fields__
             },
         }
 
-    def _wait_generators(self, gen_refs: list) -> None:
+    def _wait_generators(self) -> None:
         import ray
 
         deadline = time.time() + self.config.run.drain_timeout_s + 30
-        pending = list(gen_refs)
-        while pending and time.time() < deadline:
+        while self.pool.slots and time.time() < deadline:
             self._drain_reports(timeout_ms=100)
-            done, pending = ray.wait(pending, timeout=0.1)
-            for ref in done:
-                ray.get(ref)
+            self.pool.check()  # forgets the finished; kills the silent
+            ray.wait(self.pool.run_refs(), timeout=0.1)
         self._drain_reports(timeout_ms=300)
 
     def _summary(self) -> dict[str, Any]:
@@ -474,9 +546,23 @@ class Controller:
             }
             for g in self.state.generators.values()
         }
+        shards = sorted(self.state.shards.values(), key=lambda s: s.shard_id)
         summary = {
             "version": self.state.version,
             "generators": gens,
+            "restarts": dict(self.state.restarts),
+            # Per shard: accepted = consumed + dropped (by reason) + size + held, exactly.
+            "buffer": [
+                {
+                    "shard_id": s.shard_id,
+                    "ingested": s.ingested,
+                    "consumed": s.consumed,
+                    "dropped": dict(s.dropped),
+                    "size": s.size,
+                    "held": s.held,
+                }
+                for s in shards
+            ],
             "run_dir": str(self.run_dir),
             "wall_time_s": time.time() - self.started_at,
             "eval": [
@@ -507,6 +593,7 @@ class Controller:
             self.admin.stop()
         if self.live is not None:
             self.live.close()
+        self.pool.kill_all()
         for actor in self.actors:
             try:
                 ray.kill(actor)

@@ -2,7 +2,7 @@
 
 A generator may start a new prompt group only while
 
-    groups_started - groups_dropped < (max_staleness + v + 1) * groups_per_step
+    groups_started - groups_dropped - groups_returned < (max_staleness + v + 1) * groups_per_step
 
 where ``v`` is the learner's current version. Group number ``c`` (0-based, counted over every
 generator) is budgeted for learner step ``c // groups_per_step``; to be consumed there with
@@ -38,19 +38,28 @@ class AdmissionPolicy:
         self.versions = versions
         self.started = 0
         self.dropped = 0  # groups the buffer dropped (stale, overflow): their budget returns
+        self.returned = 0  # groups admitted to a generator that died or left before pushing
 
     def capacity(self) -> int:
         v = self.versions.current_version()
         return (self.max_staleness + v + 1) * self.groups_per_step
 
     def request(self, n_groups: int) -> Grant:
-        room = self.capacity() - (self.started - self.dropped)
+        room = self.capacity() - self.in_flight()
         granted = max(0, min(n_groups, room))
         if granted == 0:
             return Grant(0, 0)
-        last = self.started - self.dropped + granted - 1
+        last = self.in_flight() + granted - 1
         self.started += granted
         return Grant(granted, max(0, last // self.groups_per_step - self.max_staleness))
+
+    def in_flight(self) -> int:
+        """Groups started that still count against the budget."""
+        return self.started - self.dropped - self.returned
+
+    def give_back(self, n_groups: int) -> None:
+        """Groups admitted and never delivered (their generator died or retired)."""
+        self.returned += n_groups
 
     def set_dropped(self, dropped: int) -> None:
         """Total groups dropped by the buffer so far (monotonic; reported by the shards)."""

@@ -269,6 +269,7 @@ def test_config_and_live_keys(tmp_path):
         "buffer.overflow",
         "generator.temperature",
         "generator.prompts_per_call",
+        "generator.count",
     }
     assert live["buffer.capacity"]["type"] == "int" and live["buffer.capacity"]["rule"] == ">= 1"
 

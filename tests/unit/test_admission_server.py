@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import zmq
 
-from streamrl.controller.admission import AdmissionServer, RunState
+from streamrl.controller.admission import AdmissionServer
 from streamrl.controller.staleness import AdmissionPolicy
-from streamrl.protocol import AdmissionReply, AdmissionRequest
+from streamrl.controller.state import GeneratorHealth, PromptLedger, RunState
+from streamrl.protocol import AdmissionReply, AdmissionRequest, GeneratorReport
 from streamrl.transport import Codec, make_socket
 
 
-def _ask(sock: zmq.Socket, codec: Codec, n: int) -> AdmissionReply:
-    sock.send(codec.encode(AdmissionRequest(0, n)))
+def _ask(
+    sock: zmq.Socket, codec: Codec, n: int, generator_id: int = 0, incarnation: int = 0
+) -> AdmissionReply:
+    sock.send(codec.encode(AdmissionRequest(generator_id, n, incarnation)))
     assert sock.poll(5000), "no admission reply"
     return codec.decode(sock.recv())
 
 
 def test_grants_pause_stop_and_live_knobs(ctx: zmq.Context) -> None:
     state = RunState()
+    state.health[0] = GeneratorHealth()
     server = AdmissionServer(ctx, AdmissionPolicy(2, 0, state), state)
     sock = make_socket(ctx, zmq.DEALER)
     sock.connect(server.endpoint)
@@ -38,6 +42,47 @@ def test_grants_pause_stop_and_live_knobs(ctx: zmq.Context) -> None:
     finally:
         sock.close()
         server.close()
+
+
+def test_prompts_return_when_a_generator_goes_and_stale_incarnations_get_nothing(
+    ctx: zmq.Context,
+) -> None:
+    """Generator 1 is granted prompts 2 and 3, pushes one group, dies: prompt 3 and its
+    budget come back, the next grant hands 3 out first; its old incarnation is told to leave."""
+    state = RunState()
+    state.health[0], state.health[1] = GeneratorHealth(), GeneratorHealth()
+    server = AdmissionServer(ctx, AdmissionPolicy(2, 1, state), state)
+    sock = make_socket(ctx, zmq.DEALER)
+    sock.connect(server.endpoint)
+    codec: Codec[AdmissionReply] = Codec(AdmissionReply, "test")
+    try:
+        assert _ask(sock, codec, 2, generator_id=0).prompt_indices == [0, 1]
+        assert _ask(sock, codec, 2, generator_id=1).prompt_indices == [2, 3]
+        assert _ask(sock, codec, 1, generator_id=0).granted == 0  # 4 in flight = (1 + 0 + 1) * 2
+        state.generator_report(GeneratorReport(1, 0, 10, 1, 0, 0, 1.0))
+        assert state.release_generator(1) == 1 and server.policy.in_flight() == 3
+        state.health[1].incarnation = 1  # replaced
+        old = _ask(sock, codec, 1, generator_id=1, incarnation=0)
+        assert old.retire and old.granted == 0 and old.prompt_indices == []
+        again = _ask(sock, codec, 2, generator_id=1, incarnation=1)
+        assert again.prompt_indices == [3] and not again.retire
+        state.health[1].retiring = True
+        assert _ask(sock, codec, 1, generator_id=1, incarnation=1).retire
+        assert _ask(sock, codec, 1, generator_id=7).granted == 0  # an id nobody started
+    finally:
+        sock.close()
+        server.close()
+
+
+def test_prompt_ledger_snapshot_holds_every_unfinished_prompt() -> None:
+    ledger = PromptLedger()
+    ledger.grant(0, 3)  # 0, 1, 2
+    ledger.grant(1, 2)  # 3, 4
+    ledger.delivered(0, 2)  # 0 and 1 pushed
+    ledger.release(1)
+    assert ledger.snapshot() == {"next_index": 5, "retry": [2, 3, 4]}
+    resumed = PromptLedger(**ledger.snapshot())
+    assert resumed.grant(2, 4) == [2, 3, 4, 5]
 
 
 def test_generated_tokens_per_s_spans_sparse_reports() -> None:

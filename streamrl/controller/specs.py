@@ -1,0 +1,62 @@
+"""What each role is started with: typed, torch-free msgspec structs built by the controller.
+
+A spec is the whole of a role's wiring: the endpoints it connects to and the host it binds its
+own sockets on. ``bind_host`` is explicit: ``127.0.0.1`` in local mode; ``"node"`` on a
+cluster, which the role resolves to its node's address (``transport.resolve_host``) because
+the controller cannot know which node Ray will place it on. No environment variable is read.
+
+Example (cluster mode)::
+
+    ShardSpec(log_file=..., bind_host="node", config=cfg.buffer, shard_id=0, ...)
+    # the shard binds tcp://10.0.0.7:<port>, reachable from generators on other nodes
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from streamrl.config import BufferConfig, Config
+
+NODE = "node"  # bind_host value: this node's address, resolved in the role's process
+
+
+class RoleSpec(msgspec.Struct, kw_only=True):
+    log_file: str
+    bind_host: str
+    cores: list[int] | None = None  # CPU affinity when placement.pin_cpus (local mode)
+
+
+class ShardSpec(RoleSpec):
+    config: BufferConfig
+    shard_id: int
+    log_dir: str
+    report_endpoint: str
+
+
+class LearnerSpec(RoleSpec):
+    config: Config  # threads resolved for this rank
+    rank: int
+    world_size: int
+    model_dir: str
+    shard_endpoints: list[str]  # request (ROUTER) endpoints
+    report_endpoint: str
+    checkpoint_dir: str
+
+
+class GeneratorSpec(RoleSpec):
+    """A generator binds nothing (every socket connects); ``bind_host`` is kept for symmetry."""
+
+    config: Config  # threads resolved for this generator
+    generator_id: int
+    model_dir: str
+    shard_endpoints: list[str]  # ingest (PULL) endpoints
+    publisher_endpoints: list[str]
+    anchor_endpoints: list[str]
+    admission_endpoint: str
+    report_endpoint: str
+    incarnation: int = 0  # restarts of this generator id so far; reports carry it
+
+
+def bind_host_for(address: str | None) -> str:
+    """Local mode binds loopback; joining a cluster binds each node's own address."""
+    return "127.0.0.1" if address is None else NODE

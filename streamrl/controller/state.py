@@ -1,0 +1,144 @@
+"""The run's mutable state, one owner: ``RunState`` and its lock.
+
+Written by the controller's report loop, the admission thread, the supervisor and the admin
+API's threads; every write and every read that must be consistent holds ``state.lock``.
+
+``PromptLedger`` is the prompt stream's bookkeeping: admission hands out the run's prompt
+indices in order (``data.PromptStream``); each generator's outstanding indices are those
+granted and not yet reported pushed; a generator that dies or retires gives its outstanding
+indices back, and they are handed out again before any new one. Example: generator 1 is
+granted [8, 9], reports 1 group pushed, dies: 9 returns, and the next grant to anyone starts
+with 9.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamrl.controller.staleness import AdmissionPolicy
+from streamrl.protocol import GeneratorReport
+
+
+class PromptLedger:
+    def __init__(self, next_index: int = 0, retry: list[int] | None = None) -> None:
+        self.next_index = next_index
+        self.retry: deque[int] = deque(retry or [])
+        self.outstanding: dict[int, deque[int]] = {}  # generator id -> granted, not pushed
+        self.pushed: dict[int, int] = {}  # generator id -> groups pushed by this incarnation
+
+    def grant(self, generator_id: int, n: int) -> list[int]:
+        indices = []
+        for _ in range(n):
+            if self.retry:
+                indices.append(self.retry.popleft())
+            else:
+                indices.append(self.next_index)
+                self.next_index += 1
+        self.outstanding.setdefault(generator_id, deque()).extend(indices)
+        return indices
+
+    def delivered(self, generator_id: int, groups_pushed: int) -> None:
+        """A report: this incarnation has pushed ``groups_pushed`` groups in all (in grant
+        order), so that many of its oldest indices are delivered."""
+        queue = self.outstanding.setdefault(generator_id, deque())
+        for _ in range(max(0, groups_pushed - self.pushed.get(generator_id, 0))):
+            if queue:
+                queue.popleft()
+        self.pushed[generator_id] = max(self.pushed.get(generator_id, 0), groups_pushed)
+
+    def release(self, generator_id: int) -> int:
+        """The generator is gone: its outstanding indices go back to be granted first.
+        Returns how many (their admission budget returns too)."""
+        queue = self.outstanding.pop(generator_id, deque())
+        self.pushed.pop(generator_id, None)
+        self.retry.extend(sorted(queue))
+        return len(queue)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a resumed run continues from: never-granted and given-back indices alike."""
+        pending = sorted({*self.retry, *(i for q in self.outstanding.values() for i in q)})
+        return {"next_index": self.next_index, "retry": pending}
+
+
+@dataclass
+class GeneratorHealth:
+    incarnation: int = 0
+    restarts: int = 0
+    last_heartbeat: float | None = None
+    last_failure: str = ""
+    retiring: bool = False
+
+
+@dataclass
+class RunState:
+    """What the controller knows; updated from reports, read by admission and the admin API."""
+
+    version: int = 0
+    stop: bool = False
+    paused: bool = False
+    generators: dict[int, GeneratorReport] = field(default_factory=dict)
+    shards: dict[int, Any] = field(default_factory=dict)
+    # Live generator knobs set through the admin API; None = the generators' own config.
+    temperature: float | None = None
+    prompts_per_call: int | None = None
+    last_seen: dict[str, float] = field(default_factory=dict)  # role -> last report time
+    # Held-out evaluation: the newest version asked for, and the newest answered (-1: none).
+    eval_requested: int = -1
+    eval_answered: int = -1
+    prompts: PromptLedger = field(default_factory=PromptLedger)
+    health: dict[int, GeneratorHealth] = field(default_factory=dict)  # by generator id
+    # Role name -> restarts and last failure, for every supervised role (/status, metrics).
+    restarts: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    # The last reports of generator incarnations that ended: run totals keep their counts.
+    ended: list[GeneratorReport] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    policy: AdmissionPolicy | None = None  # set by the controller (it reads current_version)
+
+    def current_version(self) -> int:
+        return self.version
+
+    def buffer_dropped(self) -> int:
+        """Groups every shard dropped so far, all reasons (their admission budget returns)."""
+        return sum(sum(s.dropped.values()) for s in self.shards.values())
+
+    def all_generator_reports(self) -> list[GeneratorReport]:
+        """Live generators' newest reports and the last of every ended incarnation (totals)."""
+        return [*self.generators.values(), *self.ended]
+
+    def generator_report(self, report: GeneratorReport) -> bool:
+        """Take a generator's report; False (ignored) if it is from a replaced incarnation."""
+        with self.lock:
+            health = self.health.setdefault(report.generator_id, GeneratorHealth())
+            if report.incarnation != health.incarnation:
+                return False
+            self.generators[report.generator_id] = report
+            self.prompts.delivered(report.generator_id, report.groups_pushed)
+            return True
+
+    def release_generator(self, generator_id: int) -> int:
+        """A generator is gone: its admitted, undelivered groups return to the budget and
+        their prompts to the ledger. Returns how many."""
+        with self.lock:
+            report = self.generators.pop(generator_id, None)
+            if report is not None:
+                self.ended.append(report)
+            n = self.prompts.release(generator_id)
+            if self.policy is not None:
+                self.policy.give_back(n)
+            return n
+
+
+def load_prompt_ledger(run_dir: Path) -> PromptLedger:
+    """The ledger a resumed run continues from (written by the controller at every step); a
+    run without one starts the stream at 0."""
+    path = run_dir / "prompts.json"
+    if not path.is_file():
+        return PromptLedger()
+    saved = json.loads(path.read_text())
+    return PromptLedger(int(saved["next_index"]), [int(i) for i in saved["retry"]])
