@@ -1,7 +1,7 @@
 """Ingest frames -> what a shard stores: one decode and check per group, the frame kept.
 
 A shard decodes every ``TrajectoryGroup`` frame fully: its token arrays are msgpack ``bin``
-(raw bytes, DESIGN.md §5), so decoding copies them instead of parsing numbers, and then it
+(raw bytes, docs/design.md §5), so decoding copies them instead of parsing numbers, and then it
 checks the arrays (``TrajectoryGroup.check``) and the versions. It keeps only a summary (ids,
 versions, sizes, rewards) plus the frame itself: memory stays at wire size, the durable log
 stores the frame as the group's payload, and replies forward it unchanged (``RawBatch``),

@@ -2,10 +2,10 @@
 
 No sockets, no threads, no torch. The shard server owns the sockets and calls these methods
 from its one loop thread; the store depends only on something that knows the learner's
-current version (``VersionProvider``), so tests drive it with a fake (STYLE.md #10), and
+current version (``VersionProvider``), so tests drive it with a fake, and
 reads groups through the small ``Group`` protocol.
 
-Staleness (DESIGN.md §3): with the learner at version ``v`` (optimizer steps done), a group's
+Staleness (docs/design.md §3): with the learner at version ``v`` (optimizer steps done), a group's
 staleness is ``v - group.min_version``. It is checked at admission (``offer``) and again, as
 the version advances, before every sample (``take``); a group past ``max_staleness`` is
 dropped and counted as ``"stale"``.

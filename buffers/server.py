@@ -1,4 +1,4 @@
-"""Buffer shard server: sockets around one ``ReplayStore`` (DESIGN.md §1, §3).
+"""Buffer shard server: sockets around one ``ReplayStore`` (docs/design.md §1, §3).
 
 One asyncio loop (uvloop) per shard process owns every socket and the store, so no lock is
 needed and every decision sees a consistent store. Three tasks share it:

@@ -1,4 +1,4 @@
-"""Run configuration: one msgspec Struct per role, decoded strictly from YAML (DESIGN.md §8).
+"""Run configuration: one msgspec Struct per role, decoded strictly from YAML (docs/design.md §8).
 
 Unknown or mistyped keys fail with the key's path. Command-line overrides are
 ``section.key=value`` (the value is parsed as YAML, so ``3``, ``true`` and ``[1, 2]`` work).

@@ -1,4 +1,4 @@
-"""Prompt sources (DESIGN.md §7).
+"""Prompt sources (docs/design.md §7).
 
 A run has one prompt stream with random access: ``PromptStream(config, seed)[i]`` is prompt
 ``i``, the same on every machine (the arithmetic task draws question ``i`` from a generator

@@ -1,4 +1,4 @@
-"""What this machine computes fast: the compute dtype by capability (DESIGN.md §5b).
+"""What this machine computes fast: the compute dtype by capability (docs/design.md §5b).
 
 CPUs differ: one with AVX512-BF16/AMX runs bf16 matmuls through oneDNN as fast as fp32 or
 faster; an AVX2-only CPU (``torch.backends.cpu.get_cpu_capability() == "AVX2"``, oneDNN bf16

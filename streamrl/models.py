@@ -1,4 +1,4 @@
-"""Resolving and loading models (DESIGN.md §7).
+"""Resolving and loading models (docs/design.md §7).
 
 A model name resolves to a local HF directory holding safetensors weights and a tokenizer:
 

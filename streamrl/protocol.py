@@ -1,4 +1,4 @@
-"""Wire types shared by every role (DESIGN.md §5).
+"""Wire types shared by every role (docs/design.md §5).
 
 All messages are ``msgspec.Struct``s encoded with msgpack. Arrays travel as raw bytes, never
 as Python lists: a field's dtype is fixed by the field (documented at it) and its shape is
@@ -54,7 +54,7 @@ def _unpack(data: bytes, typecode: str) -> list:
 
 
 class Trajectory(msgspec.Struct):
-    """One sampled response to one prompt; its token arrays are raw bytes (DESIGN.md §5).
+    """One sampled response to one prompt; its token arrays are raw bytes (docs/design.md §5).
 
     ``prompt_ids``, ``response_ids`` and ``token_versions`` are little-endian int32 and
     ``behavior_logprobs`` little-endian float32, one element (4 bytes) per token.
@@ -345,7 +345,7 @@ class AdmissionRequest(msgspec.Struct, tag="admission_request"):
 
 class AdmissionReply(msgspec.Struct, tag="admission_reply"):
     """``granted`` groups may start now, on weights of version ``>= min_version`` (the oldest
-    that keeps them within the staleness bound when the learner consumes them; DESIGN.md §3).
+    that keeps them within the staleness bound when the learner consumes them; docs/design.md §3).
     ``stop`` tells the generator to finish: drain to ``learner_version`` and exit."""
 
     granted: int

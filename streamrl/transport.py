@@ -1,4 +1,4 @@
-"""ZeroMQ helpers shared by every role (STYLE.md #4).
+"""ZeroMQ helpers shared by every role.
 
 Rules kept here so no role forgets them: ``linger=0`` on close, high-water marks from config,
 endpoints logged once, binds on 127.0.0.1 unless told otherwise, one msgspec Encoder/Decoder

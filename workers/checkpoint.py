@@ -1,4 +1,4 @@
-"""Learner checkpoints with torch.distributed.checkpoint (DESIGN.md §9).
+"""Learner checkpoints with torch.distributed.checkpoint (docs/design.md §9).
 
 Layout: ``runs/<name>/checkpoints/step-000012/`` holds the sharded DCP files of the policy, its
 optimizer (and the critic's, when there is one) plus ``meta.json``; ``checkpoints/latest``

@@ -1,6 +1,6 @@
-"""FSDP2 in one function (STYLE.md #8). Nothing else imports ``torch.distributed.fsdp``.
+"""FSDP2 in one function. Nothing else imports ``torch.distributed.fsdp``.
 
-The forward always sees the bf16 image the generators hold (DESIGN.md §5b):
+The forward always sees the bf16 image the generators hold (docs/design.md §5b):
 
 - compute in bf16: FSDP2 all-gathers the parameters in bf16 (``param_dtype``), which *is*
   the rounding the weight publisher applies;

@@ -1,7 +1,7 @@
 """Generator role: sample prompt groups forever and push them to the buffer shards.
 
 Loop (waits for -> unblocked by):
-  1. admission for new groups       -> the learner's version advancing (DESIGN.md §3)
+  1. admission for new groups       -> the learner's version advancing (docs/design.md §3)
   2. weights fresh enough for them  -> the subscriber applying the next version
   3. generate (weights applied between decode steps when in-flight updates are on)
   4. reward, push to a shard        -> PUSH blocks only at the shard's high-water mark

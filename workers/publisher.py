@@ -1,4 +1,4 @@
-"""Learner side of weight streaming (DESIGN.md §4).
+"""Learner side of weight streaming (docs/design.md §4).
 
 Each learner rank publishes its own FSDP2 shard; nothing is gathered through rank 0.
 

@@ -1,4 +1,4 @@
-"""Generator side of weight streaming (DESIGN.md §4).
+"""Generator side of weight streaming (docs/design.md §4).
 
 The subscriber holds a full bf16 image of the model (for the HF engine it *is* the engine's
 parameters, so applying a diff updates the engine with no copy). It receives every learner

@@ -1,4 +1,4 @@
-"""One learner step: a rank's share of a batch -> one new version (DESIGN.md §5b).
+"""One learner step: a rank's share of a batch -> one new version (docs/design.md §5b).
 
     groups -> scores      reward + DAPO overlong penalty (- KL to the reference, in reward)
            -> advantages  group baseline per trajectory, or GAE from the critic, whitened
@@ -10,7 +10,7 @@
                           finite); the version advances once per batch, outside this module
            -> metrics     reduced over ranks once (one all-reduce of sums, one of maxima)
 
-Reduction rule (STYLE.md #17): every loss term is a per-token quantity aggregated by
+Reduction rule (docs/design.md §5b): every loss term is a per-token quantity aggregated by
 ``loss_agg`` over the whole mini-batch on every rank, with the global denominator (tokens for
 ``token-mean``, sequences otherwise; ``seq-mean-token-sum-norm`` divides by the constant
 ``generator.max_new_tokens``, as verl uses the maximum response length). Each micro-batch adds

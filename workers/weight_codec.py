@@ -1,4 +1,4 @@
-"""Lossless bf16 diff encoding shared by the publisher and the subscriber (DESIGN.md §4).
+"""Lossless bf16 diff encoding shared by the publisher and the subscriber (docs/design.md §4).
 
 Unit of encoding: a *block*, a run of whole dim-0 rows of one learner rank's FSDP2 shard of
 one tensor (``row_blocks`` cuts a shard so that no block exceeds the chunk size, which keeps
@@ -16,7 +16,7 @@ Values are raw bf16 bytes: applying a diff reproduces the publisher's image bit 
 
 Checksum: xxh64 of the complete new bf16 bytes of the block, i.e. per (tensor, learner rank,
 row block), not per full tensor. That is deliberate: each rank publishes its own shard without
-gathering the tensor (DESIGN.md §4), so no rank ever holds the bytes a full-tensor hash needs;
+gathering the tensor (docs/design.md §4), so no rank ever holds the bytes a full-tensor hash needs;
 a per-block hash is as strong and is checked where the block is applied.
 """
 

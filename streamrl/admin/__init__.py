@@ -1,4 +1,4 @@
-"""The admin HTTP endpoint served by the controller (DESIGN.md §1, issue 6).
+"""The admin HTTP endpoint served by the controller (docs/design.md §1, issue 6).
 
 ```
   streamrl admin … / curl ──HTTP + Bearer token──► AdminServer (uvicorn on uvloop, a thread

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class AdmissionServer:
-    """Answers generators' ``AdmissionRequest``s from one thread (DESIGN.md §3)."""
+    """Answers generators' ``AdmissionRequest``s from one thread (docs/design.md §3)."""
 
     def __init__(
         self, ctx: zmq.Context, policy: AdmissionPolicy, state: RunState, host: str = LOOPBACK

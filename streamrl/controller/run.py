@@ -201,6 +201,30 @@ class Controller:
         log.warning("%s", message)
         print(message, file=self.console, flush=True)
 
+    def shard_spec(self, shard_id: int) -> ShardSpec:
+        return ShardSpec(
+            log_file=self._log_file(f"buffer-{shard_id}"),
+            bind_host=self.bind_host,
+            config=self.config.buffer,
+            shard_id=shard_id,
+            log_dir=str((self.run_dir / "buffer").resolve()),
+            report_endpoint=self.report_endpoint,
+        )
+
+    def learner_spec(self, rank: int) -> LearnerSpec:
+        return LearnerSpec(
+            log_file=self._log_file(f"learner-{rank}"),
+            bind_host=self.bind_host,
+            cores=self._cores("learner", rank),
+            config=self._role_config("learner", rank),
+            rank=rank,
+            world_size=self.config.learner.count,
+            model_dir=self.model_dir,
+            shard_endpoints=[req for _, req in self.shard_endpoints],
+            report_endpoint=self.report_endpoint,
+            checkpoint_dir=str((self.run_dir / "checkpoints").resolve()),
+        )
+
     def generator_spec(self, generator_id: int, incarnation: int) -> GeneratorSpec:
         return GeneratorSpec(
             log_file=self._log_file(f"generator-{generator_id}"),
@@ -253,14 +277,7 @@ class Controller:
         self.model_dir = model_dir
         shards = [
             BufferShardActor.options(**self.placement.options("buffer", 0)).remote(
-                ShardSpec(
-                    log_file=self._log_file(f"buffer-{i}"),
-                    bind_host=self.bind_host,
-                    config=cfg.buffer,
-                    shard_id=i,
-                    log_dir=str((self.run_dir / "buffer").resolve()),
-                    report_endpoint=self.report_endpoint,
-                )
+                self.shard_spec(i)
             )
             for i in range(cfg.buffer.shards)
         ]
@@ -280,18 +297,7 @@ class Controller:
             )
         learners = [
             LearnerActor.options(**self.placement.options("learner", r)).remote(
-                LearnerSpec(
-                    log_file=self._log_file(f"learner-{r}"),
-                    bind_host=self.bind_host,
-                    cores=self._cores("learner", r),
-                    config=self._role_config("learner", r),
-                    rank=r,
-                    world_size=cfg.learner.count,
-                    model_dir=model_dir,
-                    shard_endpoints=[req for _, req in self.shard_endpoints],
-                    report_endpoint=self.report_endpoint,
-                    checkpoint_dir=str((self.run_dir / "checkpoints").resolve()),
-                )
+                self.learner_spec(r)
             )
             for r in range(cfg.learner.count)
         ]

@@ -1,4 +1,4 @@
-"""Off-policy admission control (DESIGN.md §3), AReaL-style, as one small pure class.
+"""Off-policy admission control (docs/design.md §3), AReaL-style, as one small pure class.
 
 A generator may start a new prompt group only while
 

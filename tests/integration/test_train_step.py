@@ -1,4 +1,4 @@
-"""The training step trains exactly what was sampled (DESIGN.md §5b), on real FSDP2 ranks.
+"""The training step trains exactly what was sampled (docs/design.md §5b), on real FSDP2 ranks.
 
 - gradients do not depend on how the batch is split: micro-batch sizes 1, 2 and 8 and one vs
   two gloo ranks, for every ``loss_agg``, with the entropy bonus, the in-loss KL and the value

@@ -1,4 +1,4 @@
-"""Weight streaming end to end over real loopback sockets (DESIGN.md §4).
+"""Weight streaming end to end over real loopback sockets (docs/design.md §4).
 
 Two harnesses, one reference: every subscriber's image must equal, bit for bit, the bf16 image
 of the learner's full weights.

@@ -1,4 +1,4 @@
-"""The engine interface: one small base class shaped like SGLang's ``Engine`` (DESIGN.md §6).
+"""The engine interface: one small base class shaped like SGLang's ``Engine`` (docs/design.md §6).
 
 An engine turns token-id prompts into sampled responses with per-token behaviour logprobs and
 per-token weight versions, and takes weight updates while it generates.

@@ -1,0 +1,74 @@
+"""Role specs carry their bind host: loopback locally, the node's own address on a cluster."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+
+from streamrl.config import BufferConfig, load_config
+from streamrl.controller.run import Controller
+from streamrl.controller.specs import NODE, GeneratorSpec, LearnerSpec, ShardSpec
+from streamrl.transport import resolve_host
+
+NODE_IP = "127.0.0.2"  # stands in for another machine's address: not the loopback default
+
+
+def _specs(address: str | None, tmp_path: Path) -> list:
+    controller = Controller(load_config(None, []), address, console=io.StringIO())
+    controller.run_dir, controller.model_dir = tmp_path, str(tmp_path / "model")
+    controller.report_endpoint = "tcp://10.0.0.1:5000"
+    controller.shard_endpoints = [("tcp://10.0.0.2:1", "tcp://10.0.0.2:2")]
+    controller.weight_endpoints = [("tcp://10.0.0.3:1", "tcp://10.0.0.3:2")]
+    controller.admission = type("A", (), {"endpoint": "tcp://10.0.0.1:5001"})()
+    try:
+        return [controller.shard_spec(0), controller.learner_spec(0), controller.generator_spec(0, 0)]
+    finally:
+        controller.ctx.destroy(linger=0)
+
+
+def test_local_specs_bind_loopback(tmp_path: Path) -> None:
+    assert {spec.bind_host for spec in _specs(None, tmp_path)} == {"127.0.0.1"}
+
+
+def test_cluster_specs_bind_the_nodes_address(tmp_path: Path, monkeypatch) -> None:
+    specs = _specs("10.0.0.1:6379", tmp_path)
+    assert [type(s) for s in specs] == [ShardSpec, LearnerSpec, GeneratorSpec]
+    assert {spec.bind_host for spec in specs} == {NODE}
+    # Specs travel through Ray as msgspec structs: torch-free, round-trip exact.
+    for spec in specs:
+        assert msgspec.msgpack.decode(msgspec.msgpack.encode(spec), type=type(spec)) == spec
+    import ray.util
+
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: NODE_IP)
+    assert resolve_host(NODE) == NODE_IP
+    # What the roles bind from those specs: the node's address, never loopback.
+    from streamrl.buffers.server import BufferShard
+
+    shard_spec = specs[0]
+    shard = BufferShard(
+        BufferConfig(durable=False), 0, host=resolve_host(shard_spec.bind_host)
+    )
+    try:
+        assert shard.ingest_endpoint.startswith(f"tcp://{NODE_IP}:")
+        assert shard.request_endpoint.startswith(f"tcp://{NODE_IP}:")
+    finally:
+        shard.close()
+
+
+def test_publisher_binds_the_host_it_is_given() -> None:
+    torch = pytest.importorskip("torch")
+    from streamrl.config import WeightsConfig
+    from streamrl.workers.publisher import WeightPublisher
+
+    ctx = zmq.Context()
+    publisher = WeightPublisher(torch.nn.Linear(4, 4), 0, 1, WeightsConfig(), ctx, NODE_IP)
+    try:
+        assert publisher.pub_endpoint.startswith(f"tcp://{NODE_IP}:")
+        assert publisher.anchor_endpoint.startswith(f"tcp://{NODE_IP}:")
+    finally:
+        publisher.close()
+        ctx.destroy(linger=0)
