@@ -4,7 +4,6 @@ shard's ``Reconfigure`` over its socket, the admission server's next reply, the 
 
 from __future__ import annotations
 
-import io
 import threading
 import typing
 from pathlib import Path

@@ -25,7 +25,11 @@ def _specs(address: str | None, tmp_path: Path) -> list:
     controller.weight_endpoints = [("tcp://10.0.0.3:1", "tcp://10.0.0.3:2")]
     controller.admission = type("A", (), {"endpoint": "tcp://10.0.0.1:5001"})()
     try:
-        return [controller.shard_spec(0), controller.learner_spec(0), controller.generator_spec(0, 0)]
+        return [
+            controller.shard_spec(0),
+            controller.learner_spec(0),
+            controller.generator_spec(0, 0),
+        ]
     finally:
         controller.ctx.destroy(linger=0)
 
@@ -49,9 +53,7 @@ def test_cluster_specs_bind_the_nodes_address(tmp_path: Path, monkeypatch) -> No
     from streamrl.buffers.server import BufferShard
 
     shard_spec = specs[0]
-    shard = BufferShard(
-        BufferConfig(durable=False), 0, host=resolve_host(shard_spec.bind_host)
-    )
+    shard = BufferShard(BufferConfig(durable=False), 0, host=resolve_host(shard_spec.bind_host))
     try:
         assert shard.ingest_endpoint.startswith(f"tcp://{NODE_IP}:")
         assert shard.request_endpoint.startswith(f"tcp://{NODE_IP}:")
