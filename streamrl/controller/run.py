@@ -29,6 +29,7 @@ and ends every process it started.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -612,6 +613,31 @@ class Controller:
             self.metrics.close()
         if ray.is_initialized():
             ray.shutdown()
+        if self.address is None:
+            _reap(self._all_pids)
+
+
+def _reap(pids: set[int], timeout_s: float = 10.0) -> None:
+    """Local mode: the run's own role processes (by pid) are gone when ``launch`` returns; an
+    actor killed moments ago may still be exiting, so wait for it, then SIGKILL what is left."""
+    deadline = time.monotonic() + timeout_s
+    left = set(pids)
+    while left:
+        for pid in list(left):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                left.discard(pid)
+            except PermissionError:  # the pid was reused by someone else's process
+                left.discard(pid)
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(0.1)
 
 
 def _last_line(exc: BaseException) -> str:
