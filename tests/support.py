@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -17,6 +20,23 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def launch_tiny(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``streamrl launch configs/tiny.yaml`` into ``run_dir`` as a child process (output
+    captured as text); ``args`` are more overrides or flags."""
+    cmd = [
+        str(Path(sys.executable).parent / "streamrl"),
+        "launch",
+        str(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"),
+        f"run.output_dir={run_dir.parent}",
+        f"--name={run_dir.name}",
+        "logging.progress=false",
+        *args,
+    ]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
 
 
 def wait_for(predicate: Callable[[], T], timeout: float, what: str) -> T:

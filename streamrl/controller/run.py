@@ -52,7 +52,7 @@ from streamrl.controller.placement import (
     init_ray,
     role_threads,
 )
-from streamrl.controller.rundir import RunError, prepare_run_dir
+from streamrl.controller.rundir import RunError, last_line, prepare_run_dir, write_whole
 from streamrl.controller.specs import GeneratorSpec, LearnerSpec, ShardSpec, bind_host_for
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import RunState, load_prompt_ledger
@@ -139,7 +139,7 @@ class Controller:
             try:
                 return self._run(model_dir)
             except ray.exceptions.RayError as exc:  # a role failed to start
-                raise RunError(f"{_last_line(exc)} (see {self.run_dir / 'logs'})") from None
+                raise RunError(f"{last_line(exc)} (see {self.run_dir / 'logs'})") from None
         finally:
             self.shutdown()
 
@@ -332,10 +332,7 @@ class Controller:
         # Operators (and tests) can see exactly which processes this run owns.
         self._write_pids()
         learner_refs = [learner.run.remote(cfg.run.max_steps) for learner in learners]
-        self.roles = {
-            **{ref: f"learner rank {i}" for i, ref in enumerate(learner_refs)},
-            **{ref: f"buffer shard {i}" for i, ref in enumerate(serve_refs)},
-        }
+        self.roles = dict(zip([*serve_refs, *learner_refs], self._role_names, strict=True))
         print(
             f"run {cfg.run.name}: {cfg.learner.count} learner(s), {cfg.generator.count} "
             f"generator(s), {cfg.buffer.shards} buffer shard(s), mode {cfg.run.mode}; "
@@ -369,20 +366,22 @@ class Controller:
 
     def _write_pids(self) -> None:
         """``pids.json``: every process this run started, by role (replacements included)."""
-        by_role = dict(zip(self._role_names, self.pids, strict=True))
-        generator_pids = self.pool.pids()  # refreshes each slot's pid
-        for generator_id, slot in self.pool.slots.items():
-            if slot.pid and slot.pid > 0:
-                by_role[f"generator {generator_id}"] = slot.pid
-        self._all_pids.update(self.pids, generator_pids)
+        self.pool.pids()  # refreshes each slot's pid
+        by_role = {
+            **dict(zip(self._role_names, self.pids, strict=True)),
+            **{
+                f"generator {generator_id}": slot.pid
+                for generator_id, slot in self.pool.slots.items()
+                if slot.pid and slot.pid > 0
+            },
+        }
+        self._all_pids.update(by_role.values())
         text = json.dumps(
             {"controller": os.getpid(), "roles": sorted(self._all_pids), "by_role": by_role}
         )
-        if text != self._pids_text:  # replaced whole, so a reader never sees half a file
+        if text != self._pids_text:
             self._pids_text = text
-            tmp = self.run_dir / "pids.json.tmp"
-            tmp.write_text(text)
-            os.replace(tmp, self.run_dir / "pids.json")
+            write_whole(self.run_dir / "pids.json", text)
 
     def _loop(self, watched: list, learner_refs: list) -> None:
         while True:
@@ -416,9 +415,7 @@ class Controller:
                 self.metrics.write(self.last_record)
             with self.state.lock:
                 ledger = self.state.prompts.snapshot()
-            tmp = self.run_dir / "prompts.json.tmp"
-            tmp.write_text(json.dumps(ledger))
-            os.replace(tmp, self.run_dir / "prompts.json")  # a crash leaves the old one whole
+            write_whole(self.run_dir / "prompts.json", json.dumps(ledger))
         self._steps = []
 
     def _check_roles(self, watched: list) -> None:
@@ -433,7 +430,7 @@ class Controller:
             except ray.exceptions.RayError as exc:
                 role = self.roles.get(ref, "a role")
                 raise RunError(
-                    f"{role} failed: {_last_line(exc)} (see {self.run_dir / 'logs'})"
+                    f"{role} failed: {last_line(exc)} (see {self.run_dir / 'logs'})"
                 ) from None
 
     def tokens_per_s(self, window_s: float = 10.0) -> float:
@@ -482,11 +479,7 @@ class Controller:
                     total = sum(r.tokens_generated for r in self.state.all_generator_reports())
                     self._token_samples.append((g.time, total))
                 case Heartbeat() as beat:
-                    with self.state.lock:
-                        health = self.state.health.get(beat.index)
-                        if health is not None and health.incarnation == beat.incarnation:
-                            health.last_heartbeat = beat.time
-                            self.state.last_seen[f"generator {beat.index}"] = beat.time
+                    self.state.heartbeat(beat)
                 case EvalReport() as report:
                     self.state.eval_answered = max(self.state.eval_answered, report.requested)
                     self.evals.append(report)
@@ -638,12 +631,6 @@ def _reap(pids: set[int], timeout_s: float = 10.0) -> None:
                     os.kill(pid, signal.SIGKILL)
             return
         time.sleep(0.1)
-
-
-def _last_line(exc: BaseException) -> str:
-    """Ray wraps a role's traceback into the message; its last line is the actual error."""
-    text = str(exc).strip()
-    return text.splitlines()[-1] if text else repr(exc)
 
 
 def _sigterm_as_interrupt(signum: int, frame: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -34,3 +35,17 @@ def prepare_run_dir(config: Config) -> Path:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(_without_secrets(config)))
     return run_dir
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Replace ``path`` in one step: a reader (or a crash) sees the old file or the new one,
+    never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def last_line(exc: BaseException) -> str:
+    """Ray wraps a role's traceback into the message; its last line is the actual error."""
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else repr(exc)

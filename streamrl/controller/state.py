@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.controller.staleness import AdmissionPolicy
-from streamrl.protocol import GeneratorReport
+from streamrl.protocol import GeneratorReport, Heartbeat
 
 
 class PromptLedger:
@@ -120,6 +120,14 @@ class RunState:
             self.generators[report.generator_id] = report
             self.prompts.delivered(report.generator_id, report.groups_pushed)
             return True
+
+    def heartbeat(self, beat: Heartbeat) -> None:
+        """A generator's heartbeat; one from a replaced incarnation is ignored."""
+        with self.lock:
+            health = self.health.get(beat.index)
+            if health is not None and health.incarnation == beat.incarnation:
+                health.last_heartbeat = beat.time
+                self.last_seen[f"generator {beat.index}"] = beat.time
 
     def release_generator(self, generator_id: int) -> int:
         """A generator is gone: its admitted, undelivered groups return to the budget and

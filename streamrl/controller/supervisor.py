@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from streamrl.controller.rundir import RunError
+from streamrl.controller.rundir import RunError, last_line
 from streamrl.controller.state import GeneratorHealth
 
 if TYPE_CHECKING:
@@ -86,13 +86,8 @@ class GeneratorPool:
         return [slot.pid for slot in self.slots.values() if slot.pid and slot.pid > 0]
 
     def kill_all(self) -> None:
-        import ray
-
-        for slot in self.slots.values():
-            try:
-                ray.kill(slot.actor)
-            except Exception:  # already gone
-                pass
+        for generator_id in self.slots:
+            self._kill(generator_id)
 
     # ------------------------------------------------------------------ supervision
 
@@ -111,7 +106,7 @@ class GeneratorPool:
                     ray.get(slot.run_ref)
                     failure = None if leaving else "exited early"
                 except ray.exceptions.RayError as exc:
-                    failure = _last_line(exc)
+                    failure = last_line(exc)
                 if failure is None:
                     self._forget(generator_id, "retired" if health.retiring else "finished")
                 elif leaving:  # no replacement for a generator on its way out
@@ -123,7 +118,6 @@ class GeneratorPool:
             if silent_for > self.c.config.run.heartbeat_timeout_s:
                 reason = f"no heartbeat for {silent_for:.0f} s"
                 if health.retiring or self.c.state.stop:
-                    self._kill(generator_id)
                     self._forget(generator_id, f"{reason} while leaving")
                 else:
                     self._replace(generator_id, reason)
@@ -183,9 +177,3 @@ class GeneratorPool:
             return
         returned = self.c.state.release_generator(generator_id)
         self.c.note(f"generator {generator_id}: {why}; {returned} group(s) returned")
-
-
-def _last_line(exc: BaseException) -> str:
-    """Ray wraps a role's traceback into the message; its last line is the actual error."""
-    text = str(exc).strip()
-    return text.splitlines()[-1] if text else repr(exc)

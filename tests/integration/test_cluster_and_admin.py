@@ -18,29 +18,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support import alive, wait_for
+from support import alive, launch_tiny, wait_for
 
 from streamrl.cli import main as cli
 from streamrl.transport import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
-
-
-def _launch(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    cmd = [
-        str(BIN / "streamrl"),
-        "launch",
-        str(ROOT / "configs" / "tiny.yaml"),
-        f"run.output_dir={run_dir.parent}",
-        f"--name={run_dir.name}",
-        "logging.progress=false",
-        *args,
-    ]
-    return subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
 
 
 def _end(proc: subprocess.Popen) -> None:
@@ -72,7 +56,7 @@ def _assert_loopback_only(root_pid: int) -> None:
 
 def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "live"
-    proc = _launch(run_dir, "run.max_steps=400", "buffer.max_staleness=2")
+    proc = launch_tiny(run_dir, "run.max_steps=400", "buffer.max_staleness=2")
     try:
         url = wait_for(
             lambda: (
@@ -189,7 +173,7 @@ def test_launch_joins_a_loopback_cluster(tmp_path: Path) -> None:
     try:
         wait_for(lambda: _port_open(port), 60, "the Ray head")
         _assert_loopback_only(head.pid)
-        proc = _launch(run_dir, "run.max_steps=3", "--address", f"127.0.0.1:{port}", env=env)
+        proc = launch_tiny(run_dir, "run.max_steps=3", "--address", f"127.0.0.1:{port}", env=env)
         try:
             output, _ = proc.communicate(timeout=300)
         finally:
@@ -208,7 +192,7 @@ def test_launch_joins_a_loopback_cluster(tmp_path: Path) -> None:
 
 
 def test_unreachable_cluster_is_one_line(tmp_path: Path) -> None:
-    proc = _launch(tmp_path / "nowhere", "--address", f"127.0.0.1:{free_port()}")
+    proc = launch_tiny(tmp_path / "nowhere", "--address", f"127.0.0.1:{free_port()}")
     try:
         output, _ = proc.communicate(timeout=120)
     finally:

@@ -7,32 +7,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support import alive, wait_for
+from support import alive, launch_tiny, wait_for
 
 from streamrl.cli import main as cli
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
 
 
-def _launch(run_dir: Path, steps: int, *args: str) -> subprocess.Popen:
-    cmd = [
-        str(BIN / "streamrl"),
-        "launch",
-        str(ROOT / "configs" / "tiny.yaml"),
-        f"run.output_dir={run_dir.parent}",
-        f"--name={run_dir.name}",
-        f"run.max_steps={steps}",
-        "logging.progress=false",
-        "run.heartbeat_timeout_s=5",
-        *args,
-    ]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _launch(run_dir: Path, steps: int) -> subprocess.Popen:
+    return launch_tiny(run_dir, f"run.max_steps={steps}", "run.heartbeat_timeout_s=5")
 
 
 def _steps(run_dir: Path) -> int:
