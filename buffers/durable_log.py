@@ -17,8 +17,14 @@ turns the payloads into a flat Parquet table offline. A payload that no longer d
 corrupted or foreign row) is skipped and counted, logged once per read: one bad row must not
 stop a shard from restarting.
 
-Consumption marks live in the same stream (``kind`` = 1, only ``group_id`` set), so one
-ordered pass over the segments replays history exactly: appends add a group, marks remove it.
+Consumption marks live in the same stream (``kind`` = 1: ``group_id`` and the ``reason`` it
+left, ``consumed`` or a drop reason), so one ordered pass over the segments replays history
+exactly: appends add a group, marks remove it. A group refused on arrival (stale, duplicate,
+...) is one ``kind`` = 2 row (id and reason, no payload): it never enters the live set, but it
+is counted. So the log alone answers, across any number of restarts of the shard,
+``received == sum(removed by reason) + remaining`` (``Tallies``); a compaction keeps the
+tallies of what it drops in its schema metadata. Format 1 logs (no ``reason``) still read,
+their marks counted as ``consumed``.
 
 Durability: ``append``/``append_many``/``mark_consumed`` return after the bytes are handed to
 the OS (the file is unbuffered), so they survive the process being killed; ``fsync=True``
@@ -31,10 +37,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -46,13 +54,15 @@ from streamrl.protocol import TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
-FORMAT_KEY, FORMAT_VERSION = b"streamrl.log", b"1"
-KIND_GROUP, KIND_CONSUMED = 0, 1
+FORMAT_KEY, FORMAT_VERSION = b"streamrl.log", b"2"
+READABLE_FORMATS = (b"1", FORMAT_VERSION)
+TALLIES_KEY = b"streamrl.tallies"  # on a compaction: the tallies as of the rows it dropped
+KIND_GROUP, KIND_CONSUMED, KIND_REFUSED = 0, 1, 2
 SCHEMA = pa.schema(
     [
-        ("kind", pa.int8()),  # KIND_GROUP or KIND_CONSUMED
+        ("kind", pa.int8()),  # KIND_GROUP, KIND_CONSUMED or KIND_REFUSED
         ("group_id", pa.string()),
-        # The rest are null on KIND_CONSUMED rows.
+        # The rest, but ``reason``, are null on KIND_CONSUMED and KIND_REFUSED rows.
         ("prompt_id", pa.string()),
         ("min_version", pa.int64()),
         ("max_version", pa.int64()),
@@ -62,6 +72,7 @@ SCHEMA = pa.schema(
         ("created_at", pa.float64()),
         ("finished_at", pa.float64()),
         ("payload", pa.large_binary()),  # msgspec msgpack of the TrajectoryGroup
+        ("reason", pa.string()),  # why a group left or was refused; null on KIND_GROUP rows
     ],
     metadata={FORMAT_KEY: FORMAT_VERSION},
 )
@@ -71,6 +82,32 @@ _LIVE, _CONSUMED, _DUPLICATE = 0, 1, 2
 _TORN = (pa.ArrowInvalid, OSError)
 # What msgspec raises on a payload it cannot decode (see ``transport.Codec.decode``).
 _UNDECODABLE = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
+
+
+@dataclass
+class Tallies:
+    """What one shard's log says happened, over every process that wrote it.
+
+    ``received``: groups that arrived and decoded (appended, or refused on arrival);
+    ``removed``: groups that left, by reason (``consumed`` = used up by learners, or a drop
+    reason); ``remaining``: appended and not yet removed. ``received == sum(removed) +
+    remaining`` always holds.
+    """
+
+    received: int = 0
+    removed: dict[str, int] = field(default_factory=dict)
+    remaining: int = 0
+
+    def remove(self, reason: str, n: int = 1) -> None:
+        self.removed[reason] = self.removed.get(reason, 0) + n
+
+    def to_json(self) -> bytes:
+        return json.dumps({"received": self.received, "removed": self.removed}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Tallies:
+        data = json.loads(raw)
+        return cls(int(data["received"]), {str(k): int(v) for k, v in data["removed"].items()})
 
 
 class LoggedGroup(Protocol):
@@ -121,6 +158,8 @@ class DurableLog:
             self._lock.close()
             raise RuntimeError(f"{self.shard_dir} is already open by another writer") from None
         self._remove_leftovers()
+        # Counted once here, then kept current by every write.
+        self.tallies = _replay(_live_segments(self.shard_dir))[1]
         segments = _segments(self.shard_dir)
         self._next_number = (segments[-1][0] + 1) if segments else 1
         self._file: BinaryIO | None = None
@@ -160,19 +199,31 @@ class DurableLog:
             pa.array([g.created_at for g in groups], pa.float64()),
             pa.array([g.finished_at for g in groups], pa.float64()),
             pa.array(payloads, pa.large_binary()),
+            pa.nulls(n, pa.string()),
         ]
         self._write(pa.record_batch(columns, schema=SCHEMA))
+        self.tallies.received += n
+        self.tallies.remaining += n
 
-    def mark_consumed(self, group_ids: list[str]) -> None:
-        """Durably record that these groups left the shard (used up or dropped)."""
+    def mark_consumed(self, group_ids: list[str], reasons: list[str] | None = None) -> None:
+        """Durably record that these logged groups left the shard: used up (``consumed``,
+        the default) or dropped (``reasons[i]``, a drop reason)."""
         if not group_ids:
             return
-        n = len(group_ids)
-        columns = [
-            pa.array([KIND_CONSUMED] * n, pa.int8()),
-            pa.array(group_ids, pa.string()),
-        ] + [pa.nulls(n, field.type) for field in list(SCHEMA)[2:]]
-        self._write(pa.record_batch(columns, schema=SCHEMA))
+        reasons = reasons or ["consumed"] * len(group_ids)
+        self._write(_id_rows(KIND_CONSUMED, group_ids, reasons))
+        for reason in reasons:
+            self.tallies.remove(reason)
+        self.tallies.remaining -= len(group_ids)
+
+    def refuse(self, group_ids: list[str], reasons: list[str]) -> None:
+        """Durably record groups that arrived and were dropped at once (never stored)."""
+        if not group_ids:
+            return
+        self._write(_id_rows(KIND_REFUSED, group_ids, reasons))
+        self.tallies.received += len(group_ids)
+        for reason in reasons:
+            self.tallies.remove(reason)
 
     def _write(self, batch: pa.RecordBatch) -> None:
         if self._closed:
@@ -244,14 +295,16 @@ class DurableLog:
         """
         self._close_segment()
         segments = _live_segments(self.shard_dir)
-        fates = _replay(segments)
+        fates, tallies = _replay(segments)
         number = self._next_number
         self._next_number += 1
         final = self.shard_dir / f"{number:08d}.compact.arrows"
         tmp = self.shard_dir / f"{number:08d}.compact.tmp"
         with open(tmp, "wb") as f:
-            with pa.ipc.new_stream(f, SCHEMA) as writer:
+            schema = SCHEMA.with_metadata({**SCHEMA.metadata, TALLIES_KEY: tallies.to_json()})
+            with pa.ipc.new_stream(f, schema) as writer:
                 for batch, batch_fates in _group_batches(segments, fates):
+                    batch = _current_schema(batch)
                     keep = [fate == _LIVE for fate in batch_fates]
                     if all(keep):
                         writer.write_batch(batch)
@@ -340,7 +393,7 @@ def _scan_payloads(shard_dir: Path, wanted: tuple[int, ...]) -> Iterator[tuple[b
     """The payload of every group row whose fate is in ``wanted``, in log order, with whether
     it was consumed."""
     segments = _live_segments(shard_dir)
-    fates = _replay(segments)
+    fates = _replay(segments)[0]
     for batch, batch_fates in _group_batches(segments, fates):
         payloads = batch.column("payload").to_pylist()
         for payload, fate in zip(payloads, batch_fates, strict=True):
@@ -348,24 +401,65 @@ def _scan_payloads(shard_dir: Path, wanted: tuple[int, ...]) -> Iterator[tuple[b
                 yield payload, fate == _CONSUMED
 
 
-def _replay(segments: list[Path]) -> list[int]:
-    """Replay appends and consumption marks in log order; return the fate of every group row
-    (``_LIVE``, ``_CONSUMED`` or ``_DUPLICATE``), numbered in log order."""
+def _replay(segments: list[Path]) -> tuple[list[int], Tallies]:
+    """Replay appends and marks in log order; return the fate of every group row (``_LIVE``,
+    ``_CONSUMED`` or ``_DUPLICATE``, numbered in log order) and the log's tallies. A compaction
+    segment starts from the tallies in its metadata; its rows are the groups then remaining."""
     fates: list[int] = []
     live: dict[str, int] = {}  # group_id -> row of its unconsumed append
-    for batch in _read_segments(segments):
-        kinds = batch.column("kind").to_pylist()
-        ids = batch.column("group_id").to_pylist()
-        for kind, gid in zip(kinds, ids, strict=True):
-            if kind == KIND_GROUP:
-                if gid in live:
-                    fates.append(_DUPLICATE)
-                else:
-                    live[gid] = len(fates)
-                    fates.append(_LIVE)
-            elif kind == KIND_CONSUMED and gid in live:
-                fates[live.pop(gid)] = _CONSUMED
-    return fates
+    tallies = Tallies()
+    for index, path in enumerate(segments):
+        counted = True
+        if index == 0 and path.name.endswith(".compact.arrows"):
+            raw = _metadata(path).get(TALLIES_KEY)
+            if raw is not None:  # compacted by a format-1 writer: its history is gone
+                tallies, counted = Tallies.from_json(raw), False
+        for batch in _read_segment(path):
+            kinds = batch.column("kind").to_pylist()
+            ids = batch.column("group_id").to_pylist()
+            names = batch.schema.names
+            reasons = batch.column("reason").to_pylist() if "reason" in names else [None] * len(ids)
+            for kind, gid, reason in zip(kinds, ids, reasons, strict=True):
+                if kind == KIND_GROUP:
+                    if gid in live:
+                        fates.append(_DUPLICATE)
+                    else:
+                        live[gid] = len(fates)
+                        fates.append(_LIVE)
+                        tallies.received += counted
+                elif kind == KIND_CONSUMED and gid in live:
+                    fates[live.pop(gid)] = _CONSUMED
+                    tallies.remove(reason or "consumed")
+                elif kind == KIND_REFUSED:
+                    tallies.received += 1
+                    tallies.remove(reason or "refused")
+    tallies.remaining = len(live)
+    return fates, tallies
+
+
+def _id_rows(kind: int, group_ids: list[str], reasons: list[str]) -> pa.RecordBatch:
+    """Rows that carry only a group id and a reason (marks and refusals)."""
+    n = len(group_ids)
+    columns = [pa.array([kind] * n, pa.int8()), pa.array(group_ids, pa.string())]
+    columns += [pa.nulls(n, f.type) for f in list(SCHEMA)[2:-1]]
+    columns.append(pa.array(reasons, pa.string()))
+    return pa.record_batch(columns, schema=SCHEMA)
+
+
+def _current_schema(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A format-1 batch (no ``reason`` column) in today's schema, for a compaction."""
+    if "reason" in batch.schema.names:
+        return batch
+    columns = [*batch.columns, pa.nulls(batch.num_rows, pa.string())]
+    return pa.record_batch(columns, schema=SCHEMA)
+
+
+def _metadata(path: Path) -> dict[bytes, bytes]:
+    with pa.OSFile(str(path)) as source:
+        try:
+            return dict(pa.ipc.open_stream(source).schema.metadata or {})
+        except _TORN:
+            return {}
 
 
 def _group_batches(
@@ -400,7 +494,7 @@ def _read_segment(path: Path) -> Iterator[pa.RecordBatch]:
             log.warning("%s: no complete schema (torn at start); skipped", path)
             return
         metadata = reader.schema.metadata or {}
-        if metadata.get(FORMAT_KEY) != FORMAT_VERSION:
+        if metadata.get(FORMAT_KEY) not in READABLE_FORMATS:
             raise ValueError(f"{path} is not a streamrl buffer log (format {metadata!r})")
         while True:
             try:

@@ -117,24 +117,28 @@ class BufferShard:
         log_dir: Path | None = None,
         report_endpoint: str | None = None,
         host: str = "127.0.0.1",
+        ports: tuple[int, int] = (0, 0),
     ) -> None:
+        """``ports``: (ingest, requests) to bind; 0 picks a free one. A restarted shard
+        passes its predecessor's, so peers reconnect to it unchanged."""
         self.shard_id = shard_id
         self.config = config
         self.name = f"shard[{shard_id}]"
         self.versions = LearnerVersion()
-        self._to_mark: list[str] = []
+        self._to_mark: list[tuple[str, str]] = []  # (group id, why it left), to log
+        self._refused: list[tuple[str, str]] = []  # dropped on arrival, to log
         policy = {k: getattr(config, k) for k in POLICY_KNOBS}
         self.store: ReplayStore[StoredGroup] = ReplayStore(
             ReplayPolicy(**policy),
             self.versions,
             seed=shard_id,
-            on_remove=lambda gid, _reason: self._to_mark.append(gid),
+            on_remove=lambda gid, reason: self._to_mark.append((gid, reason)),
         )
         self.decoder = GroupDecoder(f"{self.name} ingest")
         self.request_codec: Codec[ShardRequest] = Codec(ShardRequest, f"{self.name} requests")
-        # overflow=block: groups refused as full, oldest first, with whether to log them
-        # when admitted (recovered ones are on the log already).
-        self.held: deque[tuple[StoredGroup, bool]] = deque()
+        # overflow=block: groups refused as full, oldest first; on the log already (a held
+        # group is in the shard's keeping: a restart must not lose it).
+        self.held: deque[StoredGroup] = deque()
         self.waiting: list[_Waiting] = []
         self.disconnects = 0
         self.log = DurableLog(log_dir, shard_id) if log_dir is not None and config.durable else None
@@ -145,9 +149,9 @@ class BufferShard:
         self.pull = make_socket(
             self.ctx, zmq.PULL, rcvhwm=config.ingest_hwm, maxmsgsize=config.max_message_bytes
         )
-        self.ingest_endpoint = bind_random(self.pull, host, f"{self.name} ingest")
+        self.ingest_endpoint = bind_random(self.pull, host, f"{self.name} ingest", ports[0])
         self.router = make_socket(self.ctx, zmq.ROUTER, maxmsgsize=MAX_REQUEST_BYTES)
-        self.request_endpoint = bind_random(self.router, host, f"{self.name} requests")
+        self.request_endpoint = bind_random(self.router, host, f"{self.name} requests", ports[1])
         self.monitors = [
             sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) for sock in (self.pull, self.router)
         ]
@@ -170,8 +174,7 @@ class BufferShard:
         decoded = map(self.decoder.decode, self.log.recover_payloads())  # checked as on ingest
         groups = [group for group in decoded if group is not None]
         for group in groups:
-            if self.store.offer(group) is Offer.FULL:
-                self.held.append((group, False))
+            self._place_logged(group)
         if groups:
             log.info("%s: recovered %d unconsumed groups", self.name, len(groups))
         return len(groups)
@@ -273,9 +276,12 @@ class BufferShard:
             if result is Offer.ACCEPTED:
                 accepted.append(group)
             elif result is Offer.FULL:  # overflow=block: read nothing more until there is space
-                self.held.append((group, True))
+                accepted.append(group)  # logged now, admitted later
+                self.held.append(group)
                 self._space.clear()
                 break
+            else:
+                self._refused.append((group.group_id, result.value))
         self._log_accepted(accepted)
         if accepted and self.waiting:
             self._answer_waiting()
@@ -286,27 +292,38 @@ class BufferShard:
             self.log.append_many(groups, [g.frame for g in groups])
         self._flush_marks()
 
+    def _place_logged(self, group: StoredGroup) -> None:
+        """Offer a group that is on the log already: stored, held, or marked as dropped."""
+        result = self.store.offer(group)
+        if result is Offer.FULL:
+            self.held.append(group)
+        elif result is not Offer.ACCEPTED:
+            self._to_mark.append((group.group_id, result.value))
+
     def _admit_held(self) -> None:
         """Offer held groups again, oldest first, after something freed space."""
-        accepted = []
         while self.held:
-            group, needs_log = self.held[0]
-            result = self.store.offer(group)
-            if result is Offer.FULL:
+            group = self.held.popleft()
+            self._place_logged(group)
+            if self.held and self.held[-1] is group:  # still full: back to the front
+                self.held.rotate(1)
                 break
-            self.held.popleft()
-            if result is Offer.ACCEPTED and needs_log:
-                accepted.append(group)
-        self._log_accepted(accepted)
+        self._flush_marks()
         if not self.held and self._space is not None:
             self._space.set()
 
     def _flush_marks(self) -> None:
         if self._to_mark:
             if self.log is not None:
-                self.log.mark_consumed(self._to_mark)
-                self._marked_since_compact += len(self._to_mark)
+                ids, reasons = zip(*self._to_mark, strict=True)
+                self.log.mark_consumed(list(ids), list(reasons))
+                self._marked_since_compact += len(ids)
             self._to_mark = []
+        if self._refused:
+            if self.log is not None:
+                ids, reasons = zip(*self._refused, strict=True)
+                self.log.refuse(list(ids), list(reasons))
+            self._refused = []
 
     # ------------------------------------------------------------------ requests
 
@@ -439,7 +456,16 @@ class BufferShard:
             disconnects=self.disconnects,
             recovered=self.recovered,
             held=len(self.held),
+            **self._log_totals(),
         )
+
+    def _log_totals(self) -> dict[str, Any]:
+        """The durable log's tallies, over every process that served this shard."""
+        if self.log is None:
+            return {}
+        self._flush_marks()
+        t = self.log.tallies
+        return {"received_total": t.received, "removed_total": dict(t.removed)}
 
     def _report(self) -> None:
         if self.reporter is None:

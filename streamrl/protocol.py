@@ -273,6 +273,10 @@ class ShardStats(msgspec.Struct, tag="shard_stats"):
     recovered: int = 0
     # overflow=block: groups received while full, waiting for space (not yet accepted).
     held: int = 0
+    # Durable shards, from the log, over every process that served the shard (restarts too):
+    # received_total == sum(removed_total) + size + held, exactly.
+    received_total: int = 0
+    removed_total: dict[str, int] = {}
 
 
 class Reconfigure(msgspec.Struct, tag="reconfigure"):

@@ -51,9 +51,13 @@ def make_socket(
     return sock
 
 
-def bind_random(sock: zmq.Socket, host: str = LOOPBACK, role: str = "") -> str:
-    """Bind to a free port on ``host``; return the endpoint (logged once)."""
-    port = sock.bind_to_random_port(f"tcp://{host}")
+def bind_random(sock: zmq.Socket, host: str = LOOPBACK, role: str = "", port: int = 0) -> str:
+    """Bind to ``port`` on ``host``, or to a free one when ``port`` is 0; return the endpoint
+    (logged once)."""
+    if port:
+        sock.bind(f"tcp://{host}:{port}")
+    else:
+        port = sock.bind_to_random_port(f"tcp://{host}")
     endpoint = f"tcp://{host}:{port}"
     log.info("%s bound %s", role or "socket", endpoint)
     return endpoint

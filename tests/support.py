@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -77,3 +78,63 @@ def random_groups(n_groups: int, group_size: int, seed: int, version: int = 0) -
             )
         groups.append(TrajectoryGroup(f"g{seed}-{g}", f"p{g}", trajectories, 0.0, 0.0))
     return groups
+
+
+# --------------------------------------------------------------------------- supervised runs
+
+
+def steps_done(run_dir: Path) -> int:
+    """The newest step in a run's metrics.jsonl (0 before the first)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    steps = [json.loads(line).get("step", 0) for line in path.read_text().splitlines() if line]
+    return max(steps, default=0)
+
+
+def pid_of(run_dir: Path, role: str) -> int:
+    return json.loads((run_dir / "pids.json").read_text())["by_role"][role]
+
+
+def events(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e.get("event") == kind]
+
+
+def finish_run(proc: subprocess.Popen, run_dir: Path, timeout: float = 300) -> tuple[str, dict]:
+    """Wait for a launched run; it must exit 0 and leave none of its role processes alive.
+    Returns its output and summary."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:]
+    pids = json.loads((run_dir / "pids.json").read_text())
+    left = [pid for pid in pids["roles"] if alive(pid)]
+    assert not left, f"role processes outlived the run: {left} of {pids}"
+    return out, json.loads((run_dir / "summary.json").read_text())
+
+
+def assert_nothing_lost(summary: dict, run_dir: Path) -> int:
+    """Every group a shard received was consumed, dropped for a counted reason, or is still
+    there, exactly (from the durable log's tallies, over every process that served the shard);
+    each group id is on the log once; the learners trained on exactly the groups the shards
+    handed out (the metrics' ``train/groups``). Returns the groups lost in transit (pushed,
+    never received: only a shard's death can cause it)."""
+    from streamrl.buffers.durable_log import scan_shard, shard_dirs
+
+    for shard in summary["buffer"]:
+        remaining = shard["size"] + shard["held"]
+        assert shard["received_total"] == sum(shard["removed_total"].values()) + remaining, shard
+    for shard_dir in shard_dirs(run_dir / "buffer"):
+        ids = [group.group_id for group, _ in scan_shard(shard_dir)]
+        assert len(ids) == len(set(ids)), f"{shard_dir}: a group logged twice"
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    trained = sum(r.get("train/groups", 0) for r in map(json.loads, lines) if "step" in r)
+    consumed = sum(s["removed_total"].get("consumed", 0) for s in summary["buffer"])
+    assert trained == consumed, f"trained {trained} groups, shards handed out {consumed}"
+    lost = summary["groups_lost_in_transit"]
+    assert lost is not None and lost >= 0, summary
+    return lost

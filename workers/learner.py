@@ -176,6 +176,7 @@ class Learner:
             self.version += 1
             metrics.update(self.publisher.publish(self.version))
             metrics["time/wait_batch_s"] = wait_s
+            metrics["train/groups"] = float(len(groups) * self.world_size)  # equal shares
             if self._checkpoint_due():
                 self.save_checkpoint()
                 metrics["checkpoint/version"] = float(self.version)

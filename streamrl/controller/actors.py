@@ -46,6 +46,7 @@ class BufferShardActor:
             log_dir=Path(spec.log_dir),
             report_endpoint=spec.report_endpoint,
             host=resolve_host(spec.bind_host),
+            ports=(spec.ingest_port, spec.request_port),
         )
 
     def endpoints(self) -> tuple[str, str]:

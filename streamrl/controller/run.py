@@ -202,7 +202,7 @@ class Controller:
         log.warning("%s", message)
         print(message, file=self.console, flush=True)
 
-    def shard_spec(self, shard_id: int) -> ShardSpec:
+    def shard_spec(self, shard_id: int, ports: tuple[int, int] = (0, 0)) -> ShardSpec:
         return ShardSpec(
             log_file=self._log_file(f"buffer-{shard_id}"),
             bind_host=self.bind_host,
@@ -210,6 +210,8 @@ class Controller:
             shard_id=shard_id,
             log_dir=str((self.run_dir / "buffer").resolve()),
             report_endpoint=self.report_endpoint,
+            ingest_port=ports[0],
+            request_port=ports[1],
         )
 
     def learner_spec(self, rank: int) -> LearnerSpec:
@@ -283,6 +285,7 @@ class Controller:
             for i in range(cfg.buffer.shards)
         ]
         self.actors += shards
+        self.shards = shards
         self.shard_endpoints = ray.get([s.endpoints.remote() for s in shards])
         serve_refs = [s.serve.remote() for s in shards]
         self._start_admin([req for _, req in self.shard_endpoints])
@@ -419,7 +422,8 @@ class Controller:
         self._steps = []
 
     def _check_roles(self, watched: list) -> None:
-        """Raise a one-line RunError if any role's main loop ended with an error."""
+        """Restart a buffer shard whose loop ended with an error; raise a one-line RunError
+        for any other role's."""
         import ray
 
         done, _ = ray.wait(watched, timeout=0)
@@ -429,9 +433,48 @@ class Controller:
                 ray.get(ref)
             except ray.exceptions.RayError as exc:
                 role = self.roles.get(ref, "a role")
+                if role.startswith("buffer shard ") and not self.stopping:
+                    watched.append(self._restart_shard(int(role.rsplit(" ", 1)[1]), exc))
+                    continue
                 raise RunError(
                     f"{role} failed: {last_line(exc)} (see {self.run_dir / 'logs'})"
                 ) from None
+
+    def _restart_shard(self, shard_id: int, exc: Exception) -> Any:
+        """A new process for a dead shard, on its durable log and its predecessor's ports
+        (generators' and learners' sockets reconnect by themselves); returns its serve ref.
+        What the log held is recovered; a group in a reply that was on the wire is lost."""
+        import ray
+
+        from streamrl.controller.actors import BufferShardActor
+
+        role, limit = f"buffer shard {shard_id}", self.config.run.max_restarts
+        failure, logs = last_line(exc), self.run_dir / "logs"
+        if not self.config.buffer.durable:
+            raise RunError(f"{role} failed: {failure} (buffer.durable is off; see {logs})")
+        restarts = self.state.count_restart(role, failure)
+        if restarts > limit:
+            raise RunError(
+                f"{role} failed {restarts} times (run.max_restarts={limit}); last: {failure} "
+                f"(see {logs})"
+            )
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(self.shards[shard_id], no_restart=True)
+        ports = tuple(int(e.rsplit(":", 1)[1]) for e in self.shard_endpoints[shard_id])
+        actor = BufferShardActor.options(**self.placement.options("buffer", 0)).remote(
+            self.shard_spec(shard_id, ports)  # type: ignore[arg-type]
+        )
+        endpoints = tuple(ray.get(actor.endpoints.remote()))
+        if endpoints != tuple(self.shard_endpoints[shard_id]):
+            raise RunError(f"{role} restarted at {endpoints}, not {self.shard_endpoints[shard_id]}")
+        self.shards[shard_id] = self.actors[shard_id] = actor
+        self.pids[shard_id] = ray.get(actor.pid.remote())
+        self._write_pids()
+        ref = actor.serve.remote()
+        self.roles[ref] = role
+        self.note(f"{role}: {failure}; restarted on its log (restart {restarts}/{limit})")
+        self.metrics.event("restart", role=role, failure=failure, restarts=restarts)
+        return ref
 
     def tokens_per_s(self, window_s: float = 10.0) -> float:
         """Generated tokens per second over at least the last ``window_s`` of generator
@@ -560,9 +603,22 @@ class Controller:
                     "dropped": dict(s.dropped),
                     "size": s.size,
                     "held": s.held,
+                    # Durable shards, from the log, over every process that served the shard:
+                    # received_total == sum(removed_total) + size + held.
+                    "received_total": s.received_total,
+                    "removed_total": dict(s.removed_total),
+                    "recovered": s.recovered,
                 }
                 for s in shards
             ],
+            # Pushed by generators and never received by a shard (e.g. in a dead shard's
+            # socket buffers); durable shards only, else null.
+            "groups_lost_in_transit": (
+                sum(g.groups_pushed for g in self.state.all_generator_reports())
+                - sum(s.received_total for s in shards)
+                if self.config.buffer.durable
+                else None
+            ),
             "run_dir": str(self.run_dir),
             "wall_time_s": time.time() - self.started_at,
             "eval": [

@@ -31,6 +31,10 @@ class ShardSpec(RoleSpec):
     shard_id: int
     log_dir: str
     report_endpoint: str
+    # 0: any free port. A restarted shard binds its predecessor's ports, so every peer's
+    # socket reconnects to it by itself (libzmq retries the same endpoint).
+    ingest_port: int = 0
+    request_port: int = 0
 
 
 class LearnerSpec(RoleSpec):

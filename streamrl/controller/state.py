@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.controller.staleness import AdmissionPolicy
-from streamrl.protocol import GeneratorReport, Heartbeat
+from streamrl.protocol import GeneratorReport, Heartbeat, ShardStats
 
 
 class PromptLedger:
@@ -105,7 +105,7 @@ class RunState:
 
     def buffer_dropped(self) -> int:
         """Groups every shard dropped so far, all reasons (their admission budget returns)."""
-        return sum(sum(s.dropped.values()) for s in self.shards.values())
+        return sum(shard_dropped(s) for s in self.shards.values())
 
     def all_generator_reports(self) -> list[GeneratorReport]:
         """Live generators' newest reports and the last of every ended incarnation (totals)."""
@@ -129,6 +129,13 @@ class RunState:
                 health.last_heartbeat = beat.time
                 self.last_seen[f"generator {beat.index}"] = beat.time
 
+    def count_restart(self, role: str, failure: str) -> int:
+        """Note one more restart of ``role`` and why; returns its restarts so far."""
+        with self.lock:
+            self.restarts[role] = self.restarts.get(role, 0) + 1
+            self.failures[role] = failure
+            return self.restarts[role]
+
     def release_generator(self, generator_id: int) -> int:
         """A generator is gone: its admitted, undelivered groups return to the budget and
         their prompts to the ledger. Returns how many."""
@@ -150,3 +157,11 @@ def load_prompt_ledger(run_dir: Path) -> PromptLedger:
         return PromptLedger()
     saved = json.loads(path.read_text())
     return PromptLedger(int(saved["next_index"]), [int(i) for i in saved["retry"]])
+
+
+def shard_dropped(stats: ShardStats) -> int:
+    """Groups one shard dropped, all reasons. A durable shard counts from its log, over every
+    process that served it: a restarted shard's own counters start again from 0."""
+    if stats.received_total:
+        return sum(n for why, n in stats.removed_total.items() if why != "consumed")
+    return sum(stats.dropped.values())

@@ -139,12 +139,9 @@ class GeneratorPool:
     def _replace(self, generator_id: int, failure: str) -> None:
         state, limit = self.c.state, self.c.config.run.max_restarts
         role = f"generator {generator_id}"
-        with state.lock:
-            health = state.health[generator_id]
-            health.restarts += 1
-            health.last_failure = failure
-            state.restarts[role] = health.restarts
-            state.failures[role] = failure
+        health = state.health[generator_id]
+        health.restarts = state.count_restart(role, failure)
+        health.last_failure = failure
         if health.restarts > limit:
             raise RunError(
                 f"{role} failed {health.restarts} times (run.max_restarts={limit}); "

@@ -1,0 +1,92 @@
+"""The chaos lane: tiny runs (2 learners, 2 generators) in which one role is killed with -9
+(or SIGSTOPped) at a random step. Each run must reach ``run.max_steps`` with exit status 0,
+hand every received group out exactly once or count why not (the durable log's tallies
+against the learners' ``train/groups``), and leave none of its processes behind.
+
+The step is drawn from ``CHAOS_SEED`` (printed; set it to replay a failure).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from support import (
+    alive,
+    assert_nothing_lost,
+    events,
+    finish_run,
+    launch_tiny,
+    pid_of,
+    steps_done,
+    wait_for,
+)
+
+from streamrl.cli import main as cli
+
+pytestmark = pytest.mark.slow
+
+STEPS = 12
+SEED = int(os.environ.get("CHAOS_SEED", random.SystemRandom().randrange(10**6)))
+
+
+def _launch(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    return launch_tiny(run_dir, f"run.max_steps={STEPS}", "run.heartbeat_timeout_s=5", *overrides)
+
+
+def _kill_at_random_step(run_dir: Path, proc: subprocess.Popen, role: str, how: int) -> int:
+    """Wait for a random step in [2, STEPS/2], then signal ``role``'s process; its pid."""
+    at = random.Random(f"{SEED}-{role}-{how}").randrange(2, STEPS // 2 + 1)
+    print(f"CHAOS_SEED={SEED}: {signal.Signals(how).name} {role} at step {at}")
+    wait_for(lambda: proc.poll() is not None or steps_done(run_dir) >= at, 240, f"step {at}")
+    assert proc.poll() is None, "the run ended before the fault"
+    victim = pid_of(run_dir, role)
+    os.kill(victim, how)
+    return victim
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["kill-9", "sigstop"])
+def test_a_lost_generator_is_replaced(tmp_path: Path, how: int) -> None:
+    run_dir = tmp_path / "run"
+    proc = _launch(run_dir)
+    try:
+        if how == signal.SIGSTOP:
+            # Paused, the run cannot finish on generator 0 alone before the silence is seen.
+            wait_for(lambda: steps_done(run_dir) >= 2, 240, "step 2")
+            assert cli(["admin", "pause", "--run", str(run_dir)]) == 0
+        victim = _kill_at_random_step(run_dir, proc, "generator 1", how)
+        if how == signal.SIGSTOP:
+            wait_for(lambda: events(run_dir, "restart"), 60, "the silent generator replaced")
+            assert cli(["admin", "resume", "--run", str(run_dir)]) == 0
+    except BaseException:
+        proc.kill()
+        raise
+    out, summary = finish_run(proc, run_dir)
+    assert summary["version"] == STEPS
+    assert summary["restarts"] == {"generator 1": 1}
+    assert "generator 1:" in out and "replaced (restart 1/3)" in out
+    (restart,) = events(run_dir, "restart")
+    assert ("no heartbeat" if how == signal.SIGSTOP else "") in restart["failure"]
+    assert not alive(victim)
+    assert assert_nothing_lost(summary, run_dir) == 0
+
+
+def test_a_killed_buffer_shard_restarts_on_its_log(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _launch(run_dir)
+    try:
+        victim = _kill_at_random_step(run_dir, proc, "buffer shard 0", signal.SIGKILL)
+    except BaseException:
+        proc.kill()
+        raise
+    out, summary = finish_run(proc, run_dir)
+    assert summary["version"] == STEPS
+    assert summary["restarts"] == {"buffer shard 0": 1}
+    assert "buffer shard 0:" in out and "restarted on its log (restart 1/3)" in out
+    assert not alive(victim)
+    lost = assert_nothing_lost(summary, run_dir)
+    print(f"groups lost in transit: {lost}; recovered: {summary['buffer'][0]['recovered']}")
