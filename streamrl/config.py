@@ -212,6 +212,11 @@ class WeightsConfig(_Section):
     # A subscriber that knows of a newer version (or holds an incomplete diff) but cannot move
     # for this long asks the learner ranks for anchors.
     anchor_timeout_s: float = 5.0
+    # Every N versions (and at every checkpoint asked for by the admin API) each learner rank
+    # sends a checksum of its whole shard; each generator checks its copy of that shard and
+    # repairs a mismatch with an anchor. Catches a block that diverged silently and that no
+    # later diff touches (block checksums cover only the blocks a diff changed). 0 = off.
+    verify_every: int = 10
 
 
 class EvalConfig(_Section):
@@ -332,6 +337,7 @@ def _finalize(config: Config) -> Config:
         (config.buffer.capacity >= 1, "buffer.capacity must be >= 1"),
         (config.buffer.max_staleness >= 0, "buffer.max_staleness must be >= 0"),
         (config.eval.every >= 0, "eval.every must be >= 0"),
+        (config.weights.verify_every >= 0, "weights.verify_every must be >= 0 (0 = off)"),
         (config.placement.learner_cores >= 0, "placement.learner_cores must be >= 0"),
         (config.learner.threads >= 0, "learner.threads must be >= 0 (0 = auto)"),
         (config.generator.threads >= 0, "generator.threads must be >= 0 (0 = auto)"),

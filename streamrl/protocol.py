@@ -394,6 +394,21 @@ class TensorPart(msgspec.Struct):
     num_changed: int = 0
 
 
+class ImageChecksum(msgspec.Struct):
+    """Whole-image checksum of one learner rank's shard at a diff's version (docs/design.md §4,
+    ``weights.verify_every``): catches a block that diverged silently and that no diff touches
+    again, which the per-block checksums never see. The shard is ``names[i]``'s rows
+    ``[row_offsets[i], row_offsets[i] + rows[i])`` in this order; ``digests`` holds xxh64 of
+    each of those row ranges' bf16 bytes (little-endian uint64s, one per name) and ``checksum``
+    is xxh64 of ``digests``."""
+
+    names: list[str]
+    row_offsets: list[int]
+    rows: list[int]
+    digests: bytes
+    checksum: int
+
+
 class WeightDiff(msgspec.Struct, tag="weight_diff"):
     """Version ``version`` of one rank's shard as a diff against ``base_version`` (``version -
     1`` unless the publisher coalesced versions it could not send in time)."""
@@ -409,6 +424,9 @@ class WeightDiff(msgspec.Struct, tag="weight_diff"):
     # True: each part's values and indices follow this header as two extra ZeroMQ frames, in
     # part order (sent zero-copy); the header's parts then carry empty ``values``/``indices``.
     payload_frames: bool = False
+    # On the last chunk of a version the publisher verifies (every ``weights.verify_every``
+    # versions, and when a checkpoint is saved): the rank's whole shard after this version.
+    image_checksum: ImageChecksum | None = None
 
 
 class WeightAnchor(msgspec.Struct, tag="weight_anchor"):
@@ -472,6 +490,10 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     weights_latency_s: float = 0.0  # publish to applied, for the last version
     activity: GeneratorActivity = msgspec.field(default_factory=lambda: GeneratorActivity())
     incarnation: int = 0  # reports of a replaced generator's predecessor are ignored
+    # Whole-image verifications of a learner shard (``ImageChecksum``): passed, and failed (each
+    # failure repaired by an anchor of that rank).
+    images_verified: int = 0
+    image_mismatches: int = 0
 
 
 class ShardReport(msgspec.Struct, tag="shard_report"):

@@ -189,10 +189,10 @@ class Generator:
     def poll_weights(self, _engine: Engine | None = None) -> None:
         start = time.perf_counter()
         changed = self.subscriber.poll(self.learner_version)
-        # A version can move with no tensor changed (e.g. a zero-advantage step): still adopt it.
+        # A version can move with no tensor changed (e.g. a zero-advantage step): still adopt
+        # it; a repair anchor at the version held changes tensors without moving the version.
         if self.subscriber.version != self.engine.version or changed:
             self.timers.weights_pause_s += time.perf_counter() - start  # decoding waited
-        if self.subscriber.version != self.engine.version:
             start = time.perf_counter()
             self.engine.update_weights(
                 [(n, self.subscriber.image[n]) for n in changed], self.subscriber.version
@@ -376,6 +376,8 @@ class Generator:
                 weights_bytes_received=sub.bytes_received,
                 weights_apply_s=sub.last_apply_s,
                 weights_latency_s=sub.last_latency_s,
+                images_verified=sub.images_verified,
+                image_mismatches=sub.image_mismatches,
                 activity=msgspec.structs.replace(self.timers),  # a copy: the timers go on
                 incarnation=self.incarnation,
             )

@@ -174,7 +174,7 @@ class Learner:
             wait_s = busy_start - wait_start
             metrics = self.train_step(groups, self.version)
             self.version += 1
-            metrics.update(self.publisher.publish(self.version))
+            metrics.update(self.publisher.publish(self.version, verify=self._checkpoint_requested))
             metrics["time/wait_batch_s"] = wait_s
             metrics["train/groups"] = float(len(groups) * self.world_size)  # equal shares
             if self._checkpoint_due():

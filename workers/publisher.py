@@ -30,6 +30,11 @@ steady state S (the published image, which anchors are served from); plus S for 
 while it is being encoded; plus S for one pending snapshot if the learner outruns the encoder
 (never more: newer snapshots replace it). Encoded diffs add at most S while being sent.
 
+Whole-image verification: every ``weights.verify_every`` versions, and when the learner asks
+(``publish(v, verify=True)``: a checkpoint is saved at ``v``), the last chunk of the version's
+diff carries an ``ImageChecksum`` of this rank's whole shard at ``v``; subscribers compare it
+with their copy. A verified version coalesced away passes the request on to the newer one.
+
 Invariant: a diff is always taken against the image last *sent*, and that image is what anchors
 serve. Example: after the encoder has sent version 5, an anchor request is answered with
 version 5 and the next diff is ``WeightDiff(version=6, base_version=5)``.
@@ -50,12 +55,14 @@ import torch
 import zmq
 
 from streamrl.config import WeightsConfig
-from streamrl.protocol import AnchorRequest, WeightAnchor, WeightDiff
+from streamrl.protocol import AnchorRequest, ImageChecksum, WeightAnchor, WeightDiff
 from streamrl.transport import Codec, bind_random, make_socket
 from streamrl.workers.weight_codec import (
     EncodedPart,
     as_i16,
     encode_part,
+    image_checksum,
+    image_digests,
     row_blocks,
     shard_rows,
 )
@@ -132,6 +139,18 @@ def encode_shard(
     return parts
 
 
+def shard_image_checksum(image: dict[str, LocalShard]) -> ImageChecksum:
+    """The whole-image checksum of this rank's shard (every tensor's rows, in ``image`` order)."""
+    digests = image_digests([shard.bits for shard in image.values()])
+    return ImageChecksum(
+        names=list(image),
+        row_offsets=[shard.row_offset for shard in image.values()],
+        rows=[shard.rows for shard in image.values()],
+        digests=digests.tobytes(),
+        checksum=image_checksum(digests),
+    )
+
+
 def chunk_parts(parts: list[EncodedPart], chunk_bytes: int) -> list[list[EncodedPart]]:
     """Greedy packing of whole parts into chunks of at most ``chunk_bytes`` payload (one part
     bigger than that gets a chunk of its own). Always at least one, possibly empty, chunk."""
@@ -160,6 +179,7 @@ class _Snapshot:
     version: int
     image: dict[str, LocalShard]
     taken_at: float  # wall clock, when publish() was called: the start of publish-to-applied
+    verify: bool = False  # send the whole shard's ImageChecksum with this version
 
 
 class WeightPublisher:
@@ -192,6 +212,7 @@ class WeightPublisher:
         self._busy = False
         self.anchors_served = 0
         self.coalesced = 0
+        self.images_checksummed = 0
         self.last_metrics: dict[str, float] = {}
         # Test hook: (version, chunk index, frames) -> the frames to send, or None to drop the
         # chunk as the PUB high-water mark would (never mutate a frame: dense payloads are
@@ -207,15 +228,20 @@ class WeightPublisher:
 
     # ------------------------------------------------------------------ learner thread
 
-    def publish(self, version: int) -> dict[str, float]:
+    def publish(self, version: int, verify: bool = False) -> dict[str, float]:
         """Snapshot the shard as ``version`` and hand it to the encoder thread; returns at once.
+        ``verify``: send the whole shard's checksum with this version even off the
+        ``weights.verify_every`` cadence (a checkpoint is saved at it).
         The metrics returned are those of the last version the encoder finished
         (``weights/version`` says which) plus this call's snapshot time."""
         start, now = time.perf_counter(), time.time()
-        snapshot = _Snapshot(version, local_bf16_shards(self.model, self.shard_rank), now)
+        every = self.config.verify_every
+        verify = verify or (every > 0 and version % every == 0)
+        snapshot = _Snapshot(version, local_bf16_shards(self.model, self.shard_rank), now, verify)
         with self._lock:
             if self._pending is not None:
                 self.coalesced += 1  # the encoder is behind: skip straight to the newest
+                snapshot.verify |= self._pending.verify  # verify the newer version instead
             self._pending = snapshot
             self._lock.notify_all()
             metrics = dict(self.last_metrics)
@@ -257,6 +283,11 @@ class WeightPublisher:
         )
         encode_s = time.perf_counter() - start
         chunks = chunk_parts(parts, self.config.chunk_bytes)
+        check, verify_s = None, 0.0
+        if snapshot.verify:
+            check = shard_image_checksum(snapshot.image)
+            verify_s = time.perf_counter() - start - encode_s
+            self.images_checksummed += 1
         sent = 0
         for i, chunk in enumerate(chunks):
             header = WeightDiff(
@@ -269,6 +300,7 @@ class WeightPublisher:
                 chunk=i,
                 num_chunks=len(chunks),
                 payload_frames=True,
+                image_checksum=check if i == len(chunks) - 1 else None,
             )
             frames = message_frames(self._pub_encoder, header, chunk)
             if self.send_filter is not None:
@@ -287,7 +319,9 @@ class WeightPublisher:
             "weights/bytes_sent": float(sent),
             "weights/bytes_full": float(2 * total),
             "weights/encode_s": encode_s,
-            "weights/send_s": time.perf_counter() - start - encode_s,
+            "weights/send_s": time.perf_counter() - start - encode_s - verify_s,
+            "weights/image_checksum_s": verify_s,
+            "weights/images_checksummed": float(self.images_checksummed),
             "weights/anchors_served": float(self.anchors_served),
             "weights/coalesced": float(self.coalesced),
         }

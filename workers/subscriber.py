@@ -21,6 +21,13 @@ version the caller passes, or from another rank's messages) with no progress for
 ``anchor_timeout_s`` (a rank whose last messages were all dropped says nothing), and a
 checksum mismatch.
 
+Whole-image verification (``weights.verify_every``): a version whose diff carries an
+``ImageChecksum`` has that rank's rows hashed again once they are at that version (also in the
+middle of a multi-version ``poll``), every byte, nothing cached trusted. A mismatch (a block that
+diverged silently, which no diff touched since) is counted, logged, and repaired: the rank is
+asked for an anchor and, until one at our version or later is applied, its diffs are not
+applied (the image stays where it is; an anchor at the version we hold is applied in place).
+
 Invariant: a diff with ``base_version = b`` is applied only to rows at version ``b``, and the
 image moves to a version whole or not at all: blocks are written in place and each is checked
 against its checksum as it is written; on any failure an undo log (the old values at the
@@ -48,9 +55,23 @@ import numpy as np
 import torch
 import zmq
 
-from streamrl.protocol import AnchorRequest, WeightAnchor, WeightDiff, WeightMessage
+from streamrl.protocol import (
+    AnchorRequest,
+    ImageChecksum,
+    WeightAnchor,
+    WeightDiff,
+    WeightMessage,
+)
 from streamrl.transport import Codec, make_socket
-from streamrl.workers.weight_codec import EncodedPart, Undo, apply_in_place, as_i16, undo
+from streamrl.workers.weight_codec import (
+    EncodedPart,
+    Undo,
+    apply_in_place,
+    as_i16,
+    image_checksum,
+    image_digests,
+    undo,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +87,17 @@ class _Message:
     parts: list[EncodedPart]
 
 
-Steps = list[list[EncodedPart]]  # parts to apply in order, one list per version step
+@dataclass
+class _Step:
+    """One version step of a rank's rows: its parts, and the whole-shard checksum to verify
+    once they are applied (``None``: not a verified version, or an anchor)."""
+
+    version: int
+    parts: list[EncodedPart]
+    check: ImageChecksum | None = None
+
+
+Steps = list[_Step]  # applied in order
 
 
 @dataclass
@@ -79,6 +110,9 @@ class _RankStream:
     last_seen: tuple[int, int, int] | None = None  # (version, chunk, num_chunks) of last diff
     lost: int = -1  # newest version some of whose chunks were provably dropped
     last_arrival: float = field(default_factory=time.monotonic)
+    # The rows failed a whole-image verification: only an anchor (at our version or later) may
+    # move them; their diffs chain from rows we know are wrong.
+    repair: bool = False
 
     @staticmethod
     def _complete(chunks: dict[int, _Message]) -> list[_Message] | None:
@@ -111,24 +145,32 @@ class _RankStream:
 
     def paths(self, current: int) -> dict[int, tuple[Steps, bool]]:
         """version -> (the parts that bring these rows from ``current`` there, anchor used?)."""
-        by_base: dict[int, tuple[int, list[EncodedPart]]] = {}
+        by_base: dict[int, _Step] = {}
         for version, chunks in self.diffs.items():
             complete = self._complete(chunks)
             if complete is not None:
                 base = complete[0].header.base_version
-                by_base[base] = (version, [p for m in complete for p in m.parts])
-        starts: list[tuple[int, Steps, bool]] = [(current, [], False)]
+                parts = [p for m in complete for p in m.parts]
+                by_base[base] = _Step(version, parts, complete[-1].header.image_checksum)
+        starts: list[tuple[int, Steps, bool]] = []
+        if not self.repair:
+            starts.append((current, [], False))
         anchor = self.complete_anchor()
-        if anchor is not None and anchor[0].header.version > current:
-            starts.append((anchor[0].header.version, [[p for m in anchor for p in m.parts]], True))
+        if anchor is not None:
+            version = anchor[0].header.version
+            if version > current or (self.repair and version == current):
+                step = _Step(version, [p for m in anchor for p in m.parts])
+                starts.append((version, [step], True))
+        if not starts:  # waiting for a repair anchor: the rows stay where they are
+            return {current: ([], False)}
         out: dict[int, tuple[Steps, bool]] = {}
         for version, steps, used_anchor in starts:
             while version not in out:
                 out[version] = (steps, used_anchor)
                 if version not in by_base:
                     break
-                version, parts = by_base[version]
-                steps = [*steps, parts]
+                step = by_base[version]
+                version, steps = step.version, [*steps, step]
         return out
 
 
@@ -165,6 +207,9 @@ class WeightSubscriber:
         self.ranks = [_RankStream() for _ in anchor_endpoints]
         self.verified_versions: list[int] = []
         self.checksum_failures = 0
+        self.images_verified = 0
+        self.image_mismatches = 0
+        self.last_verify_s = 0.0
         self.anchors_requested = 0
         self.anchors_applied = 0
         self.bytes_received = 0
@@ -184,6 +229,9 @@ class WeightSubscriber:
             "weights/checksum_failures": float(self.checksum_failures),
             "weights/anchors_requested": float(self.anchors_requested),
             "weights/anchors_applied": float(self.anchors_applied),
+            "weights/images_verified": float(self.images_verified),
+            "weights/image_mismatches": float(self.image_mismatches),
+            "weights/verify_s": self.last_verify_s,
         }
 
     # ------------------------------------------------------------------ receiving
@@ -263,12 +311,13 @@ class WeightSubscriber:
     def _needs_anchor(self, state: _RankStream, reach: set[int]) -> bool:
         anchor = state.complete_anchor()
         if anchor is not None:
-            if anchor[0].header.version > self.version:
+            version = anchor[0].header.version
+            if version > self.version or (state.repair and version == self.version):
                 return False  # waiting for the other ranks to reach it
             state.anchor, state.anchor_requested_at = {}, None  # stale: we are past it
         elif state.anchor and time.monotonic() - state.last_arrival < ANCHOR_RETRY_S:
             return False  # an anchor is arriving
-        if state.lost > self.version:
+        if state.repair or state.lost > self.version:
             return True
         newest = max(state.diffs, default=self.version)
         if newest > max(reach):
@@ -288,9 +337,12 @@ class WeightSubscriber:
             if self._needs_anchor(state, set(paths[rank])):
                 self.request_anchor(rank)
         common = set.intersection(*(set(p) for p in paths)) if paths else set()
-        target = max(common, default=self.version)
-        if target > self.version:
-            return self._apply(target, [p[target] for p in paths])
+        if common:
+            target = max(common)
+            plans = [p[target] for p in paths]
+            # A repair anchor at the version we hold moves nothing but rewrites its rows.
+            if target > self.version or any(used_anchor for _, used_anchor in plans):
+                return self._apply(target, plans)
         self._maybe_catch_up(learner_version, paths)
         return []
 
@@ -301,13 +353,25 @@ class WeightSubscriber:
         start = time.perf_counter()
         undo_log: list[tuple[np.ndarray, Undo]] = []
         changed: set[str] = set()
+        checks: list[tuple[int, int, list[str]]] = []  # (rank, version, tensors that differ)
+        wrong: set[int] = set()
+        verify_s = 0.0
         for rank, (steps, _) in enumerate(plans):
             try:
-                for parts in steps:
-                    for part in parts:
+                for step in steps:
+                    for part in step.parts:
                         block = self._block(part)
                         undo_log.append((block, apply_in_place(part, block)))
                         changed.add(part.header.name)
+                    # Once found wrong, a rank's rows are not checked again in this poll
+                    # (the same divergence, counted once).
+                    if step.check is not None and rank not in wrong:
+                        verify_start = time.perf_counter()
+                        differ = self._image_differs(step.check)
+                        verify_s += time.perf_counter() - verify_start
+                        checks.append((rank, step.version, differ))
+                        if differ:
+                            wrong.add(rank)
             except (ValueError, KeyError) as exc:
                 for block, record in reversed(undo_log):
                     undo(block, record)
@@ -319,17 +383,53 @@ class WeightSubscriber:
                 return []
         now = time.time()
         self.last_apply_s = time.perf_counter() - start
-        self.last_latency_s = now - self._published_at(target, now)
-        self.history.append((target, now, self.last_apply_s, self.last_latency_s))
+        if target > self.version:
+            self.last_latency_s = now - self._published_at(target, now)
+            self.history.append((target, now, self.last_apply_s, self.last_latency_s))
+            self.verified_versions.append(target)
         for state, (_, used_anchor) in zip(self.ranks, plans, strict=True):
             if used_anchor:
                 self.anchors_applied += 1
-                state.anchor, state.anchor_requested_at = {}, None
+                state.anchor, state.anchor_requested_at, state.repair = {}, None, False
             state.diffs = {v: c for v, c in state.diffs.items() if v > target}
         self.version = target
-        self.verified_versions.append(target)
         self.last_progress = time.monotonic()
+        if checks:
+            self.last_verify_s = verify_s
+        for rank, version, differ in checks:
+            if not differ:
+                self.images_verified += 1
+                continue
+            self.image_mismatches += 1
+            log.warning(
+                "subscriber[%d]: rank %d's shard at v%d does not match the learner's (%s); "
+                "repairing by anchor",
+                self.subscriber_id,
+                rank,
+                version,
+                ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else ""),
+            )
+            state = self.ranks[rank]
+            state.repair, state.anchor, state.anchor_requested_at = True, {}, None
+            self.request_anchor(rank)
         return sorted(changed)
+
+    def _image_differs(self, check: ImageChecksum) -> list[str]:
+        """The tensors whose rows in our image differ from the learner rank's (by their xxh64
+        digests); empty when the whole-shard checksum matches. Hashes every byte again."""
+        pieces = []
+        for name, offset, rows in zip(check.names, check.row_offsets, check.rows, strict=True):
+            full = self.image.get(name)
+            if full is None or offset < 0 or offset + rows > full.shape[0]:
+                return [name]
+            pieces.append(as_i16(full[offset : offset + rows]))
+        digests = image_digests(pieces)
+        if image_checksum(digests) == check.checksum:
+            return []
+        theirs = np.frombuffer(check.digests, dtype="<u8")
+        if theirs.size != digests.size:
+            return list(check.names)
+        return [check.names[i] for i in np.flatnonzero(digests != theirs)] or ["digests"]
 
     def _published_at(self, target: int, now: float) -> float:
         """When the learner published ``target`` (its earliest rank), from the diffs we hold

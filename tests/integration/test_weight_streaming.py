@@ -389,6 +389,8 @@ def test_two_gloo_learners_stream_to_subscribers(tmp_path: Path) -> None:
         for sub in subs:
             assert_bitwise_equal(sub.image, expected)
             assert sub.version == VERSIONS
+            # weights.verify_every (10): real FSDP2 shards' whole-image checksums agree.
+            assert sub.images_verified >= 1 and sub.image_mismatches == 0
         late = subs[2]
         # Every early subscriber lost rank 0's v4 and rejected rank 1's corrupted v9.
         for sub in subs[:2]:

@@ -59,6 +59,17 @@ def test_groups_must_divide_across_learners() -> None:
         load_config(None, ["learner.count=3", "learner.groups_per_step=4"])
 
 
+def test_weights_verify_every_is_validated() -> None:
+    assert load_config(None).weights.verify_every == 10
+    assert load_config(None, ["weights.verify_every=0"]).weights.verify_every == 0  # off
+    assert load_config(None, ["weights.verify_every=3"]).weights.verify_every == 3
+    with pytest.raises(ConfigError, match=r"^weights.verify_every must be >= 0 \(0 = off\)$"):
+        load_config(None, ["weights.verify_every=-1"])
+    with pytest.raises(ConfigError, match=r"weights.verify_every") as info:
+        load_config(None, ["weights.verify_every=often"])
+    assert "\n" not in str(info.value)
+
+
 def test_missing_and_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
