@@ -368,6 +368,9 @@ class AdmissionReply(msgspec.Struct, tag="admission_reply"):
     prompt_indices: list[int] = []
     # Leave the run (``generator.count`` lowered): finish now, without draining to the end.
     retire: bool = False
+    # The learner group's incarnation: it rises when the group restarts from a checkpoint, whose
+    # versions repeat numbers a generator may hold already, so it re-anchors every rank.
+    weights_epoch: int = 0
 
 
 # --------------------------------------------------------------------------- weights

@@ -149,14 +149,9 @@ class Generator:
             image = {}
             for f in sorted(Path(model_dir).glob("*.safetensors")):
                 image.update({k: v.to(torch.bfloat16) for k, v in load_file(f).items()})
-        self.subscriber = WeightSubscriber(
-            image,
-            publisher_endpoints,
-            anchor_endpoints,
-            generator_id,
-            ctx=self.ctx,
-            anchor_timeout_s=config.weights.anchor_timeout_s,
-        )
+        self._weight_endpoints = (publisher_endpoints, anchor_endpoints)
+        self.weights_epoch = 0
+        self.subscriber = self._subscribe(image)
         self.admission = AdmissionClient(self.ctx, admission_endpoint, generator_id, incarnation)
         self.pushers = []
         for endpoint in shard_endpoints:
@@ -186,12 +181,39 @@ class Generator:
 
     # ------------------------------------------------------------------ weights
 
+    def _subscribe(self, image: dict[str, torch.Tensor], version: int = 0) -> WeightSubscriber:
+        publishers, anchors = self._weight_endpoints
+        return WeightSubscriber(
+            image,
+            publishers,
+            anchors,
+            self.generator_id,
+            ctx=self.ctx,
+            anchor_timeout_s=self.config.weights.anchor_timeout_s,
+            version=version,
+        )
+
+    def _follow_restarted_learners(self, epoch: int) -> None:
+        """The learner group restarted from a checkpoint: its versions go on from there, so the
+        numbers this generator holds may name other weights. Start a fresh subscriber (same
+        image, version -1: any version applies) and anchor every rank; decoding goes on with the
+        weights held until the anchors land (``poll_weights``)."""
+        log.info("generator[%d]: learners restarted (epoch %d)", self.generator_id, epoch)
+        old = self.subscriber
+        self.subscriber = self._subscribe(old.image, version=-1)
+        old.close()
+        self.weights_epoch = epoch
+        for rank in range(len(self.subscriber.ranks)):
+            self.subscriber.request_anchor(rank)
+
     def poll_weights(self, _engine: Engine | None = None) -> None:
         start = time.perf_counter()
         changed = self.subscriber.poll(self.learner_version)
         # A version can move with no tensor changed (e.g. a zero-advantage step): still adopt
         # it; a repair anchor at the version held changes tensors without moving the version.
-        if self.subscriber.version != self.engine.version or changed:
+        # Version -1: a fresh subscriber after the learners restarted, anchors not in yet.
+        moved = self.subscriber.version != self.engine.version or changed
+        if self.subscriber.version >= 0 and moved:
             self.timers.weights_pause_s += time.perf_counter() - start  # decoding waited
             start = time.perf_counter()
             self.engine.update_weights(
@@ -229,6 +251,8 @@ class Generator:
                 # A fresh generator behind the learner (late join, resumed run): anchor now.
                 for rank in range(len(self.subscriber.ranks)):
                     self.subscriber.request_anchor(rank)
+            if reply.weights_epoch > self.weights_epoch:
+                self._follow_restarted_learners(reply.weights_epoch)
             self.learner_version = reply.learner_version
             self._apply_live_knobs(reply)
             if reply.retire:  # generator.count lowered: every granted group is pushed

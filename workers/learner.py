@@ -115,6 +115,7 @@ class Learner:
         report_endpoint: str,
         checkpoint_dir: str = "checkpoints",
         bind_host: str = "127.0.0.1",
+        publisher_ports: tuple[int, int] = (0, 0),
     ) -> None:
         lc = config.learner
         # The controller resolves threads (0 = auto); a role built directly resolves its own.
@@ -141,7 +142,13 @@ class Learner:
         self.version = self._resume() if config.run.resume else 0
         # Created after resuming: its first image (and anchors) are the resumed version.
         self.publisher = WeightPublisher(
-            self.model, rank, world_size, config.weights, version=self.version, host=bind_host
+            self.model,
+            rank,
+            world_size,
+            config.weights,
+            version=self.version,
+            host=bind_host,
+            ports=publisher_ports,
         )
         self.buffer = BufferClient(
             shard_endpoints, name=f"learner[{rank}]", log_every_s=lc.batch_wait_log_s
@@ -174,7 +181,11 @@ class Learner:
             wait_s = busy_start - wait_start
             metrics = self.train_step(groups, self.version)
             self.version += 1
-            metrics.update(self.publisher.publish(self.version, verify=self._checkpoint_requested))
+            # A checkpoint step's weights are verified whole by every generator (/checkpoint).
+            every = self.config.run.checkpoint_every
+            due = every > 0 and self.version % every == 0
+            checkpoint_step = self._checkpoint_requested or due
+            metrics.update(self.publisher.publish(self.version, verify=checkpoint_step))
             metrics["time/wait_batch_s"] = wait_s
             metrics["train/groups"] = float(len(groups) * self.world_size)  # equal shares
             if self._checkpoint_due():

@@ -194,14 +194,19 @@ class WeightPublisher:
         *,
         version: int = 0,
         shard_rank: int | None = None,
+        ports: tuple[int, int] = (0, 0),
     ) -> None:
+        """``ports``: (PUB, anchors) to bind, 0 = any free one; a restarted learner rank
+        binds its predecessor's, so generators' sockets reconnect to it by themselves."""
         self.model, self.rank, self.world_size, self.config = model, rank, world_size, config
         self.shard_rank = shard_rank
         self.ctx = ctx or zmq.Context.instance()
         self.pub = make_socket(self.ctx, zmq.PUB, sndhwm=config.pub_hwm)
-        self.pub_endpoint = bind_random(self.pub, host, f"publisher[{rank}] PUB")
+        self.pub_endpoint = bind_random(self.pub, host, f"publisher[{rank}] PUB", ports[0])
         self.router = make_socket(self.ctx, zmq.ROUTER)
-        self.anchor_endpoint = bind_random(self.router, host, f"publisher[{rank}] anchors")
+        self.anchor_endpoint = bind_random(
+            self.router, host, f"publisher[{rank}] anchors", ports[1]
+        )
         # One codec per socket: the anchor thread owns the ROUTER's, the encoder the PUB's.
         self._codec = Codec(AnchorRequest, f"publisher[{rank}] anchors")
         self._pub_encoder = msgspec.msgpack.Encoder()

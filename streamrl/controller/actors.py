@@ -94,6 +94,7 @@ class LearnerActor:
             spec.report_endpoint,
             spec.checkpoint_dir,
             bind_host=resolve_host(spec.bind_host),
+            publisher_ports=(spec.pub_port, spec.anchor_port),
         )
         return self.learner.endpoints()
 

@@ -70,6 +70,7 @@ class AdmissionServer:
                 eval_version=self._eval_for(request.generator_id),
                 prompt_indices=indices,
                 retire=leaving,
+                weights_epoch=state.weights_epoch,
             )
 
     def _eval_for(self, generator_id: int) -> int:

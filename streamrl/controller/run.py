@@ -52,7 +52,13 @@ from streamrl.controller.placement import (
     init_ray,
     role_threads,
 )
-from streamrl.controller.rundir import RunError, last_line, prepare_run_dir, write_whole
+from streamrl.controller.rundir import (
+    RunError,
+    last_line,
+    latest_checkpoint,
+    prepare_run_dir,
+    write_whole,
+)
 from streamrl.controller.specs import GeneratorSpec, LearnerSpec, ShardSpec, bind_host_for
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import RunState, load_prompt_ledger
@@ -98,6 +104,8 @@ class Controller:
         self.last_record: dict[str, Any] = {}
         self._step_times: list[float] = []
         self._watched: list[Any] = []
+        self.learner_refs: list[Any] = []
+        self._rolled_back = 0  # groups given back by learner restarts (trained, then lost)
         self.admin = self.live = None
         self.placement = Placement(config, address)
         self._token_samples: collections.deque = collections.deque(maxlen=4096)
@@ -214,18 +222,25 @@ class Controller:
             request_port=ports[1],
         )
 
-    def learner_spec(self, rank: int) -> LearnerSpec:
+    def learner_spec(self, rank: int, ports: tuple[int, int] = (0, 0)) -> LearnerSpec:
+        config = self._role_config("learner", rank)
+        if any(ports):  # a restarted group: it goes on from the newest checkpoint
+            config = msgspec.structs.replace(
+                config, run=msgspec.structs.replace(config.run, resume=True)
+            )
         return LearnerSpec(
             log_file=self._log_file(f"learner-{rank}"),
             bind_host=self.bind_host,
             cores=self._cores("learner", rank),
-            config=self._role_config("learner", rank),
+            config=config,
             rank=rank,
             world_size=self.config.learner.count,
             model_dir=self.model_dir,
             shard_endpoints=[req for _, req in self.shard_endpoints],
             report_endpoint=self.report_endpoint,
             checkpoint_dir=str((self.run_dir / "checkpoints").resolve()),
+            pub_port=ports[0],
+            anchor_port=ports[1],
         )
 
     def generator_spec(self, generator_id: int, incarnation: int) -> GeneratorSpec:
@@ -274,7 +289,7 @@ class Controller:
     def _run(self, model_dir: str) -> dict[str, Any]:
         import ray
 
-        from streamrl.controller.actors import BufferShardActor, LearnerActor
+        from streamrl.controller.actors import BufferShardActor
 
         cfg = self.config
         self.model_dir = model_dir
@@ -299,16 +314,10 @@ class Controller:
                 file=self.console,
                 flush=True,
             )
-        learners = [
-            LearnerActor.options(**self.placement.options("learner", r)).remote(
-                self.learner_spec(r)
-            )
-            for r in range(cfg.learner.count)
-        ]
+        self.learners = self._start_learners()
+        learners = self.learners
         self.actors += learners
-        self.learners = learners
-        master = ray.get(learners[0].rendezvous_address.remote())
-        self.weight_endpoints = ray.get([learner.setup.remote(master) for learner in learners])
+        self.weight_endpoints = self._setup_learners()
         start_version = ray.get(learners[0].version.remote())
         if start_version:
             # Resumed: the budget of the batches already trained on is spent, and the prompt
@@ -335,6 +344,7 @@ class Controller:
         # Operators (and tests) can see exactly which processes this run owns.
         self._write_pids()
         learner_refs = [learner.run.remote(cfg.run.max_steps) for learner in learners]
+        self.learner_refs = learner_refs
         self.roles = dict(zip([*serve_refs, *learner_refs], self._role_names, strict=True))
         print(
             f"run {cfg.run.name}: {cfg.learner.count} learner(s), {cfg.generator.count} "
@@ -345,7 +355,7 @@ class Controller:
         )
 
         self._watched = learner_refs + serve_refs
-        self._loop(self._watched, learner_refs)
+        self._loop(self._watched)
         # Learners are done: stop admission, let generators drain to the final version.
         self.state.stop = True
         self._wait_generators()
@@ -386,15 +396,18 @@ class Controller:
             self._pids_text = text
             write_whole(self.run_dir / "pids.json", text)
 
-    def _loop(self, watched: list, learner_refs: list) -> None:
+    def _loop(self, watched: list) -> None:
         while True:
             try:
                 self._record_reports()
-                self._check_roles(watched)
+                if self._check_roles(watched):
+                    # A restart held this loop: take the heartbeats queued meanwhile before
+                    # judging any generator silent.
+                    self._drain_reports(timeout_ms=0)
                 self.pool.check()
                 if any(slot.pid is None for slot in self.pool.slots.values()):
                     self._write_pids()  # a generator started or replaced: it is ours too
-                if not any(ref in watched for ref in learner_refs):
+                if not any(ref in watched for ref in self.learner_refs):
                     self._record_reports()  # the last step's report may still be in flight
                     return
             except KeyboardInterrupt:
@@ -421,13 +434,16 @@ class Controller:
             write_whole(self.run_dir / "prompts.json", json.dumps(ledger))
         self._steps = []
 
-    def _check_roles(self, watched: list) -> None:
-        """Restart a buffer shard whose loop ended with an error; raise a one-line RunError
-        for any other role's."""
+    def _check_roles(self, watched: list) -> bool:
+        """Restart a buffer shard or the learner group when one's loop ended with an error
+        (says whether it did); raise a one-line RunError for anything else."""
         import ray
 
         done, _ = ray.wait(watched, timeout=0)
+        restarted = False
         for ref in done:
+            if ref not in watched:  # an old learner rank's, gone with its group's restart
+                continue
             watched.remove(ref)
             try:
                 ray.get(ref)
@@ -435,10 +451,122 @@ class Controller:
                 role = self.roles.get(ref, "a role")
                 if role.startswith("buffer shard ") and not self.stopping:
                     watched.append(self._restart_shard(int(role.rsplit(" ", 1)[1]), exc))
+                    restarted = True
+                    continue
+                if role.startswith("learner rank ") and not self.stopping:
+                    self._restart_learners(int(role.rsplit(" ", 1)[1]), exc, watched)
+                    restarted = True
                     continue
                 raise RunError(
                     f"{role} failed: {last_line(exc)} (see {self.run_dir / 'logs'})"
                 ) from None
+        return restarted
+
+    def _start_learners(self, ports: list[tuple[int, int]] | None = None) -> list[Any]:
+        from streamrl.controller.actors import LearnerActor
+
+        count = self.config.learner.count
+        return [
+            LearnerActor.options(**self.placement.options("learner", r)).remote(
+                self.learner_spec(r, ports[r] if ports else (0, 0))
+            )
+            for r in range(count)
+        ]
+
+    def _setup_learners(self) -> list[tuple[str, str]]:
+        """Form the process group; every rank's (PUB, anchor) endpoints."""
+        import ray
+
+        master = ray.get(self.learners[0].rendezvous_address.remote())
+        return ray.get([learner.setup.remote(master) for learner in self.learners])
+
+    def _restart_learners(self, rank: int, exc: Exception, watched: list) -> None:
+        """A learner rank died: the whole group (the others are stuck in a collective) starts
+        again from the newest checkpoint, on the same weight ports. Versions go on from the
+        checkpoint's; generators keep generating meanwhile and re-anchor when admission tells
+        them the group's new epoch. The groups the lost steps consumed return to the budget.
+        Without a checkpoint the run fails at once, naming the rank."""
+        import ray
+
+        rank, failure = self._first_failed_rank(rank, exc)
+        role, limit, logs = "learner group", self.config.run.max_restarts, self.run_dir / "logs"
+        checkpoint = latest_checkpoint(self.run_dir / "checkpoints")
+        if checkpoint is None:
+            raise RunError(
+                f"learner rank {rank} failed: {failure}; no checkpoint to restart from "
+                f"(run.checkpoint_every={self.config.run.checkpoint_every}; see {logs})"
+            )
+        failure = f"learner rank {rank}: {failure}"
+        restarts = self.state.count_restart(role, failure)
+        if restarts > limit:
+            raise RunError(
+                f"{role} failed {restarts} times (run.max_restarts={limit}); last: {failure} "
+                f"(see {logs})"
+            )
+        lost_version = self.state.version
+        old_refs = list(self.learner_refs)
+        for learner in self.learners:
+            with contextlib.suppress(Exception):
+                ray.kill(learner, no_restart=True)
+        # Their weight ports are free once the processes are gone.
+        ray.wait(old_refs, num_returns=len(old_refs), timeout=30)
+        for ref in old_refs:
+            if ref in watched:
+                watched.remove(ref)
+            self.roles.pop(ref, None)
+        ports = [tuple(int(e.rsplit(":", 1)[1]) for e in pair) for pair in self.weight_endpoints]
+        n_shards = len(self.shards)
+        self.learners[:] = self._start_learners(ports)  # type: ignore[arg-type]
+        self.actors[n_shards : n_shards + len(self.learners)] = self.learners
+        endpoints = [tuple(pair) for pair in self._setup_learners()]
+        if endpoints != [tuple(pair) for pair in self.weight_endpoints]:
+            raise RunError(f"{role}: the restarted group bound {endpoints}")
+        version = ray.get(self.learners[0].version.remote())
+        self._roll_back_budget(version)
+        self.pids[n_shards : n_shards + len(self.learners)] = ray.get(
+            [a.pid.remote() for a in self.learners]
+        )
+        self._write_pids()
+        max_steps = self.config.run.max_steps
+        self.learner_refs = [learner.run.remote(max_steps) for learner in self.learners]
+        for r, ref in enumerate(self.learner_refs):
+            self.roles[ref] = f"learner rank {r}"
+            watched.append(ref)
+        self.note(
+            f"{failure}; learner group restarted from {checkpoint.name} "
+            f"(version {version}, was {lost_version}; restart {restarts}/{limit})"
+        )
+        self.metrics.event(
+            "restart", role=role, failure=failure, restarts=restarts, version=version
+        )
+
+    def _first_failed_rank(self, rank: int, exc: Exception) -> tuple[int, str]:
+        """The rank whose process died, rather than a survivor whose collective broke with it
+        (gloo's "connection reset" often ends first): waits up to 2 s for every rank."""
+        import ray
+
+        done, _ = ray.wait(self.learner_refs, num_returns=len(self.learner_refs), timeout=2)
+        failures = {self.learner_refs.index(ref): ref for ref in done}
+        for r, ref in sorted(failures.items()):
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as err:
+                if "process died" in last_line(err):
+                    return r, last_line(err)
+        return rank, last_line(exc)
+
+    def _roll_back_budget(self, version: int) -> None:
+        """The learners are back at ``version``: the groups consumed by steps after it are
+        gone with those steps, so their budget returns and generators make new ones."""
+        self._final_shard_stats()
+        gps = self.config.learner.groups_per_step
+        consumed = sum(s.removed_total.get("consumed", 0) for s in self.state.shards.values())
+        with self.state.lock:
+            lost = max(0, consumed - version * gps - self._rolled_back)
+            self._rolled_back += lost
+            self.policy.give_back(lost)
+            self.state.version = version
+            self.state.weights_epoch += 1
 
     def _restart_shard(self, shard_id: int, exc: Exception) -> Any:
         """A new process for a dead shard, on its durable log and its predecessor's ports
@@ -557,6 +685,9 @@ class Controller:
             "weights/anchors_requested": sum(g.anchors_requested for g in gens),
             "weights/apply_s_max": max((g.weights_apply_s for g in gens), default=0.0),
             "weights/checksum_failures": sum(g.checksum_failures for g in gens),
+            # Whole-image checks (weights.verify_every), over replaced generators too.
+            "weights/images_verified": sum(g.images_verified for g in every),
+            "weights/image_mismatches": sum(g.image_mismatches for g in every),
             # Cumulative over generators, for rates over any window (`streamrl bench`).
             "generators/count": len(gens),
             "generators/restarts": sum(h.restarts for h in self.state.health.values()),
@@ -585,6 +716,8 @@ class Controller:
                 "applied_version": g.applied_version,
                 "verified_versions": g.verified_versions,
                 "checksum_failures": g.checksum_failures,
+                "images_verified": g.images_verified,
+                "image_mismatches": g.image_mismatches,
                 "anchors_applied": g.anchors_applied,
             }
             for g in self.state.generators.values()
@@ -611,6 +744,9 @@ class Controller:
                 }
                 for s in shards
             ],
+            # Consumed by learner steps that a learner restart took back (trained again on
+            # new groups): handed out once, trained on by no surviving version.
+            "groups_rolled_back": self._rolled_back,
             # Pushed by generators and never received by a shard (e.g. in a dead shard's
             # socket buffers); durable shards only, else null.
             "groups_lost_in_transit": (

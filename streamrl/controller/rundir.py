@@ -48,4 +48,18 @@ def write_whole(path: Path, text: str) -> None:
 def last_line(exc: BaseException) -> str:
     """Ray wraps a role's traceback into the message; its last line is the actual error."""
     text = str(exc).strip()
-    return text.splitlines()[-1] if text else repr(exc)
+    line = text.splitlines()[-1] if text else repr(exc)
+    # Ray's paragraph for an actor whose process vanished (kill -9, OOM, segfault).
+    if "worker process has died" in line or "The actor died unexpectedly" in line:
+        return "its process died (killed, out of memory, or crashed; see its log)"
+    return line
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint under ``root`` (``workers.checkpoint.latest``, read
+    here without importing torch)."""
+    marker = root / "latest"
+    if not marker.is_file():
+        return None
+    path = root / marker.read_text().strip()
+    return path if (path / "meta.json").is_file() else None

@@ -45,6 +45,9 @@ class LearnerSpec(RoleSpec):
     shard_endpoints: list[str]  # request (ROUTER) endpoints
     report_endpoint: str
     checkpoint_dir: str
+    # 0: any free port. A restarted learner group binds its predecessor's weight ports.
+    pub_port: int = 0
+    anchor_port: int = 0
 
 
 class GeneratorSpec(RoleSpec):

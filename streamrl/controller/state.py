@@ -79,6 +79,7 @@ class RunState:
     """What the controller knows; updated from reports, read by admission and the admin API."""
 
     version: int = 0
+    weights_epoch: int = 0  # learner-group restarts so far (AdmissionReply.weights_epoch)
     stop: bool = False
     paused: bool = False
     generators: dict[int, GeneratorReport] = field(default_factory=dict)

@@ -90,3 +90,45 @@ def test_a_killed_buffer_shard_restarts_on_its_log(tmp_path: Path) -> None:
     assert not alive(victim)
     lost = assert_nothing_lost(summary, run_dir)
     print(f"groups lost in transit: {lost}; recovered: {summary['buffer'][0]['recovered']}")
+
+
+def test_a_killed_learner_rank_restarts_the_group_from_its_checkpoint(tmp_path: Path) -> None:
+    """Checkpoints every 2 steps; the group resumes from the newest one, versions go on from
+    its version, and generators re-anchor. Steps after that checkpoint are trained again on
+    new groups; the groups they had consumed are counted (``rolled_back``), not hidden."""
+    run_dir = tmp_path / "run"
+    proc = _launch(run_dir, "run.checkpoint_every=2")
+    try:
+        wait_for(lambda: (run_dir / "checkpoints" / "latest").is_file(), 240, "a checkpoint")
+        victim = _kill_at_random_step(run_dir, proc, "learner rank 1", signal.SIGKILL)
+    except BaseException:
+        proc.kill()
+        raise
+    out, summary = finish_run(proc, run_dir)
+    assert summary["version"] == STEPS
+    assert summary["restarts"] == {"learner group": 1}
+    assert "learner group restarted from step-" in out
+    assert not alive(victim)
+    (restart,) = events(run_dir, "restart")
+    assert restart["failure"].startswith("learner rank 1: its process died"), restart
+    assert restart["version"] % 2 == 0 and restart["version"] > 0
+    assert all(g["applied_version"] == STEPS for g in summary["generators"].values()), summary
+    for shard in summary["buffer"]:
+        remaining = shard["size"] + shard["held"]
+        assert shard["received_total"] == sum(shard["removed_total"].values()) + remaining
+    print(f"restart: {restart}; rolled back: {summary['groups_rolled_back']}")
+
+
+def test_a_learner_rank_lost_without_a_checkpoint_fails_fast_naming_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _launch(run_dir, "run.checkpoint_every=0")
+    try:
+        victim = _kill_at_random_step(run_dir, proc, "learner rank 1", signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert "learner rank 1 failed" in out and "no checkpoint to restart from" in out, out[-2000:]
+    assert not alive(victim)
