@@ -15,7 +15,34 @@ def _streamrl_home(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
+# Unit modules whose tests start a server thread, a subprocess or a process group.
+_UNIT_MODULES_THAT_START_THINGS = {
+    "test_admin_api.py",
+    "test_admission_server.py",
+    "test_cli_errors.py",
+    "test_live_knobs.py",
+    "test_role_specs.py",
+}
+_SLOW_DIRS = {"integration", "fuzz", "chaos"}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--network", action="store_true", help="run tests marked network")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tiers: ``-m "not slow"`` is the quick one (no process, server or process group);
+    ``network`` tests are skipped unless ``--network``; ``gpu`` ones without a GPU."""
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.parent.name in _SLOW_DIRS or path.name in _UNIT_MODULES_THAT_START_THINGS:
+            item.add_marker(pytest.mark.slow)
+        if "network" in item.keywords and not config.getoption("--network"):
+            item.add_marker(pytest.mark.skip(reason="needs the package index: run with --network"))
+    _skip_gpu_tests(items)
+
+
+def _skip_gpu_tests(items: list[pytest.Item]) -> None:
     try:
         import torch
 

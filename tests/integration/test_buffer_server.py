@@ -243,7 +243,8 @@ def test_client_drops_a_group_with_inconsistent_arrays(ctx):
 
     thread = threading.Thread(target=fake_shard, daemon=True)
     thread.start()
-    client = BufferClient([f"tcp://127.0.0.1:{port}"], ctx=ctx)
+    # The fake shard answers twice; the third request's reply is awaited reply_timeout_s.
+    client = BufferClient([f"tcp://127.0.0.1:{port}"], ctx=ctx, reply_timeout_s=0.5)
     with pytest.raises(TimeoutError):  # one of the two groups was dropped, none come after
         client.fetch(2, 0, 0, timeout_s=0.2)
     thread.join(5)

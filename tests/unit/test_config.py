@@ -92,6 +92,7 @@ def _streamrl(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_bad_key_is_one_line_and_exit_2() -> None:
     result = _streamrl("validate", "configs/tiny.yaml", "learner.lrr=1")
     assert result.returncode == 2
@@ -99,6 +100,7 @@ def test_cli_bad_key_is_one_line_and_exit_2() -> None:
     assert "learner.lrr" in result.stderr
 
 
+@pytest.mark.slow  # a subprocess
 def test_help_and_validate_import_neither_torch_nor_ray() -> None:
     code = (
         "import sys; from streamrl.cli import main\n"

@@ -139,6 +139,7 @@ def assert_callable_with(fn: ast.FunctionDef | ast.AsyncFunctionDef, *names: str
 # ── the entry point and server args ──────────────────────────────────────────────────────────
 
 
+@pytest.mark.network
 def test_engine_class(src: Source) -> None:
     init = src.tree("sglang/__init__.py")
     exported = {t.id for n in ast.walk(init) if isinstance(n, ast.Assign) for t in n.targets
@@ -179,6 +180,7 @@ def server_args_fields(src: Source) -> set[str]:
     return names
 
 
+@pytest.mark.network
 def test_server_args_we_pass_and_read(src: Source) -> None:
     passed = server_kwargs("m", dtype="bfloat16", mem_fraction_static=0.5, seed=1, version=0,
                            extra={"disable_overlap_schedule": True})  # fmt: skip
@@ -192,6 +194,7 @@ def test_server_args_we_pass_and_read(src: Source) -> None:
 IO_STRUCT = "sglang/srt/managers/io_struct.py"
 
 
+@pytest.mark.network
 @pytest.mark.parametrize(
     "params",
     [SamplingParams(), SamplingParams(temperature=0.7, top_k=20, top_p=0.9, stop_token_ids=(2,))],
@@ -206,6 +209,7 @@ def test_generate_request_fields(src: Source, params: SamplingParams) -> None:
         assert 'SamplingLogprobsMode = Literal["selected", "support"]' in literal
 
 
+@pytest.mark.network
 def test_weight_update_requests(src: Source) -> None:
     update = update_request_kwargs([b"payload"], version=3)
     assert update.keys() <= fields(src.cls(IO_STRUCT, "UpdateWeightsFromTensorReqInput"))
@@ -221,6 +225,7 @@ def test_weight_update_requests(src: Source) -> None:
         assert not no_default, f"{name}() needs {no_default}"
 
 
+@pytest.mark.network
 def test_tokenizer_manager_coroutines(src: Source) -> None:
     classes: dict[str, ast.ClassDef] = {}
     for path in src.files_under("sglang/srt/managers/"):
@@ -250,6 +255,7 @@ def test_tokenizer_manager_coroutines(src: Source) -> None:
         assert_callable_with(fn, "obj")
 
 
+@pytest.mark.network
 def test_serializer(src: Source) -> None:
     common = src.cls("sglang/srt/utils/common.py", "MultiprocessingSerializer")
     assert_callable_with(methods(common)["serialize"], "obj")
@@ -261,6 +267,7 @@ def test_serializer(src: Source) -> None:
 # ── outputs and their meaning ────────────────────────────────────────────────────────────────
 
 
+@pytest.mark.network
 def test_meta_info_keys(src: Source) -> None:
     manager = src.text("sglang/srt/managers/tokenizer_manager.py")
     for key in ("output_token_logprobs", "output_token_sampling_logprobs", "finish_reason"):
@@ -272,6 +279,7 @@ def test_meta_info_keys(src: Source) -> None:
     assert all(f'"type": "{k}"' in reasons for k in ("stop", "length", "abort"))
 
 
+@pytest.mark.network
 def test_logprob_semantics_canary(src: Source) -> None:
     """The lines the module docstring's logprob claims rest on; if one moves, re-read them."""
     sampler = src.text("sglang/srt/layers/sampler.py")
