@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -214,6 +215,14 @@ def create_app(
     @app.exception_handler(PatchError)
     def patch_error(request: Request, exc: PatchError) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "problems": exc.problems}, exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each error's input, the whole body, and fails (500)
+        # when that body is not UTF-8. Say what is wrong, not what was sent.
+        keep = ("type", "loc", "msg")
+        problems = [{k: e[k] for k in keep if k in e} for e in exc.errors()]
+        return JSONResponse({"detail": problems}, 422)
 
     return app
 

@@ -18,6 +18,7 @@ changes nothing and answers 409 ``learner.lr``; ``{"buffer.max_staleness": 0}`` 
 
 from __future__ import annotations
 
+import math
 import typing
 from functools import cache
 from typing import Any
@@ -26,6 +27,8 @@ import msgspec
 
 from streamrl.config import Config
 from streamrl.controller.knobs import LIVE_KEYS, LiveKey
+
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
 class PatchError(Exception):
@@ -105,6 +108,12 @@ def _convert(live: LiveKey, tp: Any, value: Any) -> Any:
         if typing.get_origin(tp) is typing.Literal:
             raise ValueError(f"must be {_type_name(tp)}, got {value!r}") from None
         raise ValueError(str(exc)) from None
+    # JSON allows ints of any size, and 1e400 parses as inf. An int must fit msgpack's 64 bits
+    # to reach the roles (AdmissionReply, Reconfigure); no knob means anything when infinite.
+    if isinstance(value, int) and not isinstance(value, bool) and not _I64_MIN <= value <= _I64_MAX:
+        raise ValueError(f"must fit in 64 bits, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"must be finite, got {value!r}")
     if not live.check(value):
         raise ValueError(f"must be {live.rule}, got {value!r}")
     return value

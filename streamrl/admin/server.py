@@ -3,7 +3,9 @@
 ``start_admin`` is the one call the controller makes: it resolves the token, writes
 ``RUN_DIR/admin.token`` (0600), binds ``admin.host:admin.port`` itself (port 0 → a free port,
 known before the server runs), starts uvicorn on that socket, waits until it answers, and
-writes ``RUN_DIR/admin.url``. ``AdminServer.stop()`` ends it.
+writes ``RUN_DIR/admin.url``. ``AdminServer.stop()`` ends it. Bodies over ``MAX_BODY_BYTES``
+are refused with 413 before the app reads them; ``AdminServer.statuses`` counts responses by
+status (401 wrong token, 404/405 unknown path or method, 413, 422 bad JSON or values).
 
 The default bind is 127.0.0.1. Any other address is served with a warning: plain HTTP, so the
 token crosses the network in clear; put a TLS proxy or an SSH tunnel in front instead.
@@ -15,6 +17,7 @@ import ipaddress
 import logging
 import socket
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,10 @@ from streamrl.config import AdminConfig, ConfigError
 
 log = logging.getLogger("streamrl.admin")
 
+# No admin request needs more: a PATCH is a few keys. FastAPI reads a body whole, before the
+# token is checked, so without a limit anyone who reaches the port could make it buffer GiBs.
+MAX_BODY_BYTES = 1 << 20
+
 
 class AdminServer:
     """uvicorn serving ``app`` on a socket bound here, from a daemon thread.
@@ -32,15 +39,18 @@ class AdminServer:
     the port is read from the bound socket, so it is real before uvicorn starts.
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, max_body_bytes: int = MAX_BODY_BYTES
+    ) -> None:
         import uvicorn
 
         self.host = host
+        self.guard = BodyLimit(app, max_body_bytes)
         self.sock = bind_socket(host, port)
         self.port: int = self.sock.getsockname()[1]
         self.url = f"http://{_url_host(host, self.sock)}:{self.port}"
         config = uvicorn.Config(
-            app,
+            self.guard,
             loop=_loop_name(),
             lifespan="off",
             log_config=None,  # leave the controller's logging as it is
@@ -74,6 +84,76 @@ class AdminServer:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         self.sock.close()
+
+    @property
+    def statuses(self) -> Counter[int]:
+        """Responses sent, by HTTP status (401: wrong token, 413: body too large, ...)."""
+        return self.guard.statuses
+
+
+class BodyLimit:
+    """ASGI wrapper: refuses a body over ``max_body_bytes`` with 413 (and closes the
+    connection) before the app sees any of it, and counts responses by status.
+
+    The body is read here (up to the limit) and handed to the app in one piece. A declared
+    ``Content-Length`` over the limit is refused without reading anything. Runs on the
+    server's event loop only, so the counter needs no lock.
+    """
+
+    def __init__(self, app: Any, max_body_bytes: int) -> None:
+        self.app, self.max_body_bytes = app, max_body_bytes
+        self.statuses: Counter[int] = Counter()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counting_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                self.statuses[message["status"]] += 1
+            await send(message)
+
+        declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            await self._too_large(counting_send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_body_bytes:
+                await self._too_large(counting_send)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, counting_send)
+
+    async def _too_large(self, send: Any) -> None:
+        text = f'{{"detail":"request body over {self.max_body_bytes} bytes"}}'.encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(text)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": text})
 
 
 def start_admin(

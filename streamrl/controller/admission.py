@@ -19,6 +19,9 @@ from streamrl.transport import LOOPBACK, Codec, bind_random, make_socket
 
 log = logging.getLogger(__name__)
 
+# An ``AdmissionRequest`` is a few dozen bytes; libzmq drops a peer that sends a bigger frame.
+MAX_REQUEST_BYTES = 1 << 16
+
 
 class AdmissionServer:
     """Answers generators' ``AdmissionRequest``s from one thread (docs/design.md §3)."""
@@ -28,9 +31,11 @@ class AdmissionServer:
     ) -> None:
         self.policy, self.state = policy, state
         state.policy = policy
-        self.sock = make_socket(ctx, zmq.ROUTER)
+        self.sock = make_socket(ctx, zmq.ROUTER, maxmsgsize=MAX_REQUEST_BYTES)
         self.endpoint = bind_random(self.sock, host, "controller admission")
+        # Bad input is counted by kind in ``codec.malformed`` (``frames``: not one body).
         self.codec: Codec[AdmissionRequest] = Codec(AdmissionRequest, "admission")
+        self.failures = 0  # requests that decoded but could not be answered (logged)
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True, name="admission")
         self.thread.start()
@@ -40,15 +45,27 @@ class AdmissionServer:
             if not self.sock.poll(100):
                 continue
             frames = self.sock.recv_multipart()
-            request = self.codec.decode(frames[-1]) if len(frames) == 2 else None
+            if len(frames) != 2:
+                self._reject_frames(len(frames) - 1)
+                continue
+            request = self.codec.decode(frames[1])
             if request is None:
                 continue
             try:
-                reply = self._decide(request)
+                # Encoding too: a reply can carry a value set over the admin API that does not
+                # fit msgpack (an int over 64 bits); it must not end the thread.
+                reply = self.codec.encode(self._decide(request))
             except Exception:  # never let one bad decision kill admission for everyone
+                self.failures += 1
                 log.exception("admission failed for %s", request)
                 continue
-            self.sock.send_multipart([frames[0], self.codec.encode(reply)])
+            self.sock.send_multipart([frames[0], reply])
+
+    def _reject_frames(self, bodies: int) -> None:
+        malformed = self.codec.malformed
+        if not malformed["frames"]:
+            log.warning("admission: dropped malformed message (frames): %d bodies, not 1", bodies)
+        malformed["frames"] += 1
 
     def _decide(self, request: AdmissionRequest) -> AdmissionReply:
         state = self.state
@@ -58,7 +75,10 @@ class AdmissionServer:
             leaving = health is None or health.retiring or request.incarnation != health.incarnation
             closed = state.stop or state.paused or leaving
             grant = Grant(0, 0) if closed else self.policy.request(request.n_groups)
-            indices = state.prompts.grant(request.generator_id, grant.granted)
+            # Nothing granted, nothing recorded: the ledger must not grow an entry per id asked.
+            indices = (
+                state.prompts.grant(request.generator_id, grant.granted) if grant.granted else []
+            )
             return AdmissionReply(
                 granted=grant.granted,
                 min_version=grant.min_version,

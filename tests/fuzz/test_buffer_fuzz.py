@@ -1,6 +1,8 @@
-"""Bad input never takes a shard down: garbage, truncated msgpack, wrong types, wrong kinds,
-multipart junk, oversized frames and random mutations are counted, logged once per kind and
-dropped, while well-behaved peers keep being served.
+"""Bad input never takes a buffer shard down (``buffers.server.BufferShard``, ingest PULL and
+requests ROUTER): garbage, truncated msgpack, wrong types, wrong kinds, multipart junk,
+oversized frames and random mutations are counted, logged once per kind and dropped, while
+well-behaved peers keep being served. The ingest and the request sockets each get 10,000
+seeded inputs (``fuzzgen.msgpack_corpus``), without and with the durable log.
 """
 
 from __future__ import annotations
@@ -8,19 +10,28 @@ from __future__ import annotations
 import logging
 import random
 import threading
-import time
 
 import msgspec
 import pytest
 import zmq
+from fuzzgen import Tally, classify, msgpack_corpus, wait_until
 
 from streamrl.buffers.client import BufferClient
+from streamrl.buffers.frames import GroupDecoder
 from streamrl.buffers.server import BufferShard
 from streamrl.config import BufferConfig
 from streamrl.protocol import (
+    Ack,
+    AdmissionRequest,
     Batch,
     BatchRequest,
+    Checkpoint,
+    Peek,
+    PeekReply,
     RawBatch,
+    Reconfigure,
+    ShardReply,
+    ShardRequest,
     ShardStats,
     StatsRequest,
     Trajectory,
@@ -29,13 +40,17 @@ from streamrl.protocol import (
     pack_int32,
 )
 
+pytestmark = pytest.mark.slow
+
+N_INPUTS = 10_000
 MAX_BYTES = 64 * 1024
 encode = msgspec.msgpack.encode
 
 
-def make_group(gid: str) -> TrajectoryGroup:
+def make_group(gid: str, version: int = 0) -> TrajectoryGroup:
+    versions = [version] * 3
     trajectories = [
-        Trajectory.from_lists([1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], [0, 0, 0], reward, "stop", 0)
+        Trajectory.from_lists([1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], versions, reward, "stop", 0)
         for reward in (0.0, 1.0)
     ]
     return TrajectoryGroup(gid, f"p-{gid}", trajectories, 1.0, 2.0)
@@ -45,17 +60,20 @@ def group_dict(gid: str) -> dict:
     return msgspec.to_builtins(make_group(gid), builtin_types=(bytes,))
 
 
-def wait_until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
+BASE_POLICY = {
+    "capacity": 4096,
+    "max_staleness": 2,
+    "sampling": "fifo",
+    "max_reuse": 1,
+    "overflow": "drop-oldest",
+    "drop_zero_variance": False,
+}
 
 
 @pytest.fixture(params=[False, True], ids=["memory", "durable"])
 def shard(request, tmp_path):
     """A serving shard; every test runs without and with the durable log."""
-    config = BufferConfig(max_message_bytes=MAX_BYTES, capacity=4096, durable=request.param)
+    config = BufferConfig(max_message_bytes=MAX_BYTES, durable=request.param, **BASE_POLICY)
     shard = BufferShard(config, 0, log_dir=tmp_path)
     thread = threading.Thread(target=shard.serve, daemon=True)
     thread.start()
@@ -199,40 +217,167 @@ def test_shard_survives_malformed_input_and_keeps_serving(shard, ctx, caplog):
     client.close()
 
 
-def test_shard_survives_random_mutations_of_valid_frames(shard, ctx):
-    """Every frame ends in exactly one place: malformed, ingested, or dropped by policy."""
-    rng = random.Random(99)
-    frames = []
-    for i in range(1500):
-        frame = bytearray(encode(make_group(f"m{i}")))
-        for _ in range(rng.randrange(1, 4)):
-            frame[rng.randrange(len(frame))] = rng.randrange(256)
-        frames.append(bytes(frame))
-    sentinel = encode(make_group("sentinel"))
-    frames.append(sentinel)
-    push = connect(ctx, zmq.PUSH, shard.ingest_endpoint)
-    for frame in frames:
-        push.send(frame)
+def ingest_seeds() -> list[TrajectoryGroup]:
+    """Valid groups of every shape the ingest path sees: 0 to 4 trajectories, versions 0-3,
+    empty responses, texts, a data source and a ground truth; 400 distinct ids, so that
+    mutants that still decode are not all duplicates."""
+    seeds = [make_group(f"seed-{i}") for i in range(300)]
+    seeds.append(TrajectoryGroup("empty", "p", [], 0.0, 0.0))
+    for i in range(99):
+        trajectories = [
+            Trajectory.from_lists(
+                [1] * (j + 1), [5] * j, [-0.5] * j, [i % 4] * j, 0.25 * j, "length", j, "t", 0.7
+            )
+            for j in range(1 + i % 4)
+        ]
+        seeds.append(TrajectoryGroup(f"s{i}", f"p{i}", trajectories, 1.0, 2.0, "math", "42"))
+    return seeds
 
+
+def test_ingest_survives_10k_fuzz_inputs(shard, ctx):
+    """Every frame ends in exactly one place: malformed (by the kind a local decoder
+    predicts), ingested, or dropped by policy; then valid groups still go in and come out."""
+    tally = Tally(f"buffer ingest ({'durable' if shard.log else 'memory'})")
+    rng = random.Random(13_004)
+    other = [BatchRequest(1, 2, 0, 0), StatsRequest(), Batch(1, [make_group("inner")])]
+    other += [ShardStats(0, 0, 0, 0, 0, {}, 0), AdmissionRequest(0, 1)]
+    inputs = msgpack_corpus(rng, ingest_seeds(), N_INPUTS, other_kinds=other)
+    local = GroupDecoder("local prediction")
+    decoded, expected = classify(inputs, local.decode)
+    expected.update(local.malformed)  # inconsistent lengths, negative versions
+    valid = sum(d is not None for d in decoded)
+    assert valid > 100 and expected["inconsistent_lengths"] > 0
+
+    push = connect(ctx, zmq.PUSH, shard.ingest_endpoint)
+    for item in inputs:
+        send(push, item)
+        tally.inputs += 1
+    sentinel = encode(make_group("sentinel"))
+    push.send(sentinel)
     client = BufferClient([shard.request_endpoint], ctx=ctx, reply_timeout_s=5)
 
     def accounted() -> int:
         s = client.stats()[0]
         return s.malformed + s.ingested + sum(s.dropped.values())
 
-    wait_until(lambda: accounted() == len(frames))
-    stats = client.stats()[0]
-    assert stats.malformed > 0 and stats.ingested > 0
-    assert stats.dropped["overflow"] == stats.dropped["capacity"] == 0  # no double counting
+    try:
+        wait_until(lambda: accounted() == len(inputs) + 1, timeout=60)
+        stats = client.stats()[0]
+        by_kind = {k.removeprefix("ingest/"): n for k, n in stats.malformed_by_kind.items()}
+        assert by_kind == dict(expected)
+        assert stats.ingested + sum(stats.dropped.values()) == valid + 1
 
-    # The shard still answers requests, and hands back frames byte for byte.
+        # The shard still answers, and hands back frames byte for byte.
+        dealer = connect(ctx, zmq.DEALER, shard.request_endpoint)
+        dealer.send(encode(BatchRequest(1, stats.size, -(2**40), 0, 0)))
+        assert dealer.poll(10_000)
+        reply = msgspec.msgpack.decode(dealer.recv(), type=RawBatch)
+        assert len(reply.groups) == stats.size
+        assert bytes(reply.groups[-1]) == sentinel
+        push.send(encode(make_group("after")))
+        assert client.fetch(1, 0, 0, timeout_s=10) == [make_group("after")]
+        assert client.group_codec.malformed_total == 0  # the shard let nothing bad through
+    finally:
+        stats = client.stats()[0]
+        tally.report(
+            {
+                "ingested": stats.ingested,
+                **{f"dropped/{k}": n for k, n in stats.dropped.items() if n},
+                **{f"malformed/{k}": n for k, n in stats.malformed_by_kind.items()},
+            }
+        )
+        client.close()
+
+
+def request_seeds() -> list:
+    # wait_ms is each long poll's last field and 0: a byte mutation parks it 127 ms at most.
+    return [
+        BatchRequest(7, 2, 0, 0, 0),
+        Peek(8, 1, 0, 0, 0),
+        StatsRequest(),
+        Reconfigure(capacity=4096, sampling="fifo"),
+        Reconfigure(max_reuse=1, overflow="drop-oldest", drop_zero_variance=False),
+        Checkpoint(),
+    ]
+
+
+def tame_long_polls(inputs: list, decoded: list) -> int:
+    """Cap, in place, the well-typed long polls the corpus made absurd: ``wait_ms`` to 1 s
+    (a shard parks up to 10 minutes) and ``learner_version`` into int32 (a shard that heard of
+    version 2**63 drops every group as stale, for good: versions are trusted). The other
+    fields (``k``, ``floor``, ``request_id``) stay as fuzzed. Returns how many."""
+    tamed = 0
+    for i, d in enumerate(decoded):
+        if isinstance(d, BatchRequest | Peek):
+            version = d.learner_version if 0 <= d.learner_version < 2**31 else 0
+            if d.wait_ms > 1_000 or version != d.learner_version:
+                decoded[i] = msgspec.structs.replace(
+                    d, wait_ms=min(d.wait_ms, 1_000), learner_version=version
+                )
+                inputs[i] = encode(decoded[i])
+                tamed += 1
+    return tamed
+
+
+def test_requests_survive_10k_fuzz_inputs(shard, ctx):
+    """Every request that decodes is answered exactly once, every other one is counted by
+    kind; afterwards the shard serves a learner as before."""
+    tally = Tally(f"buffer requests ({'durable' if shard.log else 'memory'})")
+    rng = random.Random(13_005)
+    other = [make_group("wrong-socket"), ShardStats(0, 0, 0, 0, 0, {}, 0), Ack(True)]
+    other += [Batch(1, []), AdmissionRequest(0, 1), PeekReply(1, [], 0)]
+    tags = ["batch_request", "stats_request", "reconfigure", "peek", "checkpoint", "batch"]
+    inputs = msgpack_corpus(rng, request_seeds(), N_INPUTS, other_kinds=other, tags=tags)
+    decoded, expected = classify(inputs, msgspec.msgpack.Decoder(ShardRequest).decode)
+    tamed = tame_long_polls(inputs, decoded)
+    valid = [d for d in decoded if d is not None]
+    polls = [d for d in valid if isinstance(d, BatchRequest | Peek)]
+    assert len(valid) > 100 and polls
+    # Learners' versions are trusted: a well-typed request raises the shard's version for good.
+    version = max(0, *(d.learner_version for d in polls))
+
     dealer = connect(ctx, zmq.DEALER, shard.request_endpoint)
-    dealer.send(encode(BatchRequest(1, stats.size, -(2**40), 0, 0)))
-    assert dealer.poll(10_000)
-    reply = msgspec.msgpack.decode(dealer.recv(), type=RawBatch)
-    assert len(reply.groups) == stats.size
-    assert bytes(reply.groups[-1]) == sentinel
-    client.close()
+    dealer.setsockopt(zmq.RCVHWM, 0)
+    replies = 0
+
+    def drain() -> int:
+        nonlocal replies
+        while dealer.poll(0):
+            msgspec.msgpack.decode(dealer.recv(), type=ShardReply)
+            replies += 1
+        return replies
+
+    client = BufferClient([shard.request_endpoint], ctx=ctx, reply_timeout_s=5)
+    try:
+        for item in inputs:
+            send(dealer, item)
+            tally.inputs += 1
+            drain()
+        wait_until(lambda: drain() == len(valid), timeout=30)
+        stats = client.stats()[0]
+        by_kind = {k.removeprefix("requests/"): n for k, n in stats.malformed_by_kind.items()}
+        assert by_kind == dict(expected)
+
+        # A learner is served as before, once the policy is put back (the fuzz reconfigured it).
+        assert all(ack.ok for ack in client.reconfigure(**BASE_POLICY))
+        push = connect(ctx, zmq.PUSH, shard.ingest_endpoint)
+        groups = [make_group(f"after-{i}", version) for i in range(3)]
+        for group in groups:
+            push.send(encode(group))
+        got = client.fetch(3, version, version, timeout_s=10)
+        assert got == groups
+        assert not drain() > len(valid)  # nothing more came to the fuzzing peer
+    finally:
+        stats = client.stats()[0]
+        tally.report(
+            {
+                "answered": replies,
+                "shard_version": version,
+                "long_polls_capped": tamed,
+                **{f"malformed/{k}": n for k, n in stats.malformed_by_kind.items()},
+            }
+        )
+        client.close()
 
 
 def test_absurd_but_well_typed_requests_are_answered(shard, ctx):

@@ -1,0 +1,146 @@
+"""Fuzzing the controller's report PULL socket, through the controller's own code.
+
+The socket is the one ``Controller._open_control_plane`` binds (PULL, rcvhwm unbounded) and
+the reports are read by ``Controller._drain_reports``, the controller loop's own method, with
+its ``Codec(Report)``, ``RunState.generator_report`` and ``RunState.heartbeat``. Nothing here
+needs Ray: the controller is built but never ``run()``.
+
+PULL reads frames, not messages: a multipart junk message is decoded frame by frame, so the
+prediction counts frames.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+from fuzzgen import Tally, classify, msgpack_corpus, wait_until
+
+from streamrl.config import load_config
+from streamrl.controller.run import Controller
+from streamrl.controller.state import GeneratorHealth
+from streamrl.metrics import MetricsLog
+from streamrl.protocol import (
+    AdmissionRequest,
+    BatchRequest,
+    EvalReport,
+    GeneratorActivity,
+    GeneratorReport,
+    Heartbeat,
+    LearnerStep,
+    Report,
+    ShardReport,
+    ShardStats,
+    WeightAnchor,
+)
+from streamrl.transport import make_socket
+
+N_INPUTS = 10_000
+SENTINEL = 987_654_321  # EvalReport.requested of the last message of a burst
+
+pytestmark = pytest.mark.slow
+
+
+def drain_until_sentinel(controller: Controller, tally: Tally, timeout: float = 30.0) -> None:
+    """Run the controller's drain until the sentinel report went through it; an exception
+    out of ``_drain_reports`` (it would end the controller loop) counts as a crash."""
+
+    def seen() -> bool:
+        try:
+            controller._drain_reports(timeout_ms=50)
+        except Exception:
+            tally.crashes += 1
+        return any(e.requested == SENTINEL for e in controller.evals[-2:])
+
+    wait_until(seen, timeout, "the sentinel report")
+    controller.evals = [e for e in controller.evals if e.requested != SENTINEL]
+
+
+def test_reports_survive_fuzz_and_valid_reports_are_still_taken(tmp_path: Path) -> None:
+    tally = Tally("reports")
+    controller = Controller(load_config(None, []), console=io.StringIO())
+    controller._open_control_plane()
+    controller.metrics = MetricsLog(tmp_path / "metrics.jsonl")  # EvalReports write here
+    state = controller.state
+    state.health[0] = GeneratorHealth()
+    push = make_socket(controller.ctx, zmq.PUSH)
+    push.connect(controller.report_endpoint)
+    encode = msgspec.msgpack.encode
+    try:
+        seeds = [
+            LearnerStep(3, {"loss/policy": 0.5, "reward/mean": 0.25}, 10.0),
+            GeneratorReport(
+                0, 2, 100, 4, 0, 1, 11.0, [1, 2], activity=GeneratorActivity(busy_s=1.0)
+            ),
+            ShardReport(
+                ShardStats(0, 5, 256, 10, 5, {"stale": 1}, 1000, staleness_hist={0: 5}), 12.0
+            ),
+            EvalReport(0, 2, 2, {"eval/accuracy": 0.5, "eval/prompts": 8.0}, 13.0),
+            Heartbeat("generator", 0, 0, 14.0),
+        ]
+        other = [AdmissionRequest(0, 1), BatchRequest(1, 2, 0, 0), WeightAnchor(1, 0, 1, [], 1.0)]
+        tags = ["learner_step", "generator_report", "shard_report", "eval_report", "heartbeat"]
+        rng = random.Random(13_002)
+        inputs = msgpack_corpus(rng, seeds, N_INPUTS, other_kinds=other, tags=tags)
+        frames = [f for item in inputs for f in (item if isinstance(item, list) else [item])]
+        decoded, expected = classify(frames, msgspec.msgpack.Decoder(Report).decode)
+        want = {
+            kind: sum(isinstance(d, kind) for d in decoded)
+            for kind in (LearnerStep, EvalReport, GeneratorReport, ShardReport, Heartbeat)
+        }
+        assert all(n > 20 for n in want.values()), want  # every kind of report got through
+
+        for frame in frames:
+            push.send(frame)
+        tally.inputs += len(inputs)
+        # No size limit on this socket: an 8 MiB frame is read and decoded (and refused).
+        push.send(b"\xc1" * (8 << 20))
+        tally.inputs += 1
+        push.send(encode(EvalReport(0, SENTINEL, 0, {}, 0.0)))
+        drain_until_sentinel(controller, tally)
+
+        codec = controller.report_codec
+        assert codec.malformed_total == sum(expected.values()) + 1
+        assert codec.malformed["DecodeError"] == expected["DecodeError"] + 1
+        assert len(controller._steps) == want[LearnerStep]
+        assert len(controller.evals) == want[EvalReport]
+
+        # Valid reports after the junk are taken exactly as before. (The junk's well-typed
+        # LearnerSteps moved the run's version, up to 2**64 - 1: reports are trusted.)
+        poisoned = state.version
+        with state.lock:
+            incarnation = state.health[0].incarnation
+        report = GeneratorReport(0, 5, 123, 7, 0, 1, 1e9, incarnation=incarnation)
+        step = LearnerStep(5, {"loss/policy": 0.1}, 1e9 + 2)
+        for message in (
+            report,
+            Heartbeat("generator", 0, incarnation, 1e9 + 1),
+            step,
+            EvalReport(0, SENTINEL, 0, {}, 0.0),
+        ):
+            push.send(encode(message))
+        drain_until_sentinel(controller, tally)
+        assert state.generators[0] == report
+        assert state.health[0].last_heartbeat == 1e9 + 1
+        assert controller._steps[-1] == step and state.version == max(poisoned, 5)
+        assert codec.malformed_total == sum(expected.values()) + 1
+    finally:
+        tally.report(
+            {
+                **{f"malformed/{k}": n for k, n in controller.report_codec.malformed.items()},
+                "learner_steps": len(controller._steps),
+                "evals": len(controller.evals),
+                "generators_known": len(state.health),
+                "run_version": state.version,
+            }
+        )
+        push.close()
+        controller.admission.close()
+        controller.report_sock.close()
+        controller.metrics.close()
+        controller.ctx.destroy(linger=0)
+    assert tally.crashes == 0
