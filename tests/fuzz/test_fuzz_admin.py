@@ -200,7 +200,8 @@ def random_auth(rng: random.Random) -> bytes | None:
     ]
     pick = rng.choice(wrong)
     if pick is None and rng.random() < 0.3:
-        mangled = bytes(b for b in mutate_bytes(rng, TOKEN.encode()) if b not in b"\r\n\x00")
+        # (control characters are refused by the client's own HTTP library)
+        mangled = bytes(b for b in mutate_bytes(rng, TOKEN.encode()) if 0x20 <= b != 0x7F)
         if mangled != TOKEN.encode():  # an edit can undo itself
             return b"Bearer " + mangled
     return pick
@@ -298,9 +299,11 @@ def test_admin_api_survives_fuzz_and_keeps_serving(tmp_path: Path, monkeypatch) 
             assert client.get("/config", headers=headers).json()["generator"]["count"] == 3
             assert client.get("/status", headers={"authorization": "Bearer no"}).status_code == 401
 
-        # Every answer the client saw was counted by the server (valid traffic: 5).
+        # Every answer the client saw was counted by the server (valid traffic: 5); a 413 can
+        # be counted yet lost to the client, which was still sending the body when it closed.
         answered = sum(server.statuses.values())
-        assert answered == counts["answered"] + 5
+        seen = counts["answered"] + 5
+        assert seen <= answered <= seen + counts["transport_errors"]
 
         # Malformed HTTP on raw sockets: the HTTP parser refuses most (400, or it closes);
         # what still parses reaches the app.
