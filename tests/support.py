@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -99,6 +100,16 @@ def pid_of(run_dir: Path, role: str) -> int:
 def events(run_dir: Path, kind: str) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [e for e in map(json.loads, lines) if e.get("event") == kind]
+
+
+@contextlib.contextmanager
+def killed_on_error(proc: subprocess.Popen):
+    """Kill the launched run (by its pid) if the block fails, so no test leaves it behind."""
+    try:
+        yield proc
+    except BaseException:
+        proc.kill()
+        raise
 
 
 def finish_run(proc: subprocess.Popen, run_dir: Path, timeout: float = 300) -> tuple[str, dict]:

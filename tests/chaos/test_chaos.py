@@ -20,6 +20,7 @@ from support import (
     assert_nothing_lost,
     events,
     finish_run,
+    killed_on_error,
     launch_tiny,
     pid_of,
     steps_done,
@@ -53,7 +54,7 @@ def _kill_at_random_step(run_dir: Path, proc: subprocess.Popen, role: str, how: 
 def test_a_lost_generator_is_replaced(tmp_path: Path, how: int) -> None:
     run_dir = tmp_path / "run"
     proc = _launch(run_dir)
-    try:
+    with killed_on_error(proc):
         if how == signal.SIGSTOP:
             # Paused, the run cannot finish on generator 0 alone before the silence is seen.
             wait_for(lambda: steps_done(run_dir) >= 2, 240, "step 2")
@@ -62,9 +63,6 @@ def test_a_lost_generator_is_replaced(tmp_path: Path, how: int) -> None:
         if how == signal.SIGSTOP:
             wait_for(lambda: events(run_dir, "restart"), 60, "the silent generator replaced")
             assert cli(["admin", "resume", "--run", str(run_dir)]) == 0
-    except BaseException:
-        proc.kill()
-        raise
     out, summary = finish_run(proc, run_dir)
     assert summary["version"] == STEPS
     assert summary["restarts"] == {"generator 1": 1}
@@ -78,11 +76,8 @@ def test_a_lost_generator_is_replaced(tmp_path: Path, how: int) -> None:
 def test_a_killed_buffer_shard_restarts_on_its_log(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = _launch(run_dir)
-    try:
+    with killed_on_error(proc):
         victim = _kill_at_random_step(run_dir, proc, "buffer shard 0", signal.SIGKILL)
-    except BaseException:
-        proc.kill()
-        raise
     out, summary = finish_run(proc, run_dir)
     assert summary["version"] == STEPS
     assert summary["restarts"] == {"buffer shard 0": 1}
@@ -98,12 +93,9 @@ def test_a_killed_learner_rank_restarts_the_group_from_its_checkpoint(tmp_path: 
     new groups; the groups they had consumed are counted (``rolled_back``), not hidden."""
     run_dir = tmp_path / "run"
     proc = _launch(run_dir, "run.checkpoint_every=2")
-    try:
+    with killed_on_error(proc):
         wait_for(lambda: (run_dir / "checkpoints" / "latest").is_file(), 240, "a checkpoint")
         victim = _kill_at_random_step(run_dir, proc, "learner rank 1", signal.SIGKILL)
-    except BaseException:
-        proc.kill()
-        raise
     out, summary = finish_run(proc, run_dir)
     assert summary["version"] == STEPS
     assert summary["restarts"] == {"learner group": 1}

@@ -12,6 +12,7 @@ from support import (
     alive,
     assert_nothing_lost,
     finish_run,
+    killed_on_error,
     launch_tiny,
     steps_done,
     wait_for,
@@ -40,7 +41,7 @@ def test_generator_count_scales_live(tmp_path: Path) -> None:
         by_role = json.loads((run_dir / "pids.json").read_text())["by_role"]
         return {role: pid for role, pid in by_role.items() if role.startswith("generator")}
 
-    try:
+    with killed_on_error(proc):
         wait_for(lambda: proc.poll() is not None or steps_done(run_dir) >= 2, 240, "step 2")
         admin("pause")
         admin("set", "generator.count=3")
@@ -53,9 +54,6 @@ def test_generator_count_scales_live(tmp_path: Path) -> None:
         admin("set", "generator.count=1")
         wait_for(lambda: not alive(third) and not alive(second), 120, "generators 1, 2 retired")
         admin("resume")
-    except BaseException:
-        proc.kill()
-        raise
     out, summary = finish_run(proc, run_dir)
     assert summary["version"] == 40
     assert "generator 2: started" in out and "generator 2: retired" in out
