@@ -158,8 +158,9 @@ class DurableLog:
             self._lock.close()
             raise RuntimeError(f"{self.shard_dir} is already open by another writer") from None
         self._remove_leftovers()
-        # Counted once here, then kept current by every write.
-        self.tallies = _replay(_live_segments(self.shard_dir))[1]
+        # Counted from the log when first asked for (``recover_payloads`` counts them in its
+        # own pass), then kept current by every write.
+        self._tallies: Tallies | None = None
         segments = _segments(self.shard_dir)
         self._next_number = (segments[-1][0] + 1) if segments else 1
         self._file: BinaryIO | None = None
@@ -202,8 +203,9 @@ class DurableLog:
             pa.nulls(n, pa.string()),
         ]
         self._write(pa.record_batch(columns, schema=SCHEMA))
-        self.tallies.received += n
-        self.tallies.remaining += n
+        if self._tallies is not None:
+            self._tallies.received += n
+            self._tallies.remaining += n
 
     def mark_consumed(self, group_ids: list[str], reasons: list[str] | None = None) -> None:
         """Durably record that these logged groups left the shard: used up (``consumed``,
@@ -212,18 +214,27 @@ class DurableLog:
             return
         reasons = reasons or ["consumed"] * len(group_ids)
         self._write(_id_rows(KIND_CONSUMED, group_ids, reasons))
-        for reason in reasons:
-            self.tallies.remove(reason)
-        self.tallies.remaining -= len(group_ids)
+        if self._tallies is not None:
+            for reason in reasons:
+                self._tallies.remove(reason)
+            self._tallies.remaining -= len(group_ids)
 
     def refuse(self, group_ids: list[str], reasons: list[str]) -> None:
         """Durably record groups that arrived and were dropped at once (never stored)."""
         if not group_ids:
             return
         self._write(_id_rows(KIND_REFUSED, group_ids, reasons))
-        self.tallies.received += len(group_ids)
-        for reason in reasons:
-            self.tallies.remove(reason)
+        if self._tallies is not None:
+            self._tallies.received += len(group_ids)
+            for reason in reasons:
+                self._tallies.remove(reason)
+
+    @property
+    def tallies(self) -> Tallies:
+        """What the log says happened, over every process that wrote it (``Tallies``)."""
+        if self._tallies is None:  # every write so far is on disk: counting it now is exact
+            self._tallies = _replay(_live_segments(self.shard_dir))[1]
+        return self._tallies
 
     def _write(self, batch: pa.RecordBatch) -> None:
         if self._closed:
@@ -274,7 +285,11 @@ class DurableLog:
     def recover_payloads(self) -> list[bytes]:
         """The payloads (msgpack ``TrajectoryGroup``s) of what ``recover`` returns, not
         decoded (nor checked: whoever decodes them counts what fails)."""
-        return [payload for payload, _ in _scan_payloads(self.shard_dir, (_LIVE,))]
+        segments = _live_segments(self.shard_dir)
+        fates, tallies = _replay(segments)
+        if self._tallies is None:
+            self._tallies = tallies
+        return [payload for payload, _ in _payloads(segments, fates, (_LIVE,))]
 
     def iter_all(self) -> Iterator[TrajectoryGroup]:
         """Every group still in the log, consumed or not, in append order (a compaction
@@ -393,7 +408,12 @@ def _scan_payloads(shard_dir: Path, wanted: tuple[int, ...]) -> Iterator[tuple[b
     """The payload of every group row whose fate is in ``wanted``, in log order, with whether
     it was consumed."""
     segments = _live_segments(shard_dir)
-    fates = _replay(segments)[0]
+    yield from _payloads(segments, _replay(segments)[0], wanted)
+
+
+def _payloads(
+    segments: list[Path], fates: list[int], wanted: tuple[int, ...]
+) -> Iterator[tuple[bytes, bool]]:
     for batch, batch_fates in _group_batches(segments, fates):
         payloads = batch.column("payload").to_pylist()
         for payload, fate in zip(payloads, batch_fates, strict=True):

@@ -174,7 +174,8 @@ class BufferShard:
         decoded = map(self.decoder.decode, self.log.recover_payloads())  # checked as on ingest
         groups = [group for group in decoded if group is not None]
         for group in groups:
-            self._place_logged(group)
+            if self._offer_logged(group) is Offer.FULL:
+                self.held.append(group)
         if groups:
             log.info("%s: recovered %d unconsumed groups", self.name, len(groups))
         return len(groups)
@@ -292,22 +293,18 @@ class BufferShard:
             self.log.append_many(groups, [g.frame for g in groups])
         self._flush_marks()
 
-    def _place_logged(self, group: StoredGroup) -> None:
-        """Offer a group that is on the log already: stored, held, or marked as dropped."""
+    def _offer_logged(self, group: StoredGroup) -> Offer:
+        """Offer a group that is on the log already; a drop is marked on the log with its
+        reason (the caller keeps it when the store is FULL)."""
         result = self.store.offer(group)
-        if result is Offer.FULL:
-            self.held.append(group)
-        elif result is not Offer.ACCEPTED:
+        if result not in (Offer.ACCEPTED, Offer.FULL):
             self._to_mark.append((group.group_id, result.value))
+        return result
 
     def _admit_held(self) -> None:
         """Offer held groups again, oldest first, after something freed space."""
-        while self.held:
-            group = self.held.popleft()
-            self._place_logged(group)
-            if self.held and self.held[-1] is group:  # still full: back to the front
-                self.held.rotate(1)
-                break
+        while self.held and self._offer_logged(self.held[0]) is not Offer.FULL:
+            self.held.popleft()
         self._flush_marks()
         if not self.held and self._space is not None:
             self._space.set()

@@ -210,6 +210,17 @@ class Controller:
         log.warning("%s", message)
         print(message, file=self.console, flush=True)
 
+    def count_restart(self, role: str, failure: str) -> int:
+        """One more restart of ``role`` (why: ``failure``); its restarts so far. Raises a
+        one-line RunError once they exceed ``run.max_restarts``."""
+        restarts, limit = self.state.count_restart(role, failure), self.config.run.max_restarts
+        if restarts > limit:
+            raise RunError(
+                f"{role} failed {restarts} times (run.max_restarts={limit}); last: {failure} "
+                f"(see {self.run_dir / 'logs'})"
+            )
+        return restarts
+
     def shard_spec(self, shard_id: int, ports: tuple[int, int] = (0, 0)) -> ShardSpec:
         return ShardSpec(
             log_file=self._log_file(f"buffer-{shard_id}"),
@@ -362,10 +373,10 @@ class Controller:
         ray.get([learner.final_checkpoint.remote() for learner in learners])
         hf_dir = str((self.run_dir / "hf").resolve())
         ray.get([learner.export_hf.remote(hf_dir) for learner in learners])
-        self._final_shard_stats()
+        self._refresh_shard_stats()
         return self._summary()
 
-    def _final_shard_stats(self) -> None:
+    def _refresh_shard_stats(self) -> None:
         """Ask every shard for its figures now (its periodic report may be a second old)."""
         from streamrl.buffers.client import BufferClient
 
@@ -497,12 +508,7 @@ class Controller:
                 f"(run.checkpoint_every={self.config.run.checkpoint_every}; see {logs})"
             )
         failure = f"learner rank {rank}: {failure}"
-        restarts = self.state.count_restart(role, failure)
-        if restarts > limit:
-            raise RunError(
-                f"{role} failed {restarts} times (run.max_restarts={limit}); last: {failure} "
-                f"(see {logs})"
-            )
+        restarts = self.count_restart(role, failure)
         lost_version = self.state.version
         old_refs = list(self.learner_refs)
         for learner in self.learners:
@@ -514,9 +520,9 @@ class Controller:
             if ref in watched:
                 watched.remove(ref)
             self.roles.pop(ref, None)
-        ports = [tuple(int(e.rsplit(":", 1)[1]) for e in pair) for pair in self.weight_endpoints]
+        ports = [_ports(pair) for pair in self.weight_endpoints]
         n_shards = len(self.shards)
-        self.learners[:] = self._start_learners(ports)  # type: ignore[arg-type]
+        self.learners[:] = self._start_learners(ports)
         self.actors[n_shards : n_shards + len(self.learners)] = self.learners
         endpoints = [tuple(pair) for pair in self._setup_learners()]
         if endpoints != [tuple(pair) for pair in self.weight_endpoints]:
@@ -558,7 +564,7 @@ class Controller:
     def _roll_back_budget(self, version: int) -> None:
         """The learners are back at ``version``: the groups consumed by steps after it are
         gone with those steps, so their budget returns and generators make new ones."""
-        self._final_shard_stats()
+        self._refresh_shard_stats()
         gps = self.config.learner.groups_per_step
         consumed = sum(s.removed_total.get("consumed", 0) for s in self.state.shards.values())
         with self.state.lock:
@@ -580,17 +586,11 @@ class Controller:
         failure, logs = last_line(exc), self.run_dir / "logs"
         if not self.config.buffer.durable:
             raise RunError(f"{role} failed: {failure} (buffer.durable is off; see {logs})")
-        restarts = self.state.count_restart(role, failure)
-        if restarts > limit:
-            raise RunError(
-                f"{role} failed {restarts} times (run.max_restarts={limit}); last: {failure} "
-                f"(see {logs})"
-            )
+        restarts = self.count_restart(role, failure)
         with contextlib.suppress(Exception):  # already gone
             ray.kill(self.shards[shard_id], no_restart=True)
-        ports = tuple(int(e.rsplit(":", 1)[1]) for e in self.shard_endpoints[shard_id])
         actor = BufferShardActor.options(**self.placement.options("buffer", 0)).remote(
-            self.shard_spec(shard_id, ports)  # type: ignore[arg-type]
+            self.shard_spec(shard_id, _ports(self.shard_endpoints[shard_id]))
         )
         endpoints = tuple(ray.get(actor.endpoints.remote()))
         if endpoints != tuple(self.shard_endpoints[shard_id]):
@@ -800,6 +800,12 @@ class Controller:
             ray.shutdown()
         if self.address is None:
             _reap(self._all_pids)
+
+
+def _ports(endpoints: tuple[str, str] | list[str]) -> tuple[int, int]:
+    """The two ports of a role's endpoint pair (``tcp://host:port``), to bind again."""
+    first, second = (int(endpoint.rsplit(":", 1)[1]) for endpoint in endpoints)
+    return first, second
 
 
 def _reap(pids: set[int], timeout_s: float = 10.0) -> None:

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from streamrl.controller.rundir import RunError, last_line
+from streamrl.controller.rundir import last_line
 from streamrl.controller.state import GeneratorHealth
 
 if TYPE_CHECKING:
@@ -140,13 +140,8 @@ class GeneratorPool:
         state, limit = self.c.state, self.c.config.run.max_restarts
         role = f"generator {generator_id}"
         health = state.health[generator_id]
-        health.restarts = state.count_restart(role, failure)
+        health.restarts = self.c.count_restart(role, failure)
         health.last_failure = failure
-        if health.restarts > limit:
-            raise RunError(
-                f"{role} failed {health.restarts} times (run.max_restarts={limit}); "
-                f"last: {failure} (see {self.c.run_dir / 'logs'})"
-            )
         self._kill(generator_id)
         returned = state.release_generator(generator_id)
         del self.slots[generator_id]

@@ -282,6 +282,25 @@ class Tally:
         return line
 
 
+def send(sock: Any, message: bytes | list[bytes]) -> None:
+    """One input on a ZeroMQ socket: a list is one multipart message."""
+    if isinstance(message, list):
+        sock.send_multipart(message)
+    else:
+        sock.send(message)
+
+
+def send_all(
+    sock: Any, inputs: Sequence[Any], tally: Tally, after_each: Callable[[], Any] = lambda: None
+) -> None:
+    """Send every input, counting each in ``tally``, and call ``after_each`` after each one
+    (e.g. read replies so they never pile up)."""
+    for item in inputs:
+        send(sock, item)
+        tally.inputs += 1
+        after_each()
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
     deadline = time.monotonic() + timeout
     while True:

@@ -14,7 +14,7 @@ import threading
 import msgspec
 import pytest
 import zmq
-from fuzzgen import Tally, classify, msgpack_corpus, wait_until
+from fuzzgen import Tally, classify, msgpack_corpus, send, send_all, wait_until
 
 from streamrl.buffers.client import BufferClient
 from streamrl.buffers.frames import GroupDecoder
@@ -156,13 +156,6 @@ def request_junk(rng: random.Random) -> list[bytes | list[bytes]]:
     return junk
 
 
-def send(sock: zmq.Socket, message: bytes | list[bytes]) -> None:
-    if isinstance(message, list):
-        sock.send_multipart(message)
-    else:
-        sock.send(message)
-
-
 def test_shard_survives_malformed_input_and_keeps_serving(shard, ctx, caplog):
     rng = random.Random(1234)
     ingest, requests = ingest_junk(rng), request_junk(rng)
@@ -249,9 +242,7 @@ def test_ingest_survives_10k_fuzz_inputs(shard, ctx):
     assert valid > 100 and expected["inconsistent_lengths"] > 0
 
     push = connect(ctx, zmq.PUSH, shard.ingest_endpoint)
-    for item in inputs:
-        send(push, item)
-        tally.inputs += 1
+    send_all(push, inputs, tally)
     sentinel = encode(make_group("sentinel"))
     push.send(sentinel)
     client = BufferClient([shard.request_endpoint], ctx=ctx, reply_timeout_s=5)
@@ -349,10 +340,7 @@ def test_requests_survive_10k_fuzz_inputs(shard, ctx):
 
     client = BufferClient([shard.request_endpoint], ctx=ctx, reply_timeout_s=5)
     try:
-        for item in inputs:
-            send(dealer, item)
-            tally.inputs += 1
-            drain()
+        send_all(dealer, inputs, tally, drain)
         wait_until(lambda: drain() == len(valid), timeout=30)
         stats = client.stats()[0]
         by_kind = {k.removeprefix("requests/"): n for k, n in stats.malformed_by_kind.items()}

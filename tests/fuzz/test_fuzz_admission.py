@@ -12,7 +12,7 @@ import random
 import msgspec
 import pytest
 import zmq
-from fuzzgen import Tally, classify, msgpack_corpus, wait_until
+from fuzzgen import Tally, classify, msgpack_corpus, send_all, wait_until
 
 from streamrl.controller.admission import MAX_REQUEST_BYTES, AdmissionServer
 from streamrl.controller.staleness import AdmissionPolicy
@@ -81,13 +81,7 @@ def test_admission_survives_fuzz_and_keeps_granting(ctx: zmq.Context) -> None:
         return replies
 
     try:
-        for item in inputs:
-            if isinstance(item, list):
-                sock.send_multipart(item)
-            else:
-                sock.send(item)
-            tally.inputs += 1
-            drain()
+        send_all(sock, inputs, tally, drain)
         wait_until(lambda: drain() == valid, what="a reply to every valid request")
         wait_until(lambda: server.codec.malformed_total == sum(expected.values()))
         assert dict(server.codec.malformed) == dict(expected)

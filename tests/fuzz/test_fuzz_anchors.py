@@ -18,7 +18,7 @@ import msgspec
 import pytest
 import torch
 import zmq
-from fuzzgen import Tally, classify, msgpack_corpus, wait_until
+from fuzzgen import Tally, classify, msgpack_corpus, send_all, wait_until
 
 from streamrl.config import WeightsConfig
 from streamrl.protocol import (
@@ -72,13 +72,7 @@ def test_anchor_service_survives_fuzz_and_serves_the_image(ctx: zmq.Context) -> 
         return anchors
 
     try:
-        for item in inputs:
-            if isinstance(item, list):
-                sock.send_multipart(item)
-            else:
-                sock.send(item)
-            tally.inputs += 1
-            drain()
+        send_all(sock, inputs, tally, drain)
         # No size limit on this ROUTER: an 8 MiB request is read and decoded (and refused).
         sock.send(b"\xc1" * (8 << 20))
         tally.inputs += 1
