@@ -52,6 +52,8 @@ import pyarrow.compute as pc
 
 from streamrl.protocol import TrajectoryGroup
 
+from .delivery import Delivered
+
 log = logging.getLogger(__name__)
 
 FORMAT_KEY, FORMAT_VERSION = b"streamrl.log", b"2"
@@ -97,17 +99,33 @@ class Tallies:
     received: int = 0
     removed: dict[str, int] = field(default_factory=dict)
     remaining: int = 0
+    # Which generator groups arrived (appended or refused), for acknowledged delivery.
+    delivered: Delivered = field(default_factory=Delivered)
 
     def remove(self, reason: str, n: int = 1) -> None:
         self.removed[reason] = self.removed.get(reason, 0) + n
 
+    def receive(self, group_ids: list[str]) -> None:
+        self.received += len(group_ids)
+        for gid in group_ids:
+            self.delivered.add(gid)
+
     def to_json(self) -> bytes:
-        return json.dumps({"received": self.received, "removed": self.removed}).encode()
+        return json.dumps(
+            {
+                "received": self.received,
+                "removed": self.removed,
+                "delivered": self.delivered.to_json(),
+            }
+        ).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> Tallies:
         data = json.loads(raw)
-        return cls(int(data["received"]), {str(k): int(v) for k, v in data["removed"].items()})
+        removed = {str(k): int(v) for k, v in data["removed"].items()}
+        return cls(
+            int(data["received"]), removed, 0, Delivered.from_json(data.get("delivered", {}))
+        )
 
 
 class LoggedGroup(Protocol):
@@ -204,7 +222,7 @@ class DurableLog:
         ]
         self._write(pa.record_batch(columns, schema=SCHEMA))
         if self._tallies is not None:
-            self._tallies.received += n
+            self._tallies.receive([g.group_id for g in groups])
             self._tallies.remaining += n
 
     def mark_consumed(self, group_ids: list[str], reasons: list[str] | None = None) -> None:
@@ -225,7 +243,7 @@ class DurableLog:
             return
         self._write(_id_rows(KIND_REFUSED, group_ids, reasons))
         if self._tallies is not None:
-            self._tallies.received += len(group_ids)
+            self._tallies.receive(group_ids)
             for reason in reasons:
                 self._tallies.remove(reason)
 
@@ -441,6 +459,7 @@ def _replay(segments: list[Path]) -> tuple[list[int], Tallies]:
             reasons = batch.column("reason").to_pylist() if "reason" in names else [None] * len(ids)
             for kind, gid, reason in zip(kinds, ids, reasons, strict=True):
                 if kind == KIND_GROUP:
+                    tallies.delivered.add(gid)
                     if gid in live:
                         fates.append(_DUPLICATE)
                     else:
@@ -451,7 +470,7 @@ def _replay(segments: list[Path]) -> tuple[list[int], Tallies]:
                     fates[live.pop(gid)] = _CONSUMED
                     tallies.remove(reason or "consumed")
                 elif kind == KIND_REFUSED:
-                    tallies.received += 1
+                    tallies.receive([gid])
                     tallies.remove(reason or "refused")
     tallies.remaining = len(live)
     return fates, tallies

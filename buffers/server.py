@@ -64,6 +64,7 @@ from streamrl.protocol import (
 from streamrl.transport import Codec, bind_random, make_socket
 
 from .client import count_malformed, decode_or_count
+from .delivery import Delivered
 from .durable_log import DurableLog
 from .frames import GroupDecoder, StoredGroup
 from .replay import LearnerVersion, Offer, ReplayPolicy, ReplayStore
@@ -144,6 +145,10 @@ class BufferShard:
         self.log = DurableLog(log_dir, shard_id) if log_dir is not None and config.durable else None
         self.recovered = self._recover()
         self._flush_marks()
+        # Generator groups received, by sender (``buffers.delivery``): the log's own record
+        # when durable (so a restart knows what arrived before it), else this process's.
+        self.delivered = self.log.tallies.delivered if self.log is not None else Delivered()
+        self.resent_duplicates = 0  # resent groups that had arrived already: dropped
 
         self.ctx = zmq.Context()
         self.pull = make_socket(
@@ -273,6 +278,10 @@ class BufferShard:
             group = self.decoder.decode(frames[0])
             if group is None:
                 continue
+            if self.delivered.seen(group.group_id):  # a resend of a group this shard logged
+                self.resent_duplicates += 1
+                continue
+            self.delivered.add(group.group_id)
             result = self.store.offer(group)
             if result is Offer.ACCEPTED:
                 accepted.append(group)
@@ -453,6 +462,8 @@ class BufferShard:
             disconnects=self.disconnects,
             recovered=self.recovered,
             held=len(self.held),
+            delivered=self.delivered.floors(),
+            resent_duplicates=self.resent_duplicates,
             **self._log_totals(),
         )
 

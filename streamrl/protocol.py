@@ -182,6 +182,9 @@ class TrajectoryGroup(msgspec.Struct):
     finished_at: float
     data_source: str = ""
     ground_truth: str = ""
+    # The prompt's index in the run's stream (``data.PromptStream``; -1: not from one): a
+    # learner restart puts the prompts of the steps it lost back into the stream.
+    prompt_index: int = -1
 
     @property
     def min_version(self) -> int:
@@ -277,6 +280,10 @@ class ShardStats(msgspec.Struct, tag="shard_stats"):
     # received_total == sum(removed_total) + size + held, exactly.
     received_total: int = 0
     removed_total: dict[str, int] = {}
+    # Acknowledged delivery (``buffers.delivery``): per sender, every group seq up to this one
+    # has arrived (logged, when durable); and resent groups dropped as already arrived.
+    delivered: dict[str, int] = {}
+    resent_duplicates: int = 0
 
 
 class Reconfigure(msgspec.Struct, tag="reconfigure"):
@@ -345,6 +352,7 @@ class AdmissionRequest(msgspec.Struct, tag="admission_request"):
     generator_id: int
     n_groups: int
     incarnation: int = 0  # a replaced generator's successor asks with a higher one
+    sender: str = ""  # its group ids' sender name (``buffers.delivery``): the reply's receipts
 
 
 class AdmissionReply(msgspec.Struct, tag="admission_reply"):
@@ -371,6 +379,11 @@ class AdmissionReply(msgspec.Struct, tag="admission_reply"):
     # The learner group's incarnation: it rises when the group restarts from a checkpoint, whose
     # versions repeat numbers a generator may hold already, so it re-anchors every rank.
     weights_epoch: int = 0
+    # Acknowledged delivery (``buffers.delivery``): per shard id, the floor of this generator's
+    # groups that shard has (the generator forgets them), and how often the shard was
+    # restarted (a rise: send it every group it has not acknowledged again).
+    delivered: dict[int, int] = {}
+    shard_epochs: dict[int, int] = {}
 
 
 # --------------------------------------------------------------------------- weights
@@ -463,6 +476,16 @@ class LearnerStep(msgspec.Struct, tag="learner_step"):
     time: float
 
 
+class BatchTaken(msgspec.Struct, tag="batch_taken"):
+    """One learner rank took its batch for step ``version`` (the version it will make): the
+    stream indices of its groups' prompts (``TrajectoryGroup.prompt_index``). Sent before the
+    step trains, so a resume from an older checkpoint can hand them out again."""
+
+    rank: int
+    version: int
+    prompt_indices: list[int]
+
+
 class GeneratorActivity(msgspec.Struct):
     """Cumulative seconds a generator spent by activity, timed inside its loop, and its calls
     (``streamrl bench``): generating and scoring; waiting for admission; waiting for a version
@@ -525,4 +548,4 @@ class Heartbeat(msgspec.Struct, tag="heartbeat"):
     time: float
 
 
-Report = LearnerStep | GeneratorReport | ShardReport | EvalReport | Heartbeat
+Report = LearnerStep | GeneratorReport | ShardReport | EvalReport | Heartbeat | BatchTaken

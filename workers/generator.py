@@ -24,6 +24,7 @@ import msgspec
 import torch
 import zmq
 
+from streamrl.buffers.delivery import Outbox, new_sender, shard_sender
 from streamrl.config import Config
 from streamrl.controller.placement import role_threads
 from streamrl.data import Prompt, PromptStream
@@ -52,15 +53,20 @@ class AdmissionClient:
     """Asks the controller for permission to start groups (DEALER -> controller ROUTER)."""
 
     def __init__(
-        self, ctx: zmq.Context, endpoint: str, generator_id: int, incarnation: int = 0
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        generator_id: int,
+        incarnation: int = 0,
+        sender: str = "",
     ) -> None:
         self.sock = make_socket(ctx, zmq.DEALER)
         self.sock.connect(endpoint)
-        self.generator_id, self.incarnation = generator_id, incarnation
+        self.generator_id, self.incarnation, self.sender = generator_id, incarnation, sender
         self.codec: Codec[AdmissionReply] = Codec(AdmissionReply, "admission client")
 
     def request(self, n_groups: int, timeout_s: float = 30.0) -> AdmissionReply:
-        request = AdmissionRequest(self.generator_id, n_groups, self.incarnation)
+        request = AdmissionRequest(self.generator_id, n_groups, self.incarnation, self.sender)
         self.sock.send(self.codec.encode(request))
         if not self.sock.poll(int(timeout_s * 1000)):
             raise TimeoutError(f"controller did not answer admission within {timeout_s:.0f}s")
@@ -152,12 +158,18 @@ class Generator:
         self._weight_endpoints = (publisher_endpoints, anchor_endpoints)
         self.weights_epoch = 0
         self.subscriber = self._subscribe(image)
-        self.admission = AdmissionClient(self.ctx, admission_endpoint, generator_id, incarnation)
-        self.pushers = []
-        for endpoint in shard_endpoints:
+        # Acknowledged delivery (buffers.delivery): groups are kept per shard until its receipt
+        # comes back on an admission reply, and sent again if the shard is restarted.
+        sender = new_sender()
+        self.admission = AdmissionClient(
+            self.ctx, admission_endpoint, generator_id, incarnation, sender
+        )
+        self.pushers, self.outboxes = [], []
+        for shard_id, endpoint in enumerate(shard_endpoints):
             sock = make_socket(self.ctx, zmq.PUSH)
             sock.connect(endpoint)
             self.pushers.append(sock)
+            self.outboxes.append(Outbox(shard_sender(sender, shard_id)))
         self._next_shard = itertools.cycle(range(len(self.pushers)))
         self.reporter = make_socket(self.ctx, zmq.PUSH)
         self.reporter.connect(report_endpoint)
@@ -236,6 +248,7 @@ class Generator:
             if watch_stop and time.monotonic() > next_check:
                 next_check = time.monotonic() + 1.0
                 reply = self.admission.request(0)
+                self.take_receipts(reply)
                 self.learner_version = reply.learner_version
                 if reply.stop:
                     return False
@@ -253,6 +266,7 @@ class Generator:
                     self.subscriber.request_anchor(rank)
             if reply.weights_epoch > self.weights_epoch:
                 self._follow_restarted_learners(reply.weights_epoch)
+            self.take_receipts(reply)
             self.learner_version = reply.learner_version
             self._apply_live_knobs(reply)
             if reply.retire:  # generator.count lowered: every granted group is pushed
@@ -276,7 +290,10 @@ class Generator:
                 break
             with self._timing("busy_s"):
                 prompts = [self.prompts[i] for i in reply.prompt_indices]
-                self.push(self.generate_groups(prompts))
+                groups = self.generate_groups(prompts)
+                for group, index in zip(groups, reply.prompt_indices, strict=True):
+                    group.prompt_index = index
+                self.push(groups)
             self.timers.calls += 1
             # After every call: the controller's per-step figures count the groups just pushed.
             self.report(force=True)
@@ -377,8 +394,28 @@ class Generator:
 
     def push(self, groups: list[TrajectoryGroup]) -> None:
         for group in groups:
-            self.pushers[next(self._next_shard)].send(self.encoder.encode(group))
+            shard = next(self._next_shard)
+            outbox = self.outboxes[shard]
+            seq, group.group_id = outbox.take_id()
+            frame = self.encoder.encode(group)
+            self.pushers[shard].send(frame)
+            outbox.keep(seq, frame)
             self.groups_pushed += 1
+
+    def take_receipts(self, reply: AdmissionReply) -> None:
+        """Forget the groups each shard acknowledged; send a restarted shard the rest again."""
+        for shard, outbox in enumerate(self.outboxes):
+            outbox.acknowledge(reply.delivered.get(shard, -1))
+            frames = outbox.resend_for(reply.shard_epochs.get(shard, 0))
+            if frames:
+                log.info(
+                    "generator[%d]: shard %d restarted; sending %d unacknowledged groups again",
+                    self.generator_id,
+                    shard,
+                    len(frames),
+                )
+            for frame in frames:
+                self.pushers[shard].send(frame)
 
     def report(self, force: bool = False) -> None:
         now = time.monotonic()

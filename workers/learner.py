@@ -30,7 +30,7 @@ from streamrl.config import Config
 from streamrl.controller.placement import role_threads
 from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_causal_lm, load_tokenizer
-from streamrl.protocol import LearnerStep, TrajectoryGroup
+from streamrl.protocol import BatchTaken, LearnerStep, TrajectoryGroup
 from streamrl.transport import make_socket
 from streamrl.workers import checkpoint
 from streamrl.workers.fsdp import adamw, apply_fsdp
@@ -179,6 +179,9 @@ class Learner:
             assert groups is not None
             busy_start = time.perf_counter()
             wait_s = busy_start - wait_start
+            indices = [g.prompt_index for g in groups]
+            taken = BatchTaken(self.rank, self.version + 1, indices)
+            self.reporter.send(self.encoder.encode(taken))
             metrics = self.train_step(groups, self.version)
             self.version += 1
             # A checkpoint step's weights are verified whole by every generator (/checkpoint).
@@ -194,9 +197,8 @@ class Learner:
             # Training, publishing and checkpointing: the learner's busy time (`streamrl bench`).
             metrics["time/busy_s"] = time.perf_counter() - busy_start
             if self.rank == 0:
-                self.reporter.send(
-                    self.encoder.encode(LearnerStep(self.version, metrics, time.time()))
-                )
+                step = LearnerStep(self.version, metrics, time.time())
+                self.reporter.send(self.encoder.encode(step))
         return self.version
 
     def _fetch(self, k: int, floor: int) -> list[TrajectoryGroup] | None:

@@ -12,6 +12,7 @@ import threading
 
 import zmq
 
+from streamrl.buffers.delivery import shard_sender
 from streamrl.controller.staleness import AdmissionPolicy, Grant
 from streamrl.controller.state import RunState
 from streamrl.protocol import AdmissionReply, AdmissionRequest
@@ -91,6 +92,8 @@ class AdmissionServer:
                 prompt_indices=indices,
                 retire=leaving,
                 weights_epoch=state.weights_epoch,
+                delivered=_receipts(state, request.sender),
+                shard_epochs=dict(state.shard_epochs),
             )
 
     def _eval_for(self, generator_id: int) -> int:
@@ -103,3 +106,15 @@ class AdmissionServer:
         self._stop.set()
         self.thread.join(timeout=2)
         self.sock.close()
+
+
+def _receipts(state: RunState, sender: str) -> dict[int, int]:
+    """Per shard, the floor of ``sender``'s groups it has (from its newest stats)."""
+    if not sender:
+        return {}
+    receipts = {}
+    for shard_id, stats in state.shards.items():
+        floor = stats.delivered.get(shard_sender(sender, shard_id))
+        if floor is not None:
+            receipts[shard_id] = floor
+    return receipts

@@ -65,6 +65,7 @@ from streamrl.controller.state import RunState, load_prompt_ledger
 from streamrl.controller.supervisor import GeneratorPool
 from streamrl.metrics import MetricsLog
 from streamrl.protocol import (
+    BatchTaken,
     EvalReport,
     GeneratorActivity,
     GeneratorReport,
@@ -335,7 +336,7 @@ class Controller:
             # stream continues where it was (prompts.json), not from its start.
             self.state.version = start_version
             self.policy.started = start_version * cfg.learner.groups_per_step
-            self.state.prompts = load_prompt_ledger(self.run_dir)
+            self.state.prompts = load_prompt_ledger(self.run_dir, start_version)
             print(
                 f"resumed at version {start_version}, prompt "
                 f"{self.state.prompts.next_index} of the stream",
@@ -528,7 +529,7 @@ class Controller:
         if endpoints != [tuple(pair) for pair in self.weight_endpoints]:
             raise RunError(f"{role}: the restarted group bound {endpoints}")
         version = ray.get(self.learners[0].version.remote())
-        self._roll_back_budget(version)
+        prompts_again = self._roll_back_budget(version)
         self.pids[n_shards : n_shards + len(self.learners)] = ray.get(
             [a.pid.remote() for a in self.learners]
         )
@@ -543,7 +544,12 @@ class Controller:
             f"(version {version}, was {lost_version}; restart {restarts}/{limit})"
         )
         self.metrics.event(
-            "restart", role=role, failure=failure, restarts=restarts, version=version
+            "restart",
+            role=role,
+            failure=failure,
+            restarts=restarts,
+            version=version,
+            prompts_again=prompts_again,
         )
 
     def _first_failed_rank(self, rank: int, exc: Exception) -> tuple[int, str]:
@@ -561,9 +567,10 @@ class Controller:
                     return r, last_line(err)
         return rank, last_line(exc)
 
-    def _roll_back_budget(self, version: int) -> None:
+    def _roll_back_budget(self, version: int) -> list[int]:
         """The learners are back at ``version``: the groups consumed by steps after it are
-        gone with those steps, so their budget returns and generators make new ones."""
+        gone with those steps, so their budget returns and generators make new ones, for the
+        same prompts (returned)."""
         self._refresh_shard_stats()
         gps = self.config.learner.groups_per_step
         consumed = sum(s.removed_total.get("consumed", 0) for s in self.state.shards.values())
@@ -573,6 +580,7 @@ class Controller:
             self.policy.give_back(lost)
             self.state.version = version
             self.state.weights_epoch += 1
+            return self.state.prompts.roll_back(version)  # handed out again, first
 
     def _restart_shard(self, shard_id: int, exc: Exception) -> Any:
         """A new process for a dead shard, on its durable log and its predecessor's ports
@@ -596,6 +604,8 @@ class Controller:
         if endpoints != tuple(self.shard_endpoints[shard_id]):
             raise RunError(f"{role} restarted at {endpoints}, not {self.shard_endpoints[shard_id]}")
         self.shards[shard_id] = self.actors[shard_id] = actor
+        with self.state.lock:  # generators resend what the dead process had not logged
+            self.state.shard_epochs[shard_id] = self.state.shard_epochs.get(shard_id, 0) + 1
         self.pids[shard_id] = ray.get(actor.pid.remote())
         self._write_pids()
         ref = actor.serve.remote()
@@ -640,10 +650,16 @@ class Controller:
             match report:
                 case LearnerStep() as step:
                     self.state.version = max(self.state.version, step.version)
+                    if "checkpoint/version" in step.metrics:
+                        with self.state.lock:
+                            self.state.prompts.checkpointed(step.version)
                     self._maybe_request_eval(step.version)
                     self._step_times.append(step.time)
                     self.state.last_seen["learner rank 0"] = step.time
                     self._steps.append(step)
+                case BatchTaken() as taken:
+                    with self.state.lock:
+                        self.state.prompts.taken(taken.version, taken.prompt_indices)
                 case GeneratorReport() as g:
                     if not self.state.generator_report(g):
                         continue  # from a replaced incarnation
@@ -741,14 +757,17 @@ class Controller:
                     "received_total": s.received_total,
                     "removed_total": dict(s.removed_total),
                     "recovered": s.recovered,
+                    # Groups generators sent again after a restart that the log had already.
+                    "resent_duplicates": s.resent_duplicates,
                 }
                 for s in shards
             ],
             # Consumed by learner steps that a learner restart took back (trained again on
             # new groups): handed out once, trained on by no surviving version.
             "groups_rolled_back": self._rolled_back,
-            # Pushed by generators and never received by a shard (e.g. in a dead shard's
-            # socket buffers); durable shards only, else null.
+            # Pushed by generators and never received by a shard; durable shards only, else
+            # null. Generators send a restarted shard what it had not acknowledged again
+            # (buffers.delivery), so this is 0 unless a generator ended before it could.
             "groups_lost_in_transit": (
                 sum(g.groups_pushed for g in self.state.all_generator_reports())
                 - sum(s.received_total for s in shards)

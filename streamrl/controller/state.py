@@ -9,6 +9,12 @@ granted and not yet reported pushed; a generator that dies or retires gives its 
 indices back, and they are handed out again before any new one. Example: generator 1 is
 granted [8, 9], reports 1 group pushed, dies: 9 returns, and the next grant to anyone starts
 with 9.
+
+It also keeps which prompts each learner step since the newest checkpoint trained on
+(``BatchTaken``, sent by every rank as it takes its batch). Resuming from that checkpoint,
+automatically or by ``--resume``, loses those steps, so their prompts go back to be handed
+out first: the stream continues where the *checkpointed* model left off, with no prompt
+skipped or trained twice.
 """
 
 from __future__ import annotations
@@ -25,11 +31,34 @@ from streamrl.protocol import GeneratorReport, Heartbeat, ShardStats
 
 
 class PromptLedger:
-    def __init__(self, next_index: int = 0, retry: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        next_index: int = 0,
+        retry: list[int] | None = None,
+        trained: dict[int, list[int]] | None = None,
+    ) -> None:
         self.next_index = next_index
         self.retry: deque[int] = deque(retry or [])
         self.outstanding: dict[int, deque[int]] = {}  # generator id -> granted, not pushed
         self.pushed: dict[int, int] = {}  # generator id -> groups pushed by this incarnation
+        # Version -> prompt indices its step trained on, for steps after the newest checkpoint.
+        self.trained: dict[int, list[int]] = dict(trained or {})
+
+    def taken(self, version: int, indices: list[int]) -> None:
+        """A learner rank took a batch for step ``version`` with these prompts (-1: none)."""
+        self.trained.setdefault(version, []).extend(i for i in indices if i >= 0)
+
+    def checkpointed(self, version: int) -> None:
+        """The model at ``version`` is saved: earlier steps' prompts need no record."""
+        self.trained = {v: ids for v, ids in self.trained.items() if v > version}
+
+    def roll_back(self, version: int) -> list[int]:
+        """The model is back at ``version``: the prompts of later steps are handed out again,
+        before any other. Returns them."""
+        lost = sorted(i for v, ids in self.trained.items() if v > version for i in ids)
+        self.trained = {v: ids for v, ids in self.trained.items() if v <= version}
+        self.retry = deque(sorted({*self.retry, *lost}))
+        return lost
 
     def grant(self, generator_id: int, n: int) -> list[int]:
         indices = []
@@ -62,7 +91,7 @@ class PromptLedger:
     def snapshot(self) -> dict[str, Any]:
         """What a resumed run continues from: never-granted and given-back indices alike."""
         pending = sorted({*self.retry, *(i for q in self.outstanding.values() for i in q)})
-        return {"next_index": self.next_index, "retry": pending}
+        return {"next_index": self.next_index, "retry": pending, "trained": self.trained}
 
 
 @dataclass
@@ -80,6 +109,9 @@ class RunState:
 
     version: int = 0
     weights_epoch: int = 0  # learner-group restarts so far (AdmissionReply.weights_epoch)
+    # Restarts of each buffer shard so far (AdmissionReply.shard_epochs): generators resend it
+    # what it has not acknowledged.
+    shard_epochs: dict[int, int] = field(default_factory=dict)
     stop: bool = False
     paused: bool = False
     generators: dict[int, GeneratorReport] = field(default_factory=dict)
@@ -150,14 +182,17 @@ class RunState:
             return n
 
 
-def load_prompt_ledger(run_dir: Path) -> PromptLedger:
-    """The ledger a resumed run continues from (written by the controller at every step); a
-    run without one starts the stream at 0."""
+def load_prompt_ledger(run_dir: Path, version: int) -> PromptLedger:
+    """The ledger a run resumed at checkpoint ``version`` continues from (written by the
+    controller at every step, rolled back to ``version``); a run without one starts at 0."""
     path = run_dir / "prompts.json"
     if not path.is_file():
         return PromptLedger()
     saved = json.loads(path.read_text())
-    return PromptLedger(int(saved["next_index"]), [int(i) for i in saved["retry"]])
+    trained = {int(v): [int(i) for i in ids] for v, ids in saved.get("trained", {}).items()}
+    ledger = PromptLedger(int(saved["next_index"]), [int(i) for i in saved["retry"]], trained)
+    ledger.roll_back(version)
+    return ledger
 
 
 def shard_dropped(stats: ShardStats) -> int:

@@ -21,6 +21,7 @@ import pytest
 import zmq
 
 from streamrl.buffers.client import BufferClient
+from streamrl.buffers.delivery import Outbox, new_sender, shard_sender
 from streamrl.protocol import Trajectory, TrajectoryGroup
 
 
@@ -171,3 +172,61 @@ def test_kill_9_mid_stream_loses_no_accepted_group(ctx, processes, tmp_path):
     assert must_have <= set(recovered)
     assert set(recovered) <= set(ids(groups))
     client.close()
+
+
+def test_acknowledged_delivery_resends_what_a_killed_shard_lost_and_nothing_twice(
+    ctx, processes, tmp_path
+):
+    """Groups in a killed shard's socket buffers are gone (PUSH has no receipt). The sender's
+    ``Outbox`` keeps every unacknowledged frame; after the restart it sends all of them again
+    and the shard, knowing from its log what arrived, drops exactly those: its log ends with
+    every group once, and what it received equals what was sent."""
+    box = Outbox(shard_sender(new_sender(), 0))
+    groups = [make_group(i) for i in range(6_000)]
+    frames = []
+    for group in groups:
+        seq, group.group_id = box.take_id()
+        frames.append(msgspec.msgpack.encode(group))
+        if seq < 4_000:
+            box.keep(seq, frames[-1])  # sent before the kill
+    shard = processes(tmp_path, capacity=50_000)
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 100_000)
+    sock.connect(shard.ingest)
+    client = BufferClient([shard.requests], ctx=ctx, reply_timeout_s=5)
+    for frame in frames[:4_000]:
+        sock.send(frame)
+    wait_until(lambda: client.stats()[0].ingested >= 500)
+    consumed = ids(client.fetch(50, 0, 0))
+    shard.kill_9()  # mid-stream: some of the 4,000 were in its socket buffers
+    sock.close()
+    client.close()
+
+    restarted = processes(tmp_path, capacity=50_000)
+    client = BufferClient([restarted.requests], ctx=ctx)
+    logged_before = client.stats()[0].received_total
+    assert 500 <= logged_before <= 4_000
+    resend = ctx.socket(zmq.PUSH)
+    resend.connect(restarted.ingest)
+    again = box.resend_for(1)  # no receipt taken: all 4,000 again
+    assert len(again) == 4_000 and box.resend_for(1) == []  # once per restart
+    for frame in again + frames[4_000:]:
+        resend.send(frame)
+    resend.close(linger=-1)
+    # Received over both processes, plus the resent ones the log had already.
+    wait_until(lambda: sum(_received_and_dropped(client)) == len(groups) + logged_before)
+    stats = client.stats()[0]
+    assert stats.received_total == len(groups)
+    assert stats.resent_duplicates == logged_before  # what the log had, dropped once more
+    assert stats.delivered == {box.sender: len(groups) - 1}
+    rest = drain(client, len(groups) - len(consumed))
+    assert sorted(consumed + rest) == sorted(ids(groups))  # every group once
+    box.acknowledge(stats.delivered[box.sender])
+    assert not box.unacked
+    client.close()
+
+
+def _received_and_dropped(client: BufferClient) -> tuple[int, int]:
+    stats = client.stats()[0]
+    return stats.received_total, stats.resent_duplicates

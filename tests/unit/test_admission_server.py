@@ -80,7 +80,7 @@ def test_prompt_ledger_snapshot_holds_every_unfinished_prompt() -> None:
     ledger.grant(1, 2)  # 3, 4
     ledger.delivered(0, 2)  # 0 and 1 pushed
     ledger.release(1)
-    assert ledger.snapshot() == {"next_index": 5, "retry": [2, 3, 4]}
+    assert ledger.snapshot() == {"next_index": 5, "retry": [2, 3, 4], "trained": {}}
     resumed = PromptLedger(**ledger.snapshot())
     assert resumed.grant(2, 4) == [2, 3, 4, 5]
 

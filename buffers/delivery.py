@@ -1,0 +1,157 @@
+"""Acknowledged delivery from generators to a buffer shard: no group lost in transit, none twice.
+
+A PUSH socket gives no receipt: groups in a shard's socket buffers when its process dies are
+gone, and the generator cannot tell. So each generator process names its groups
+``<sender>-<seq>``: ``sender`` is unique to the process and the shard (``shard_sender``: a
+random base plus the shard id), ``seq`` counts the groups it sent to that shard (0, 1, ...).
+One TCP connection delivers in order, so what a shard logged of a sender is nearly a prefix;
+``Delivered`` keeps, per sender, the floor (every seq up to it logged) and the few seqs
+logged above it.
+
+The receipt travels back through the controller: shard stats carry the floors
+(``ShardStats.delivered``), the admission reply hands each generator its own
+(``AdmissionReply.delivered``), and the generator forgets the groups up to them (``Outbox``).
+When the controller restarts a shard on its log, the reply's ``shard_epochs`` rises and the
+generator sends every group that shard has not acknowledged again; the restarted shard,
+whose ``Delivered`` comes back from its log, drops those it has logged already (counted as
+``resent_duplicates``). So a shard's log holds every group sent to it exactly once.
+
+Example: a shard logged seqs 0, 1, 2 and 4 of a sender: floor 2, above {4}; seq 3
+(resent) is new and lifts the floor to 4; seq 1 again is a duplicate.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_ID = re.compile(r"^([0-9a-f]{12}\.\d{1,5})-(\d{1,18})$")
+# Groups an outbox keeps without a receipt before it forgets the oldest (logged): receipts
+# normally come within a second or two, so this is only reached with the controller gone.
+MAX_UNACKED = 1 << 16
+
+
+def new_sender() -> str:
+    """A fresh base name for one generator process (12 hex digits, random)."""
+    return uuid.uuid4().hex[:12]
+
+
+def shard_sender(base: str, shard_id: int) -> str:
+    """The sender name of process ``base``'s groups to shard ``shard_id``."""
+    return f"{base}.{shard_id}"
+
+
+def group_id(sender: str, seq: int) -> str:
+    return f"{sender}-{seq}"
+
+
+def parse_group_id(gid: str) -> tuple[str, int] | None:
+    """``(sender, seq)`` of an id made by ``group_id``; None for any other id (such groups
+    are stored as before, without delivery tracking)."""
+    match = _ID.match(gid)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+class Delivered:
+    """Per sender: every seq ``<= floor`` is logged, and so is each seq in ``above``."""
+
+    def __init__(self) -> None:
+        self.floor: dict[str, int] = {}
+        self.above: dict[str, set[int]] = {}
+
+    def seen(self, gid: str) -> bool:
+        parsed = parse_group_id(gid)
+        if parsed is None:
+            return False
+        sender, seq = parsed
+        return seq <= self.floor.get(sender, -1) or seq in self.above.get(sender, ())
+
+    def add(self, gid: str) -> None:
+        parsed = parse_group_id(gid)
+        if parsed is None:
+            return
+        sender, seq = parsed
+        floor = self.floor.get(sender, -1)
+        if seq <= floor:
+            return
+        above = self.above.setdefault(sender, set())
+        above.add(seq)
+        while floor + 1 in above:
+            floor += 1
+            above.discard(floor)
+        self.floor[sender] = floor
+        if not above:
+            del self.above[sender]
+
+    def floors(self) -> dict[str, int]:
+        return dict(self.floor)
+
+    def to_json(self) -> dict[str, Any]:
+        return {s: [f, sorted(self.above.get(s, ()))] for s, f in self.floor.items()} | {
+            s: [-1, sorted(a)] for s, a in self.above.items() if s not in self.floor
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Delivered:
+        out = cls()
+        for sender, (floor, above) in data.items():
+            out.floor[str(sender)] = int(floor)
+            if above:
+                out.above[str(sender)] = {int(s) for s in above}
+        return out
+
+
+class Outbox:
+    """One generator process's groups to one shard, kept until the shard acknowledges them.
+
+    Example::
+
+        box = Outbox(shard_sender(base, 0))
+        seq, group.group_id = box.take_id()
+        box.keep(seq, frame)             # the encoded group, just sent
+        box.acknowledge(reply.delivered.get(0, -1))
+        for frame in box.resend_for(reply.shard_epochs.get(0, 0)): sock.send(frame)
+    """
+
+    def __init__(self, sender: str) -> None:
+        self.sender = sender
+        self.next_seq = 0
+        self.unacked: OrderedDict[int, bytes] = OrderedDict()
+        self.epoch = 0  # the shard restarts this outbox has resent for
+        self.resent = 0
+        self.forgotten = 0
+
+    def take_id(self) -> tuple[int, str]:
+        """The next seq and its group id."""
+        seq, self.next_seq = self.next_seq, self.next_seq + 1
+        return seq, group_id(self.sender, seq)
+
+    def keep(self, seq: int, frame: bytes) -> None:
+        """Keep the frame of group ``seq`` (just sent) until the shard acknowledges it."""
+        self.unacked[seq] = frame
+        if len(self.unacked) > MAX_UNACKED:
+            self.unacked.popitem(last=False)
+            if not self.forgotten:
+                log.warning(
+                    "%s: no receipts for %d groups; forgetting the oldest", self.sender, MAX_UNACKED
+                )
+            self.forgotten += 1
+
+    def acknowledge(self, floor: int) -> None:
+        """The shard has every seq up to ``floor``: forget them."""
+        while self.unacked and next(iter(self.unacked)) <= floor:
+            self.unacked.popitem(last=False)
+
+    def resend_for(self, epoch: int) -> list[bytes]:
+        """The frames to send again if the shard restarted since the last call (``epoch``
+        rose): every one not acknowledged, oldest first; the shard drops those it has."""
+        if epoch <= self.epoch:
+            return []
+        self.epoch = epoch
+        self.resent += len(self.unacked)
+        return list(self.unacked.values())
