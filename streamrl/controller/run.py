@@ -335,7 +335,7 @@ class Controller:
             # Resumed: the budget of the batches already trained on is spent, and the prompt
             # stream continues where it was (prompts.json), not from its start.
             self.state.version = start_version
-            self.policy.started = start_version * cfg.learner.groups_per_step
+            self._restore_admission(start_version)
             self.state.prompts = load_prompt_ledger(self.run_dir, start_version)
             print(
                 f"resumed at version {start_version}, prompt "
@@ -372,6 +372,9 @@ class Controller:
         self.state.stop = True
         self._wait_generators()
         ray.get([learner.final_checkpoint.remote() for learner in learners])
+        with self.state.lock:  # the final checkpoint holds every step; pushes are all in
+            self.state.prompts.checkpointed(self.state.version)
+        self._save_prompts()
         hf_dir = str((self.run_dir / "hf").resolve())
         ray.get([learner.export_hf.remote(hf_dir) for learner in learners])
         self._refresh_shard_stats()
@@ -441,10 +444,14 @@ class Controller:
             for step in self._steps:
                 self.last_record = self._step_record(step, rate)
                 self.metrics.write(self.last_record)
-            with self.state.lock:
-                ledger = self.state.prompts.snapshot()
-            write_whole(self.run_dir / "prompts.json", json.dumps(ledger))
+            self._save_prompts()
         self._steps = []
+
+    def _save_prompts(self) -> None:
+        """``prompts.json``: where a resumed run's prompt stream goes on (``PromptLedger``)."""
+        with self.state.lock:
+            ledger = self.state.prompts.snapshot()
+        write_whole(self.run_dir / "prompts.json", json.dumps(ledger))
 
     def _check_roles(self, watched: list) -> bool:
         """Restart a buffer shard or the learner group when one's loop ended with an error
@@ -566,6 +573,24 @@ class Controller:
                 if "process died" in last_line(err):
                     return r, last_line(err)
         return rank, last_line(exc)
+
+    def _restore_admission(self, version: int) -> None:
+        """A resumed run's admission count, exact from the shards' durable logs: every group a
+        log received was started; those consumed by steps after the checkpoint went with those
+        steps and return to the budget, as drops do. Without a log: ``version`` full batches."""
+        gps = self.config.learner.groups_per_step
+        self._refresh_shard_stats()
+        shards = list(self.state.shards.values())
+        received = sum(s.received_total for s in shards)
+        with self.state.lock:
+            if not received:
+                self.policy.started = version * gps
+                return
+            consumed = sum(s.removed_total.get("consumed", 0) for s in shards)
+            self.policy.started = received
+            self.policy.set_dropped(self.state.buffer_dropped())
+            self._rolled_back = max(0, consumed - version * gps)
+            self.policy.give_back(self._rolled_back)
 
     def _roll_back_budget(self, version: int) -> list[int]:
         """The learners are back at ``version``: the groups consumed by steps after it are
