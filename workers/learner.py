@@ -174,14 +174,14 @@ class Learner:
             # Read every step: the admin API can change the bound while the run goes on.
             eta = self.config.buffer.max_staleness
             groups = self._fetch(per_rank, self.version - eta)
+            if groups is not None:  # before any collective: a dead peer rank would hang it
+                taken = BatchTaken(self.rank, self.version + 1, [g.prompt_index for g in groups])
+                self.reporter.send(self.encoder.encode(taken))
             if not self._every_rank_has_a_batch(groups is not None):
                 break  # stopped (request_stop), on every rank at the same step
             assert groups is not None
             busy_start = time.perf_counter()
             wait_s = busy_start - wait_start
-            indices = [g.prompt_index for g in groups]
-            taken = BatchTaken(self.rank, self.version + 1, indices)
-            self.reporter.send(self.encoder.encode(taken))
             metrics = self.train_step(groups, self.version)
             self.version += 1
             # A checkpoint step's weights are verified whole by every generator (/checkpoint).

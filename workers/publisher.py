@@ -203,7 +203,8 @@ class WeightPublisher:
         self.ctx = ctx or zmq.Context.instance()
         self.pub = make_socket(self.ctx, zmq.PUB, sndhwm=config.pub_hwm)
         self.pub_endpoint = bind_random(self.pub, host, f"publisher[{rank}] PUB", ports[0])
-        self.router = make_socket(self.ctx, zmq.ROUTER)
+        # An anchor request is a few dozen bytes; libzmq drops a peer that sends over this.
+        self.router = make_socket(self.ctx, zmq.ROUTER, maxmsgsize=1 << 16)
         self.anchor_endpoint = bind_random(
             self.router, host, f"publisher[{rank}] anchors", ports[1]
         )

@@ -77,6 +77,8 @@ from streamrl.protocol import (
 from streamrl.transport import Codec, bind_random, make_socket, resolve_host
 
 log = logging.getLogger("streamrl")
+# Reports are a few KiB; a shard's grows by ~30 bytes per generator process it heard from.
+MAX_REPORT_BYTES = 1 << 22
 
 
 # --------------------------------------------------------------------------- the run
@@ -156,7 +158,8 @@ class Controller:
         """Report and admission sockets; on a cluster they bind this node's address so roles
         on other nodes reach them (after ray.init, which knows that address)."""
         host = resolve_host(self.bind_host)
-        self.report_sock = make_socket(self.ctx, zmq.PULL, rcvhwm=0)
+        # libzmq drops a peer that sends a bigger frame than MAX_REPORT_BYTES.
+        self.report_sock = make_socket(self.ctx, zmq.PULL, rcvhwm=0, maxmsgsize=MAX_REPORT_BYTES)
         self.report_endpoint = bind_random(self.report_sock, host, "controller reports")
         self.admission = AdmissionServer(self.ctx, self.policy, self.state, host)
 
