@@ -41,12 +41,17 @@ def _launch(run_dir: Path, *overrides: str) -> subprocess.Popen:
     return launch_tiny(run_dir, f"run.max_steps={STEPS}", "run.heartbeat_timeout_s=5", *overrides)
 
 
-def _kill_at_random_step(run_dir: Path, proc: subprocess.Popen, role: str, how: int) -> int:
-    """Wait for a random step in [2, STEPS/2], then signal ``role``'s process; its pid."""
+def _kill_at_random_step(
+    run_dir: Path, proc: subprocess.Popen, role: str, how: int, pause: bool = False
+) -> int:
+    """Wait for a random step in [2, STEPS/2], then signal ``role``'s process; its pid.
+    ``pause``: pause admission (``admin pause``) just before the signal."""
     at = random.Random(f"{SEED}-{role}-{how}").randrange(2, STEPS // 2 + 1)
     print(f"CHAOS_SEED={SEED}: {signal.Signals(how).name} {role} at step {at}")
     wait_for(lambda: proc.poll() is not None or steps_done(run_dir) >= at, 240, f"step {at}")
     assert proc.poll() is None, "the run ended before the fault"
+    if pause:
+        assert cli(["admin", "pause", "--run", str(run_dir)]) == 0
     victim = pid_of(run_dir, role)
     os.kill(victim, how)
     return victim
@@ -57,11 +62,9 @@ def test_a_lost_generator_is_replaced(tmp_path: Path, how: int) -> None:
     run_dir = tmp_path / "run"
     proc = _launch(run_dir)
     with killed_on_error(proc):
-        if how == signal.SIGSTOP:
-            # Paused, the run cannot finish on generator 0 alone before the silence is seen.
-            wait_for(lambda: steps_done(run_dir) >= 2, 240, "step 2")
-            assert cli(["admin", "pause", "--run", str(run_dir)]) == 0
-        victim = _kill_at_random_step(run_dir, proc, "generator 1", how)
+        # Paused, the run cannot finish on generator 0 alone before the silence is seen.
+        stopped = how == signal.SIGSTOP
+        victim = _kill_at_random_step(run_dir, proc, "generator 1", how, pause=stopped)
         if how == signal.SIGSTOP:
             wait_for(lambda: events(run_dir, "restart"), 60, "the silent generator replaced")
             assert cli(["admin", "resume", "--run", str(run_dir)]) == 0
