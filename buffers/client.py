@@ -35,7 +35,7 @@ import heapq
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import zmq
 
@@ -56,7 +56,6 @@ from streamrl.transport import Codec, make_socket
 log = logging.getLogger(__name__)
 
 _Reply = RawBatch | PeekReply | ShardStats | Ack
-T = TypeVar("T")
 
 
 class FetchStopped(Exception):
@@ -65,24 +64,6 @@ class FetchStopped(Exception):
     def __init__(self, dropped: int = 0) -> None:
         super().__init__(f"fetch stopped ({dropped} groups fetched and dropped)")
         self.dropped = dropped  # groups taken from shards by this fetch, now lost
-
-
-def count_malformed(codec: Codec[Any], kind: str, detail: str) -> None:
-    """Count a malformed message on ``codec``'s counter, logging the first of each kind."""
-    if not codec.malformed[kind]:
-        log.warning("%s: dropped malformed message (%s): %s", codec.name, kind, detail)
-    codec.malformed[kind] += 1
-
-
-def decode_or_count(codec: Codec[T], frame: Any) -> T | None:
-    """``codec.decode``, also counting what msgspec raises besides ``DecodeError`` and
-    ``ValidationError``: ``UnicodeDecodeError`` (invalid UTF-8 in a string) and
-    ``RecursionError`` (arrays nested too deep)."""
-    try:
-        return codec.decode(frame)
-    except (UnicodeDecodeError, RecursionError) as exc:
-        count_malformed(codec, type(exc).__name__, str(exc))
-        return None
 
 
 def _has_eligible(reply: Any) -> bool:
@@ -223,7 +204,7 @@ class BufferClient:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            groups = [decode_or_count(self.group_codec, frame) for frame in frames]
+            groups = [self.group_codec.decode(frame) for frame in frames]
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -234,7 +215,7 @@ class BufferClient:
         reason = group.check()
         if reason is not None:
             detail = f"group {group.group_id!r}: {reason}"
-            count_malformed(self.group_codec, "inconsistent_lengths", detail)
+            self.group_codec.count_malformed("inconsistent_lengths", detail)
         return reason is None
 
     # ------------------------------------------------------------------ control
@@ -303,7 +284,7 @@ class BufferClient:
                         frame = sock.recv(zmq.NOBLOCK, copy=False)  # batches are MBs
                     except zmq.Again:
                         break
-                    reply = decode_or_count(self.codec, frame)
+                    reply = self.codec.decode(frame)
                     if reply is None or shard not in expected or shard in replies:
                         continue
                     if getattr(reply, "request_id", None) == expected[shard]:

@@ -51,6 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamrl.protocol import TrajectoryGroup
+from streamrl.transport import DECODE_ERRORS
 
 from .delivery import Delivered
 
@@ -82,8 +83,6 @@ _SEGMENT_NAME = re.compile(r"^(\d{8})(\.compact)?\.arrows$")
 _LIVE, _CONSUMED, _DUPLICATE = 0, 1, 2
 # What pyarrow raises on a truncated stream: ArrowInvalid inside metadata, OSError inside a body.
 _TORN = (pa.ArrowInvalid, OSError)
-# What msgspec raises on a payload it cannot decode (see ``transport.Codec.decode``).
-_UNDECODABLE = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 
 @dataclass
@@ -406,7 +405,7 @@ def _scan(
     for payload, consumed in _scan_payloads(shard_dir, wanted):
         try:
             group = decoder.decode(payload)
-        except _UNDECODABLE as exc:
+        except DECODE_ERRORS as exc:
             failed, first_error = failed + 1, first_error or exc
             continue
         yield group, consumed

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from streamrl.protocol import TrajectoryGroup
 from streamrl.transport import Codec
 
-from .client import count_malformed, decode_or_count
-
 
 @dataclass(slots=True, eq=False)
 class StoredGroup:
@@ -68,7 +66,7 @@ class GroupDecoder:
         return self.codec.malformed
 
     def decode(self, frame: bytes) -> StoredGroup | None:
-        group = decode_or_count(self.codec, frame)
+        group = self.codec.decode(frame)
         if group is None:
             return None
         reason = group.check()
@@ -81,4 +79,4 @@ class GroupDecoder:
         return stored
 
     def reject(self, kind: str, detail: str) -> None:
-        count_malformed(self.codec, kind, detail)
+        self.codec.count_malformed(kind, detail)

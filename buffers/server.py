@@ -63,7 +63,6 @@ from streamrl.protocol import (
 )
 from streamrl.transport import Codec, bind_random, make_socket
 
-from .client import count_malformed, decode_or_count
 from .delivery import Delivered
 from .durable_log import DurableLog
 from .frames import GroupDecoder, StoredGroup
@@ -340,10 +339,10 @@ class BufferShard:
             except zmq.Again:
                 return
             if len(frames) != 2:
-                count_malformed(self.request_codec, "frames", f"{len(frames) - 1} bodies, not 1")
+                self.request_codec.count_malformed("frames", f"{len(frames) - 1} bodies, not 1")
                 continue
             identity, body = frames
-            match decode_or_count(self.request_codec, body):
+            match self.request_codec.decode(body):
                 case BatchRequest() | Peek() as req:
                     self.versions.observe(req.learner_version)
                     self._park(identity, req)

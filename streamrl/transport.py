@@ -63,6 +63,11 @@ def bind_random(sock: zmq.Socket, host: str = LOOPBACK, role: str = "", port: in
     return endpoint
 
 
+# What decoding a peer's bytes can raise: msgspec's own errors, plus UnicodeDecodeError (bad
+# UTF-8 in a str field) and RecursionError (absurd nesting), which escape them.
+DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
+
+
 class Codec(Generic[T]):
     """One msgpack encoder/decoder pair for one socket, decoding against ``type_``.
 
@@ -83,19 +88,15 @@ class Codec(Generic[T]):
         data = frame.buffer if isinstance(frame, zmq.Frame) else frame
         try:
             return self.decoder.decode(data)
-        # UnicodeDecodeError (bad UTF-8 in a str field) and RecursionError (absurd nesting)
-        # escape msgspec's own error types; a peer's bytes must never crash the process.
-        except (
-            msgspec.DecodeError,
-            msgspec.ValidationError,
-            UnicodeDecodeError,
-            RecursionError,
-        ) as exc:
-            kind = type(exc).__name__
-            if not self.malformed[kind]:
-                log.warning("%s: dropped malformed message (%s): %s", self.name, kind, exc)
-            self.malformed[kind] += 1
+        except DECODE_ERRORS as exc:  # a peer's bytes must never crash the process
+            self.count_malformed(type(exc).__name__, str(exc))
             return None
+
+    def count_malformed(self, kind: str, detail: str) -> None:
+        """Count one malformed message of ``kind``, logging the first of each kind."""
+        if not self.malformed[kind]:
+            log.warning("%s: dropped malformed message (%s): %s", self.name, kind, detail)
+        self.malformed[kind] += 1
 
     @property
     def malformed_total(self) -> int:

@@ -47,7 +47,7 @@ class AdmissionServer:
                 continue
             frames = self.sock.recv_multipart()
             if len(frames) != 2:
-                self._reject_frames(len(frames) - 1)
+                self.codec.count_malformed("frames", f"{len(frames) - 1} bodies, not 1")
                 continue
             request = self.codec.decode(frames[1])
             if request is None:
@@ -61,12 +61,6 @@ class AdmissionServer:
                 log.exception("admission failed for %s", request)
                 continue
             self.sock.send_multipart([frames[0], reply])
-
-    def _reject_frames(self, bodies: int) -> None:
-        malformed = self.codec.malformed
-        if not malformed["frames"]:
-            log.warning("admission: dropped malformed message (frames): %d bodies, not 1", bodies)
-        malformed["frames"] += 1
 
     def _decide(self, request: AdmissionRequest) -> AdmissionReply:
         state = self.state

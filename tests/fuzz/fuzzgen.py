@@ -24,6 +24,8 @@ from typing import Any
 
 import msgspec
 
+from streamrl.transport import DECODE_ERRORS
+
 Input = bytes | list[bytes]
 
 # Values that break assumptions: wrong types, int64/uint64 edges, non-finite floats, empties.
@@ -252,12 +254,7 @@ def classify(
             continue
         try:
             decoded.append(decode(item))
-        except (
-            msgspec.DecodeError,
-            msgspec.ValidationError,
-            UnicodeDecodeError,
-            RecursionError,
-        ) as exc:
+        except DECODE_ERRORS as exc:
             decoded.append(None)
             kinds[type(exc).__name__] += 1
     return decoded, kinds
