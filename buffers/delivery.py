@@ -71,30 +71,31 @@ class Delivered:
         sender, seq = parsed
         return seq <= self.floor.get(sender, -1) or seq in self.above.get(sender, ())
 
-    def add(self, gid: str) -> None:
+    def add(self, gid: str) -> bool:
+        """Record ``gid``'s arrival; False if it had arrived already (an id not made by
+        ``group_id`` is not tracked: always True)."""
         parsed = parse_group_id(gid)
         if parsed is None:
-            return
+            return True
         sender, seq = parsed
         floor = self.floor.get(sender, -1)
-        if seq <= floor:
-            return
+        if seq <= floor or seq in self.above.get(sender, ()):
+            return False
         above = self.above.setdefault(sender, set())
         above.add(seq)
         while floor + 1 in above:
             floor += 1
             above.discard(floor)
-        self.floor[sender] = floor
+        self.floor[sender] = floor  # every tracked sender has a floor (-1: none yet)
         if not above:
             del self.above[sender]
+        return True
 
     def floors(self) -> dict[str, int]:
         return dict(self.floor)
 
     def to_json(self) -> dict[str, Any]:
-        return {s: [f, sorted(self.above.get(s, ()))] for s, f in self.floor.items()} | {
-            s: [-1, sorted(a)] for s, a in self.above.items() if s not in self.floor
-        }
+        return {s: [f, sorted(self.above.get(s, ()))] for s, f in self.floor.items()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Delivered:

@@ -277,10 +277,9 @@ class BufferShard:
             group = self.decoder.decode(frames[0])
             if group is None:
                 continue
-            if self.delivered.seen(group.group_id):  # a resend of a group this shard logged
+            if not self.delivered.add(group.group_id):  # a resend of a group this shard has
                 self.resent_duplicates += 1
                 continue
-            self.delivered.add(group.group_id)
             result = self.store.offer(group)
             if result is Offer.ACCEPTED:
                 accepted.append(group)

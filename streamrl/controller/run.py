@@ -581,31 +581,33 @@ class Controller:
         """A resumed run's admission count, exact from the shards' durable logs: every group a
         log received was started; those consumed by steps after the checkpoint went with those
         steps and return to the budget, as drops do. Without a log: ``version`` full batches."""
-        gps = self.config.learner.groups_per_step
         self._refresh_shard_stats()
-        shards = list(self.state.shards.values())
-        received = sum(s.received_total for s in shards)
+        received = sum(s.received_total for s in self.state.shards.values())
         with self.state.lock:
             if not received:
-                self.policy.started = version * gps
+                self.policy.started = version * self.config.learner.groups_per_step
                 return
-            consumed = sum(s.removed_total.get("consumed", 0) for s in shards)
             self.policy.started = received
             self.policy.set_dropped(self.state.buffer_dropped())
-            self._rolled_back = max(0, consumed - version * gps)
-            self.policy.give_back(self._rolled_back)
+            self._give_back_lost_steps(version)
+
+    def _give_back_lost_steps(self, version: int) -> None:
+        """Groups consumed by steps after ``version`` went with those steps: counted as rolled
+        back (once) and returned to the budget. Call with ``state.lock`` held, shard stats
+        fresh."""
+        gps = self.config.learner.groups_per_step
+        consumed = sum(s.removed_total.get("consumed", 0) for s in self.state.shards.values())
+        lost = max(0, consumed - version * gps - self._rolled_back)
+        self._rolled_back += lost
+        self.policy.give_back(lost)
 
     def _roll_back_budget(self, version: int) -> list[int]:
         """The learners are back at ``version``: the groups consumed by steps after it are
         gone with those steps, so their budget returns and generators make new ones, for the
         same prompts (returned)."""
         self._refresh_shard_stats()
-        gps = self.config.learner.groups_per_step
-        consumed = sum(s.removed_total.get("consumed", 0) for s in self.state.shards.values())
         with self.state.lock:
-            lost = max(0, consumed - version * gps - self._rolled_back)
-            self._rolled_back += lost
-            self.policy.give_back(lost)
+            self._give_back_lost_steps(version)
             self.state.version = version
             self.state.weights_epoch += 1
             return self.state.prompts.roll_back(version)  # handed out again, first

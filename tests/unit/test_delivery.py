@@ -21,7 +21,8 @@ def test_floor_rises_over_gaps_once_they_fill():
         seen.add(group_id(sender, seq))
     assert seen.floors() == {sender: 2} and seen.above == {sender: {4}}
     assert not seen.seen(group_id(sender, 3)) and seen.seen(group_id(sender, 1))
-    seen.add(group_id(sender, 3))  # the resent one fills the gap
+    assert seen.add(group_id(sender, 3))  # the resent one fills the gap
+    assert not seen.add(group_id(sender, 3)) and not seen.add(group_id(sender, 4))
     assert seen.floors() == {sender: 4} and seen.above == {}
     assert Delivered.from_json(seen.to_json()).floors() == {sender: 4}
 
