@@ -74,6 +74,9 @@ INGEST_BURST = 256  # frames read per ingest turn before requests get a turn
 REPORT_EVERY_S = 0.5
 MAX_REQUEST_BYTES = 1 << 20
 MAX_WAIT_MS = 600_000  # a longer long poll is cut to this
+# The request loop's longest sleep without a wakeup from the socket: a backstop for a lost edge
+# (see _reply); an idle shard wakes this often to find nothing.
+REQUEST_POLL_MS = 100
 POLICY_KNOBS = (
     "capacity",
     "capacity_tokens",
@@ -167,6 +170,8 @@ class BufferShard:
         self.report_encoder = msgspec.msgpack.Encoder()
         self._stop = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._handling_requests = False
+        self._drain_scheduled = False
         self._stopping: asyncio.Event | None = None
         self._space: asyncio.Event | None = None
         self._marked_since_compact = 0
@@ -237,8 +242,12 @@ class BufferShard:
 
     async def _request_loop(self, router: zmq.asyncio.Socket) -> None:
         while True:
-            await router.poll(flags=zmq.POLLIN)
+            await router.poll(timeout=REQUEST_POLL_MS, flags=zmq.POLLIN)
             self._handle_requests()
+
+    def _drain_requests(self) -> None:
+        self._drain_scheduled = False
+        self._handle_requests()
 
     async def _upkeep_loop(self) -> None:
         while True:
@@ -332,6 +341,13 @@ class BufferShard:
     # ------------------------------------------------------------------ requests
 
     def _handle_requests(self) -> None:
+        self._handling_requests = True
+        try:
+            self._read_requests()
+        finally:
+            self._handling_requests = False
+
+    def _read_requests(self) -> None:
         while True:
             try:
                 frames = self.router.recv_multipart(zmq.NOBLOCK)
@@ -410,6 +426,13 @@ class BufferShard:
         """Marks first: a group leaves on the log before it leaves on the wire."""
         self._flush_marks()
         self.router.send_multipart([identity, self.reply_encoder.encode(message)])
+        if not self._handling_requests and not self._drain_scheduled and self._loop is not None:
+            # A send processes the socket's pending commands, which consumes the edge-triggered
+            # wakeup of requests that arrived meanwhile: the request loop would not see them
+            # until the next edge. Replies sent outside it (an expired long poll, a group that
+            # answers a parked one) read the queue on the next turn. CI stalled on exactly this.
+            self._drain_scheduled = True
+            self._loop.call_soon(self._drain_requests)
 
     # ------------------------------------------------------------------ control
 
