@@ -11,13 +11,26 @@ from streamrl.workers.engines.base import SamplingParams
 from streamrl.workers.engines.hf import HFEngine, sample_tokens
 
 
-def test_exponential_race_matches_the_distribution() -> None:
+def test_inverse_cdf_draw_matches_the_distribution() -> None:
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -30.0]]).repeat(40_000, 1)
     generator = torch.Generator().manual_seed(0)
     tokens, logprobs = sample_tokens(logits, SamplingParams(temperature=1.0), generator)
     expected = torch.softmax(logits[0], -1)
     observed = torch.bincount(tokens, minlength=5).float() / len(tokens)
     # 40k draws: the standard error of each frequency is below 0.0025.
+    assert torch.allclose(observed, expected, atol=0.01), (observed, expected)
+    assert torch.allclose(logprobs, expected.log()[tokens])
+
+
+def test_temperature_and_top_p_draw_from_the_renormalised_distribution() -> None:
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]]).repeat(40_000, 1)
+    params = SamplingParams(temperature=2.0, top_p=0.8)
+    tokens, logprobs = sample_tokens(logits, params, torch.Generator().manual_seed(2))
+    probs = torch.softmax(logits[0] / 2.0, -1)
+    kept = (probs.cumsum(-1) - probs) < 0.8  # the nucleus: tokens 0..2 here
+    expected = torch.where(kept, probs, 0.0) / probs[kept].sum()
+    observed = torch.bincount(tokens, minlength=5).float() / len(tokens)
+    assert observed[~kept].sum() == 0  # a token of zero mass is never drawn
     assert torch.allclose(observed, expected, atol=0.01), (observed, expected)
     assert torch.allclose(logprobs, expected.log()[tokens])
 
