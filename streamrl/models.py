@@ -268,7 +268,20 @@ def load_causal_lm(model_dir: Path, dtype: str = "bfloat16", device: str = "cpu"
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    head = model.get_output_embeddings()
+    if head is not None:
+        head.register_forward_pre_hook(_contiguous_inputs)
     return model.to(device)
+
+
+def _contiguous_inputs(_module, args: tuple) -> tuple:
+    """The output head's input made contiguous. ``logits_to_keep`` hands the head a slice of
+    the hidden states ([B, keep, H] of [B, T, H]); for such a view without autograd, torch's
+    matmul expands the [V, H] weight to [B, H, V] and copies it for a bmm instead of folding
+    the batch: 2.6 s against 8 ms for one SmolLM2 prefill at batch 16 (bf16; fp32 0.58 s),
+    hit by every prefill, every no-grad learner forward and every reference forward. Copying
+    the slice costs B x keep x H elements."""
+    return tuple(a.contiguous() if hasattr(a, "contiguous") else a for a in args)
 
 
 def stop_token_ids(tokenizer) -> tuple[int, ...]:

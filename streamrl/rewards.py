@@ -68,6 +68,17 @@ def numeric_match(sample: RewardInput, *, partial: float = 0.0) -> float:
     return partial if any(_numbers_equal(n, sample.ground_truth) for n in numbers) else 0.0
 
 
+_LEADING_NUMBER = re.compile(r"\s*-?\d")
+
+
+@register("answer_first")
+def answer_first(sample: RewardInput) -> float:
+    """1 if the response opens with a number (after whitespace), right or wrong: a format reward
+    (as DeepSeek-R1's) that gives a chatty model's groups variance before any answer is right.
+    Weighted below ``numeric_match``, it teaches the form; ``numeric_match`` the content."""
+    return 1.0 if _LEADING_NUMBER.match(sample.response_text) else 0.0
+
+
 @register("gsm8k")
 def gsm8k(sample: RewardInput, *, format_score: float = 0.0) -> float:
     """GSM8K style: the answer follows ``####``; 1 if it matches, ``format_score`` if present."""
