@@ -9,7 +9,8 @@ to exactly ``--new-tokens`` tokens (no stop tokens), timed after one short warm-
 (best of ``--repeats`` runs: a shared machine is noisy):
 
   engine     ``HFEngine.generate`` (temperature 1, no top-k/top-p), what a generator runs
-  greedy     transformers ``model.generate(do_sample=False)`` on the same model object
+  greedy     transformers ``model.generate(do_sample=False)`` on the same weights, as
+             transformers loads them (the engine's linear layers are prepacked for oneDNN)
   sampled    ``model.generate(do_sample=True, top_k=0, top_p=1)``; both with
              ``min_new_tokens = max_new_tokens`` so every row has the same length
 
@@ -115,16 +116,21 @@ def engine_generate(engine: HFEngine, prompts: list[list[int]], new_tokens: int)
 
 
 def measure_batch(
-    engine: HFEngine, batch: int, args: argparse.Namespace, rng: torch.Generator
+    engine: HFEngine,
+    baseline: HFEngine,
+    batch: int,
+    args: argparse.Namespace,
+    rng: torch.Generator,
 ) -> dict[str, float]:
-    """tokens/s of the engine and of both ``generate`` baselines at one batch size."""
+    """tokens/s of the engine and of both ``generate`` baselines (on ``baseline``'s model, as
+    transformers loads it: no prepacked layers) at one batch size."""
     vocab = engine.model.config.vocab_size
     ids = torch.randint(0, vocab, (batch, args.prompt_tokens), generator=rng)
     on_device = ids.to(engine.device)
     runs: dict[str, Callable[[int], None]] = {
         "engine": lambda n: engine_generate(engine, ids.tolist(), n),
-        "greedy": lambda n: hf_generate(engine, on_device, n, sample=False),
-        "sampled": lambda n: hf_generate(engine, on_device, n, sample=True),
+        "greedy": lambda n: hf_generate(baseline, on_device, n, sample=False),
+        "sampled": lambda n: hf_generate(baseline, on_device, n, sample=True),
     }
     figures = {}
     for name, run in runs.items():
@@ -156,6 +162,7 @@ def main() -> None:
     model = args.model or (SMOLLM2 if device.type == "cpu" else "random-smollm2-135m")
     dtype = resolve_compute_dtype(args.dtype, str(device))
     engine = HFEngine(resolve_model(model), device=args.device, dtype=dtype, seed=0)
+    baseline = HFEngine(resolve_model(model), device=args.device, dtype=dtype, prepack=False)
     params = sum(p.numel() for p in engine.model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
     # Both dtypes: the evidence for the compute dtype `auto` picks on this machine.
@@ -199,7 +206,7 @@ def main() -> None:
     )
     print(f"\ntokens/s (B * new tokens / wall time, prefill included)\n{cols}\n{'-' * len(cols)}")
     for batch in (int(b) for b in args.batches.split(",")):
-        figures = measure_batch(engine, batch, args, rng)
+        figures = measure_batch(engine, baseline, batch, args, rng)
         roofline = min(flops / (2 * params), bandwidth * batch / param_bytes)
         rows.append({"batch": batch, **figures, "roofline": roofline})
         print(

@@ -78,7 +78,7 @@ class DataConfig(_Section):
 
 
 class RewardSpec(_Section):
-    # A registered name (`numeric_match`, `answer_first`, `gsm8k`, `boxed_math`, `exact_match`,
+    # A registered name (`numeric_match`, `number_only`, `gsm8k`, `boxed_math`, `exact_match`,
     # `target_token_share`)
     # or `module:function`.
     name: str

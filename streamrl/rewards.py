@@ -68,15 +68,17 @@ def numeric_match(sample: RewardInput, *, partial: float = 0.0) -> float:
     return partial if any(_numbers_equal(n, sample.ground_truth) for n in numbers) else 0.0
 
 
-_LEADING_NUMBER = re.compile(r"\s*-?\d")
+_BARE_NUMBER = re.compile(r"\s*-?\d[\d,]*(?:\.\d+)?\s*(?:\n|$)")
 
 
-@register("answer_first")
-def answer_first(sample: RewardInput) -> float:
-    """1 if the response opens with a number (after whitespace), right or wrong: a format reward
-    (as DeepSeek-R1's) that gives a chatty model's groups variance before any answer is right.
-    Weighted below ``numeric_match``, it teaches the form; ``numeric_match`` the content."""
-    return 1.0 if _LEADING_NUMBER.match(sample.response_text) else 0.0
+@register("number_only")
+def number_only(sample: RewardInput) -> float:
+    """1 if the response's first line is a number and nothing else, right or wrong: a format
+    reward (as DeepSeek-R1's) that gives a chatty model's groups variance before any answer is
+    right. Weighted below ``numeric_match``, it teaches the form and ``numeric_match`` the
+    content. (Rewarding a number merely leading the response taught SmolLM2 to restate the
+    question, "12 + 8 = 9", whose first number is an operand.)"""
+    return 1.0 if _BARE_NUMBER.match(sample.response_text) else 0.0
 
 
 @register("gsm8k")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from streamrl.hardware import cpu_bf16_is_fast
 from streamrl.models import TINY, resolve_model
 from streamrl.protocol import pack_float32
 from streamrl.workers.engines.base import SamplingParams
@@ -146,3 +147,25 @@ def test_continuous_batching_refills_slots(model_dir) -> None:
         reference = full_forward_logprobs(engine, prompt, out.response_ids)
         torch.testing.assert_close(torch.tensor(out.logprobs), reference, atol=0.01, rtol=0)
         assert out.logprobs_f32 == pack_float32(out.logprobs)  # rows regrouped per sequence
+
+
+@pytest.mark.skipif(not cpu_bf16_is_fast(), reason="this CPU's oneDNN has no bf16 matmul")
+def test_prepacked_layers_compute_the_plain_model_and_follow_updates(model_dir) -> None:
+    packed, plain = HFEngine(model_dir, prepack=True), HFEngine(model_dir, prepack=False)
+    assert packed._packed and not plain._packed
+    ids = torch.tensor([PROMPTS[2]])
+
+    def logits(engine: HFEngine) -> torch.Tensor:
+        return engine.model(input_ids=ids).logits.float()
+
+    torch.testing.assert_close(logits(packed), logits(plain), atol=2e-2, rtol=0)
+    new = perturbed(plain, seed=3)
+    for engine in (packed, plain):
+        engine.update_weights(new, version=1)
+    torch.testing.assert_close(logits(packed), logits(plain), atol=2e-2, rtol=0)
+    # The shared image: a subscriber writes into the parameters, then names what it changed.
+    name = "lm_head.weight" if "lm_head.weight" in packed.params else "model.embed_tokens.weight"
+    for engine in (packed, plain):
+        engine.params[name].data.mul_(-1)
+        engine.update_weights([(name, engine.params[name].data)], version=2)
+    torch.testing.assert_close(logits(packed), logits(plain), atol=2e-2, rtol=0)

@@ -35,6 +35,7 @@ import torch
 
 from streamrl.models import load_causal_lm
 from streamrl.workers.engines.base import Engine, GenerationOutput, SamplingParams, StepHook
+from streamrl.workers.engines.packed_linear import PackedLinear, can_prepack, prepack_linears
 
 
 def sample_tokens(
@@ -73,7 +74,9 @@ def _inverse_cdf_draw(
     peak = scores.amax(dim=-1, keepdim=True)
     mass = (scores - peak).exp_().double().cumsum_(dim=-1)  # [B, V], mass[:, -1] = total
     total = mass[:, -1:]
-    uniform = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=scores.device)
+    uniform = torch.rand(
+        total.shape, generator=generator, dtype=torch.float64, device=scores.device
+    )
     # u * total < total, so the search lands on a token of nonzero mass (nextafter guards the
     # rounding of u * total up to total).
     point = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
@@ -170,11 +173,18 @@ class HFEngine(Engine):
         dtype: str = "bfloat16",
         seed: int = 0,
         max_batch_size: int | None = None,
+        prepack: bool | None = None,  # None: where oneDNN runs bf16 (packed_linear)
     ) -> None:
         self.device = torch.device(device)
         self.model = load_causal_lm(model_dir, dtype=dtype, device=device).eval()
         self.model.requires_grad_(False)
         self.params = dict(self.model.named_parameters())
+        # Per parameter name, the prepacked layers to refresh when a version changes it.
+        self._packed: dict[str, list[PackedLinear]] = {}
+        if prepack is None:
+            prepack = can_prepack(self.model)
+        if prepack:
+            self._packed = prepack_linears(self.model, rows=max_batch_size or 16)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.max_batch_size = max_batch_size
@@ -196,6 +206,8 @@ class HFEngine(Engine):
                 param = self.params[name]
                 if param.data_ptr() != tensor.data_ptr():  # shared image: already in place
                     param.data.copy_(tensor.to(param.device, param.dtype))
+                for layer in self._packed.get(name, ()):
+                    layer.repack()
         self.version = version
 
     @torch.no_grad()
