@@ -74,6 +74,11 @@ INGEST_BURST = 256  # frames read per ingest turn before requests get a turn
 REPORT_EVERY_S = 0.5
 MAX_REQUEST_BYTES = 1 << 20
 MAX_WAIT_MS = 600_000  # a longer long poll is cut to this
+# Parked long polls per peer and in all: past either cap the oldest one (that peer's, or any)
+# is answered at once with what there is, so a peer that floods polls costs bounded memory
+# and timers, and every poll is still answered exactly once. A learner rank parks one.
+MAX_PARKED_PER_PEER = 16
+MAX_PARKED = 1024
 # The request loop's longest sleep without a wakeup from the socket: a backstop for a lost edge
 # (see _reply); an idle shard wakes this often to find nothing.
 REQUEST_POLL_MS = 100
@@ -373,11 +378,21 @@ class BufferShard:
     def _park(self, identity: bytes, req: BatchRequest | Peek) -> None:
         if self._try_answer(identity, req, expired=req.wait_ms <= 0):
             return
+        mine = [w for w in self.waiting if w.identity == identity]
+        if len(mine) >= MAX_PARKED_PER_PEER:
+            self._answer_now(mine[0])
+        elif len(self.waiting) >= MAX_PARKED:
+            self._answer_now(self.waiting[0])
         waiting = _Waiting(identity, req)
         self.waiting.append(waiting)
         assert self._loop is not None
         wait_s = min(req.wait_ms, MAX_WAIT_MS) / 1e3
         waiting.timer = self._loop.call_later(wait_s, self._expire, waiting)
+
+    def _answer_now(self, waiting: _Waiting) -> None:
+        if waiting.timer is not None:
+            waiting.timer.cancel()
+        self._expire(waiting)
 
     def _expire(self, waiting: _Waiting) -> None:
         self.waiting.remove(waiting)

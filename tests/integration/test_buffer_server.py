@@ -17,7 +17,7 @@ import zmq
 
 from streamrl.buffers.client import BufferClient, FetchStopped, plan_takes
 from streamrl.buffers.durable_log import DurableLog, scan_shard
-from streamrl.buffers.server import BufferShard
+from streamrl.buffers.server import MAX_PARKED_PER_PEER, BufferShard
 from streamrl.config import BufferConfig
 from streamrl.protocol import (
     Batch,
@@ -317,6 +317,28 @@ def test_batch_request_long_poll_speaks_plain_batch(ctx, start_shard):
     reply = decoder.decode(dealer.recv())
     assert [g.group_id for g in reply.groups] == ["c"]
     assert time.monotonic() - start >= 0.19
+    dealer.close(linger=0)
+
+
+def test_a_peer_flooding_long_polls_keeps_a_bounded_number_parked(ctx, start_shard):
+    """Past MAX_PARKED_PER_PEER, each new poll of a peer answers its oldest at once (empty):
+    every poll is answered exactly once and the shard parks at most the cap for that peer."""
+    shard = start_shard(0)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(shard.request_endpoint)
+    decoder = msgspec.msgpack.Decoder(Batch)
+    flood = MAX_PARKED_PER_PEER + 5
+    for request_id in range(flood):
+        dealer.send(msgspec.msgpack.encode(BatchRequest(request_id, 1, 0, 0, wait_ms=60_000)))
+    early = [decoder.decode(dealer.recv()) for _ in range(5)]
+    assert [b.request_id for b in early] == list(range(5)) and all(not b.groups for b in early)
+    assert not dealer.poll(300)  # the newest MAX_PARKED_PER_PEER stay parked
+    wait_until(lambda: len(shard.waiting) == MAX_PARKED_PER_PEER)
+    sock = pusher(ctx, shard)
+    push(sock, [make_group("a")])
+    assert dealer.poll(5000)
+    reply = decoder.decode(dealer.recv())
+    assert reply.request_id == 5 and [g.group_id for g in reply.groups] == ["a"]
     dealer.close(linger=0)
 
 
