@@ -368,7 +368,10 @@ class WeightPublisher:
             if not poller.poll(100):
                 continue
             frames = self.router.recv_multipart()
-            if len(frames) != 2 or self._codec.decode(frames[1]) is None:
+            if len(frames) != 2:
+                self._codec.count_malformed("frames", f"{len(frames) - 1} bodies, not 1")
+                continue
+            if self._codec.decode(frames[1]) is None:
                 continue
             for message in self.anchor_messages():
                 self.router.send_multipart([frames[0], *message], copy=False)
