@@ -35,6 +35,7 @@ import torch
 
 from streamrl.config import Config, load_config
 from streamrl.hardware import cpu_description, resolve_compute_dtype
+from streamrl.malloc import keep_freed_memory
 from streamrl.models import load_causal_lm, resolve_model
 from streamrl.protocol import Trajectory, TrajectoryGroup
 
@@ -118,6 +119,7 @@ def _streamrl_rank(rank: int, ranks: int, master: str, args: argparse.Namespace,
     from streamrl.workers.learner import build_train_step, rendezvous
 
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as every role process does (streamrl.controller.actors)
     device = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
     if args.device == "cuda":
         torch.cuda.set_device(device)

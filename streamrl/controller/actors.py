@@ -15,6 +15,7 @@ from typing import Any
 import ray
 
 from streamrl.controller.specs import GeneratorSpec, LearnerSpec, ShardSpec
+from streamrl.malloc import keep_freed_memory
 from streamrl.transport import resolve_host
 
 
@@ -28,6 +29,7 @@ def _setup_process(log_file: str, cores: list[int] | None = None) -> None:
     )
     # Every role shares 2 cores here: one intra-op thread each unless the config says more.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    keep_freed_memory()
     if cores:
         # Affinity only: the role sets its torch threads (placement.role_threads).
         os.sched_setaffinity(0, cores)
