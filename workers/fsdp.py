@@ -88,14 +88,16 @@ def adamw(
     )
 
 
-def set_gradient_sync(modules: list[torch.nn.Module], sync: bool) -> None:
-    """Whether the next backward reduce-scatters gradients and reshards the parameters (off
-    between the micro-batches of one update: gradients accumulate unsharded and are reduced
-    once, with the last one, and the parameters are gathered once per update, not once per
-    micro-batch; they cannot change before the optimizer step)."""
+def set_gradient_sync(modules: list[torch.nn.Module], sync: bool, *, keep_gathered: bool) -> None:
+    """Whether the next backward reduce-scatters gradients (off between the micro-batches of
+    one update: they accumulate unsharded and are reduced once, with the last one). With
+    ``keep_gathered`` (CPU: memory is plentiful, a gather is a copy of the model) an unsynced
+    backward also keeps the parameters gathered, so they are gathered once per update rather
+    than per micro-batch; they cannot change before the optimizer step. On a GPU that would
+    hold a whole unsharded model between micro-batches."""
     for module in modules:
         module.set_requires_gradient_sync(sync)
-        module.set_reshard_after_backward(sync)
+        module.set_reshard_after_backward(sync or not keep_gathered)
 
 
 def reshard(model: torch.nn.Module) -> None:
