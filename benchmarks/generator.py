@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from streamrl.hardware import cpu_description, resolve_compute_dtype
+from streamrl.malloc import keep_freed_memory
 from streamrl.models import SMOLLM2, resolve_model
 from streamrl.workers.engines.base import SamplingParams
 from streamrl.workers.engines.hf import HFEngine
@@ -158,6 +159,7 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as every role process does (streamrl.controller.actors)
     device = torch.device(args.device)
     model = args.model or (SMOLLM2 if device.type == "cpu" else "random-smollm2-135m")
     dtype = resolve_compute_dtype(args.dtype, str(device))
