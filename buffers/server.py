@@ -358,11 +358,11 @@ class BufferShard:
                 frames = self.router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if len(frames) != 2:
-                self.request_codec.count_malformed("frames", f"{len(frames) - 1} bodies, not 1")
+            routed = self.request_codec.decode_routed(frames)
+            if routed is None:
                 continue
-            identity, body = frames
-            match self.request_codec.decode(body):
+            identity, request = routed
+            match request:
                 case BatchRequest() | Peek() as req:
                     self.versions.observe(req.learner_version)
                     self._park(identity, req)
@@ -372,8 +372,6 @@ class BufferShard:
                     self._reply(identity, self.reconfigure(req))
                 case Checkpoint():
                     self._reply(identity, self.checkpoint())
-                case None:
-                    pass
 
     def _park(self, identity: bytes, req: BatchRequest | Peek) -> None:
         if self._try_answer(identity, req, expired=req.wait_ms <= 0):

@@ -92,6 +92,15 @@ class Codec(Generic[T]):
             self.count_malformed(type(exc).__name__, str(exc))
             return None
 
+    def decode_routed(self, frames: list[bytes]) -> tuple[bytes, T] | None:
+        """A ROUTER socket's message as (peer identity, decoded body); ``None`` for anything
+        but one identity and one body (counted as ``frames``) or a body that does not decode."""
+        if len(frames) != 2:
+            self.count_malformed("frames", f"{len(frames) - 1} bodies, not 1")
+            return None
+        message = self.decode(frames[1])
+        return None if message is None else (frames[0], message)
+
     def count_malformed(self, kind: str, detail: str) -> None:
         """Count one malformed message of ``kind``, logging the first of each kind."""
         if not self.malformed[kind]:

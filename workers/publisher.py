@@ -367,14 +367,12 @@ class WeightPublisher:
         while not self._stop.is_set():
             if not poller.poll(100):
                 continue
-            frames = self.router.recv_multipart()
-            if len(frames) != 2:
-                self._codec.count_malformed("frames", f"{len(frames) - 1} bodies, not 1")
+            routed = self._codec.decode_routed(self.router.recv_multipart())
+            if routed is None:
                 continue
-            if self._codec.decode(frames[1]) is None:
-                continue
+            identity, _request = routed
             for message in self.anchor_messages():
-                self.router.send_multipart([frames[0], *message], copy=False)
+                self.router.send_multipart([identity, *message], copy=False)
             self.anchors_served += 1
 
     def close(self, flush_timeout_s: float = 30.0) -> None:

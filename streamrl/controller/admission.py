@@ -45,13 +45,10 @@ class AdmissionServer:
         while not self._stop.is_set():
             if not self.sock.poll(100):
                 continue
-            frames = self.sock.recv_multipart()
-            if len(frames) != 2:
-                self.codec.count_malformed("frames", f"{len(frames) - 1} bodies, not 1")
+            routed = self.codec.decode_routed(self.sock.recv_multipart())
+            if routed is None:
                 continue
-            request = self.codec.decode(frames[1])
-            if request is None:
-                continue
+            identity, request = routed
             try:
                 # Encoding too: a reply can carry a value set over the admin API that does not
                 # fit msgpack (an int over 64 bits); it must not end the thread.
@@ -60,7 +57,7 @@ class AdmissionServer:
                 self.failures += 1
                 log.exception("admission failed for %s", request)
                 continue
-            self.sock.send_multipart([frames[0], reply])
+            self.sock.send_multipart([identity, reply])
 
     def _decide(self, request: AdmissionRequest) -> AdmissionReply:
         state = self.state
