@@ -68,7 +68,7 @@ def numeric_match(sample: RewardInput, *, partial: float = 0.0) -> float:
     return partial if any(_numbers_equal(n, sample.ground_truth) for n in numbers) else 0.0
 
 
-_BARE_NUMBER = re.compile(r"\s*-?\d[\d,]*(?:\.\d+)?\s*(?:\n|$)")
+_BARE_NUMBER = re.compile(rf"\s*{_NUMBER.pattern}\s*(?:\n|$)")
 
 
 @register("number_only")

@@ -46,10 +46,9 @@ def apply_fsdp(
     dtype = getattr(torch, compute_dtype)
     rounding = round_to_bf16 and dtype != torch.bfloat16
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    # Gathered parameters stay from forward to backward when rounding (module doc), and on a
-    # CPU: memory is plentiful there and a re-gather is a copy of the whole model (135M
-    # params: ~0.1 s on one core, twice per micro-batch otherwise).
-    keep = rounding or mesh.device_type == "cpu"
+    # Gathered parameters stay from forward to backward when rounding (module doc), and
+    # where _keeps_gathered says.
+    keep = rounding or _keeps_gathered(mesh.device_type)
     blocks = decoder_blocks(model)
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=not keep)
@@ -88,16 +87,24 @@ def adamw(
     )
 
 
-def set_gradient_sync(modules: list[torch.nn.Module], sync: bool, *, keep_gathered: bool) -> None:
+def _keeps_gathered(device_type: str) -> bool:
+    """Whether gathered parameters are kept rather than resharded between uses: on a CPU,
+    where memory is plentiful and a re-gather is a copy of the whole model (135M params: ~0.1 s
+    on one core, twice per micro-batch otherwise). On a GPU keeping them would hold a whole
+    unsharded model between micro-batches."""
+    return device_type == "cpu"
+
+
+def set_gradient_sync(modules: list[torch.nn.Module], sync: bool) -> None:
     """Whether the next backward reduce-scatters gradients (off between the micro-batches of
-    one update: they accumulate unsharded and are reduced once, with the last one). With
-    ``keep_gathered`` (CPU: memory is plentiful, a gather is a copy of the model) an unsynced
-    backward also keeps the parameters gathered, so they are gathered once per update rather
-    than per micro-batch; they cannot change before the optimizer step. On a GPU that would
-    hold a whole unsharded model between micro-batches."""
+    one update: they accumulate unsharded and are reduced once, with the last one). Where
+    ``_keeps_gathered``, an unsynced backward also keeps the parameters gathered, so they are
+    gathered once per update rather than per micro-batch: they cannot change before the
+    optimizer step."""
     for module in modules:
+        keep = _keeps_gathered(next(module.parameters()).device.type)
         module.set_requires_gradient_sync(sync)
-        module.set_reshard_after_backward(sync or not keep_gathered)
+        module.set_reshard_after_backward(sync or not keep)
 
 
 def reshard(model: torch.nn.Module) -> None:

@@ -171,12 +171,11 @@ class TrainStep:
         if updates > 1:
             self._start_pass(batches, version, metrics)
         self._set_lr(version)
-        dev_is_cpu = self.device.type == "cpu"
         for _epoch in range(lc.ppo_epochs):
             for mini, denominator in zip(minis, denominators, strict=True):
                 for i, batch in enumerate(mini):
                     # Reduce-scatter gradients once per update, not per micro-batch.
-                    set_gradient_sync(self._trained(), i == len(mini) - 1, keep_gathered=dev_is_cpu)
+                    set_gradient_sync(self._trained(), i == len(mini) - 1)
                     self._micro_step(batch, denominator, version, updates == 1, metrics)
                 self._optimizer_step(version, metrics)
         out = metrics.reduce()
