@@ -17,9 +17,12 @@ and a line is logged every ``log_every_s`` while the rank waits.
 
 A shard forwards each group as the frame it arrived in (``RawBatch``); the client decodes
 and checks (``TrajectoryGroup.check``) every group on its own, so a group that fails (counted
-by kind, logged once) costs one group, not the batch. A shard that does not answer within
-``reply_timeout_s`` is skipped for that round (logged); a reply that comes after its request
-timed out is discarded, and any groups in it are lost rather than duplicated.
+by kind, logged once) costs one group, not the batch. A shard that does not answer a peek
+within ``reply_timeout_s`` is skipped for that round (logged). A take is never given up: its
+request names this client and is idempotent (``buffers.takes``), so one without a reply in
+``retry_s`` is sent again, unchanged, until its shard (or the shard restarted on its log)
+answers, with the same groups if it had taken any. The client gives up only when
+``should_stop()`` is true, or after ``take_timeout_s`` (``TimeoutError``).
 
 Stopping: ``fetch(..., should_stop=...)`` raises ``FetchStopped`` at the start of a round
 once ``should_stop()`` is true and it holds no group of this fetch, so a learner blocked on
@@ -34,12 +37,14 @@ import gc
 import heapq
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import zmq
 
 from streamrl.protocol import (
+    MAX_CLIENT_NAME,
     Ack,
     BatchRequest,
     Checkpoint,
@@ -107,10 +112,16 @@ class BufferClient:
         log_every_s: float = 30.0,
         reply_timeout_s: float = 30.0,
         stop_grace_s: float = 10.0,
+        retry_s: float = 2.0,
+        take_timeout_s: float = 600.0,
     ) -> None:
         self.ctx = ctx or zmq.Context.instance()
         self.name, self.poll_ms, self.log_every_s = name, poll_ms, log_every_s
         self.reply_timeout_s, self.stop_grace_s = reply_timeout_s, stop_grace_s
+        self.retry_s, self.take_timeout_s = retry_s, take_timeout_s
+        # Names this client's takes to the shards: unique per client, so a repeat of one of
+        # its requests is never taken for another client's (``buffers.takes``).
+        self.client_name = f"{name}.{uuid.uuid4().hex[:12]}"[-MAX_CLIENT_NAME:]
         self.sockets: list[zmq.Socket] = []
         for endpoint in endpoints:
             sock = make_socket(self.ctx, zmq.DEALER)
@@ -155,7 +166,7 @@ class BufferClient:
             orders = {s: r.order for s, r in peeks.items() if isinstance(r, PeekReply)}
             plan = plan_takes(orders, missing)
             if plan:
-                groups += self._take(plan, floor, learner_version)
+                groups += self._take(plan, floor, learner_version, should_stop)
                 wait_ms = 0
                 continue
             wait_ms = self.poll_ms  # nothing eligible anywhere: long-poll next round
@@ -192,12 +203,18 @@ class BufferClient:
             log.warning("%s: stopped; dropping the %d groups fetched so far", self.name, held)
         raise FetchStopped(held)
 
-    def _take(self, plan: dict[int, int], floor: int, version: int) -> list[TrajectoryGroup]:
+    def _take(
+        self,
+        plan: dict[int, int],
+        floor: int,
+        version: int,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[TrajectoryGroup]:
         requests = {
-            shard: BatchRequest(self._next_id(), count, floor, version, 0)
+            shard: BatchRequest(self._next_id(), count, floor, version, 0, self.client_name)
             for shard, count in plan.items()
         }
-        replies = self._exchange(requests)
+        replies = self._take_replies(requests, should_stop)
         frames = [frame for reply in replies.values() for frame in reply.groups]
         # Decoding a batch allocates thousands of lists and no cycles: pausing the collector
         # saves a pass in the middle of it (measured: fetch p99 about halved).
@@ -209,6 +226,37 @@ class BufferClient:
             if gc_was_enabled:
                 gc.enable()
         return [group for group in groups if group is not None and self._checked(group)]
+
+    def _take_replies(
+        self, requests: dict[int, BatchRequest], should_stop: Callable[[], bool] | None
+    ) -> dict[int, Any]:
+        """Every shard's reply to its take, asking again (the same request) until it comes."""
+        replies: dict[int, Any] = {}
+        start = time.monotonic()
+        while True:
+            pending = {shard: req for shard, req in requests.items() if shard not in replies}
+            round_start = time.monotonic()
+            replies.update(self._exchange(pending, reply_timeout_s=self.retry_s, quiet=True))
+            if len(replies) == len(requests):
+                return replies
+            # A shard whose queue is full is not even sent to: wait out the round anyway.
+            time.sleep(max(0.0, round_start + self.retry_s - time.monotonic()))
+            missing = sorted(set(requests) - set(replies))
+            waited = time.monotonic() - start
+            if should_stop is not None and should_stop():
+                log.warning("%s: stopped while shard(s) %s owed a batch", self.name, missing)
+                return replies
+            if waited > self.take_timeout_s:
+                raise TimeoutError(
+                    f"{self.name}: buffer shard(s) {missing} did not answer a batch request "
+                    f"in {waited:.0f}s"
+                )
+            log.warning(
+                "%s: no batch from shard(s) %s after %.0fs; asking again (the same take)",
+                self.name,
+                missing,
+                waited,
+            )
 
     def _checked(self, group: TrajectoryGroup) -> bool:
         """Whether ``group``'s arrays are consistent; if not, it is counted and dropped."""
@@ -248,14 +296,19 @@ class BufferClient:
         *,
         wait_ms: int = 0,
         until_any: Callable[[Any], bool] | None = None,
+        reply_timeout_s: float | None = None,
+        quiet: bool = False,
     ) -> dict[int, Any]:
         """Send ``requests[shard]`` to each shard and collect the replies, by shard.
 
         Returns when every shard answered, when one answer satisfies ``until_any``, or after
-        ``wait_ms`` plus ``reply_timeout_s`` (shards that did not answer are left out, and
-        logged). Replies to earlier requests are dropped; a reply matches by ``request_id``
-        (``ShardStats``/``Ack`` carry none and match any outstanding control request).
+        ``wait_ms`` plus ``reply_timeout_s`` (default: the client's; shards that did not
+        answer are left out, and logged unless ``quiet``). Replies to earlier requests are
+        dropped; a reply matches by ``request_id`` (``ShardStats``/``Ack`` carry none and
+        match any outstanding control request).
         """
+        if reply_timeout_s is None:
+            reply_timeout_s = self.reply_timeout_s
         expected: dict[int, int | None] = {}
         for shard, message in requests.items():
             try:
@@ -265,17 +318,17 @@ class BufferClient:
                 continue
             expected[shard] = getattr(message, "request_id", None)
         replies: dict[int, Any] = {}
-        deadline = time.monotonic() + wait_ms / 1e3 + self.reply_timeout_s
+        deadline = time.monotonic() + wait_ms / 1e3 + reply_timeout_s
         while len(replies) < len(expected):
             remaining_ms = int((deadline - time.monotonic()) * 1e3)
             if remaining_ms <= 0:
-                missing = sorted(set(expected) - set(replies))
-                log.warning(
-                    "%s: buffer shard(s) %s did not answer within %.1fs; skipped this round",
-                    self.name,
-                    missing,
-                    self.reply_timeout_s,
-                )
+                if not quiet:
+                    log.warning(
+                        "%s: buffer shard(s) %s did not answer within %.1fs; skipped this round",
+                        self.name,
+                        sorted(set(expected) - set(replies)),
+                        reply_timeout_s,
+                    )
                 break
             for sock, _ in self.poller.poll(remaining_ms):
                 shard = self.sockets.index(sock)

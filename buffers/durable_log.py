@@ -26,6 +26,11 @@ is counted. So the log alone answers, across any number of restarts of the shard
 tallies of what it drops in its schema metadata. Format 1 logs (no ``reason``) still read,
 their marks counted as ``consumed``.
 
+Takes (``kind`` = 3: ``group_id``, ``client``, ``request_id``) record which groups a learner
+client's batch request got, so a restarted shard answers a repeat of each client's last take
+with the same groups (``buffers.takes``); a compaction keeps those takes and their groups'
+payloads. Format 2 logs (no takes) still read.
+
 Durability: ``append``/``append_many``/``mark_consumed`` return after the bytes are handed to
 the OS (the file is unbuffered), so they survive the process being killed; ``fsync=True``
 also survives a machine crash, at the cost of an fsync per call. The shard server appends a
@@ -54,18 +59,20 @@ from streamrl.protocol import TrajectoryGroup
 from streamrl.transport import DECODE_ERRORS
 
 from .delivery import Delivered
+from .takes import LastTakes
 
 log = logging.getLogger(__name__)
 
-FORMAT_KEY, FORMAT_VERSION = b"streamrl.log", b"2"
-READABLE_FORMATS = (b"1", FORMAT_VERSION)
+FORMAT_KEY, FORMAT_VERSION = b"streamrl.log", b"3"
+READABLE_FORMATS = (b"1", b"2", FORMAT_VERSION)
 TALLIES_KEY = b"streamrl.tallies"  # on a compaction: the tallies as of the rows it dropped
-KIND_GROUP, KIND_CONSUMED, KIND_REFUSED = 0, 1, 2
+KIND_GROUP, KIND_CONSUMED, KIND_REFUSED, KIND_TAKEN = 0, 1, 2, 3
 SCHEMA = pa.schema(
     [
-        ("kind", pa.int8()),  # KIND_GROUP, KIND_CONSUMED or KIND_REFUSED
+        ("kind", pa.int8()),  # KIND_GROUP, KIND_CONSUMED, KIND_REFUSED or KIND_TAKEN
         ("group_id", pa.string()),
-        # The rest, but ``reason``, are null on KIND_CONSUMED and KIND_REFUSED rows.
+        # The rest, but ``reason``, ``client`` and ``request_id``, are null on every row kind
+        # but KIND_GROUP.
         ("prompt_id", pa.string()),
         ("min_version", pa.int64()),
         ("max_version", pa.int64()),
@@ -76,6 +83,8 @@ SCHEMA = pa.schema(
         ("finished_at", pa.float64()),
         ("payload", pa.large_binary()),  # msgspec msgpack of the TrajectoryGroup
         ("reason", pa.string()),  # why a group left or was refused; null on KIND_GROUP rows
+        ("client", pa.string()),  # KIND_TAKEN: the learner client that took the group
+        ("request_id", pa.int64()),  # KIND_TAKEN: the client's request that took it
     ],
     metadata={FORMAT_KEY: FORMAT_VERSION},
 )
@@ -217,7 +226,7 @@ class DurableLog:
             pa.array([g.created_at for g in groups], pa.float64()),
             pa.array([g.finished_at for g in groups], pa.float64()),
             pa.array(payloads, pa.large_binary()),
-            pa.nulls(n, pa.string()),
+            *(pa.nulls(n, f.type) for f in list(SCHEMA)[-3:]),
         ]
         self._write(pa.record_batch(columns, schema=SCHEMA))
         if self._tallies is not None:
@@ -230,17 +239,23 @@ class DurableLog:
         if not group_ids:
             return
         reasons = reasons or ["consumed"] * len(group_ids)
-        self._write(_id_rows(KIND_CONSUMED, group_ids, reasons))
+        self._write(_reason_rows(KIND_CONSUMED, group_ids, reasons))
         if self._tallies is not None:
             for reason in reasons:
                 self._tallies.remove(reason)
             self._tallies.remaining -= len(group_ids)
 
+    def record_take(self, client: str, request_id: int, group_ids: list[str]) -> None:
+        """Durably record that ``client``'s request ``request_id`` got these groups (log it
+        before the reply leaves, as the marks)."""
+        if group_ids:
+            self._write(_take_rows(client, request_id, group_ids))
+
     def refuse(self, group_ids: list[str], reasons: list[str]) -> None:
         """Durably record groups that arrived and were dropped at once (never stored)."""
         if not group_ids:
             return
-        self._write(_id_rows(KIND_REFUSED, group_ids, reasons))
+        self._write(_reason_rows(KIND_REFUSED, group_ids, reasons))
         if self._tallies is not None:
             self._tallies.receive(group_ids)
             for reason in reasons:
@@ -250,7 +265,7 @@ class DurableLog:
     def tallies(self) -> Tallies:
         """What the log says happened, over every process that wrote it (``Tallies``)."""
         if self._tallies is None:  # every write so far is on disk: counting it now is exact
-            self._tallies = _replay(_live_segments(self.shard_dir))[1]
+            self._tallies = _replay(_live_segments(self.shard_dir)).tallies
         return self._tallies
 
     def _write(self, batch: pa.RecordBatch) -> None:
@@ -303,10 +318,24 @@ class DurableLog:
         """The payloads (msgpack ``TrajectoryGroup``s) of what ``recover`` returns, not
         decoded (nor checked: whoever decodes them counts what fails)."""
         segments = _live_segments(self.shard_dir)
-        fates, tallies = _replay(segments)
+        history = _replay(segments)
         if self._tallies is None:
-            self._tallies = tallies
-        return [payload for payload, _ in _payloads(segments, fates, (_LIVE,))]
+            self._tallies = history.tallies
+        return [payload for payload, _ in _payloads(segments, history.fates, (_LIVE,))]
+
+    def recover_takes(self) -> LastTakes[bytes]:
+        """Each client's last take, with the payloads of its groups in the order they were
+        taken (``buffers.takes``). A group whose payload a format-2 compaction dropped is left
+        out of its take."""
+        segments = _live_segments(self.shard_dir)
+        history = _replay(segments)
+        rows = {history.rows[gid] for _, take in history.takes.items() for gid in take.items}
+        payloads = dict(_payloads_at(segments, history.fates, rows))
+        out: LastTakes[bytes] = LastTakes()
+        for client, take in history.takes.items():
+            found = [payloads.get(history.rows[gid]) for gid in take.items]
+            out.put(client, take.request_id, [p for p in found if p is not None])
+        return out
 
     def iter_all(self) -> Iterator[TrajectoryGroup]:
         """Every group still in the log, consumed or not, in append order (a compaction
@@ -317,7 +346,8 @@ class DurableLog:
     # ------------------------------------------------------------------ maintenance
 
     def compact(self) -> None:
-        """Rewrite the log keeping only unconsumed groups.
+        """Rewrite the log keeping only unconsumed groups, and each client's last take (its
+        rows, and the groups it took, with their consumption marks).
 
         Atomic: the new segment is written under a temporary name, fsynced, then renamed to
         ``<n>.compact.arrows``; from that rename on, readers ignore every older segment, so a
@@ -327,7 +357,19 @@ class DurableLog:
         """
         self._close_segment()
         segments = _live_segments(self.shard_dir)
-        fates, tallies = _replay(segments)
+        history = _replay(segments)
+        fates, tallies = history.fates, history.tallies
+        # Consumed groups of the kept takes stay, as rows that count themselves on replay:
+        # the tallies in the metadata leave them out (they only count what was dropped).
+        kept_gone = {
+            gid: history.removed_reason[gid]
+            for _, take in history.takes.items()
+            for gid in take.items
+            if fates[history.rows[gid]] == _CONSUMED
+        }
+        kept_rows = {history.rows[gid] for gid in kept_gone}
+        for reason in kept_gone.values():
+            tallies.remove(reason, -1)
         number = self._next_number
         self._next_number += 1
         final = self.shard_dir / f"{number:08d}.compact.arrows"
@@ -335,13 +377,22 @@ class DurableLog:
         with open(tmp, "wb") as f:
             schema = SCHEMA.with_metadata({**SCHEMA.metadata, TALLIES_KEY: tallies.to_json()})
             with pa.ipc.new_stream(f, schema) as writer:
+                row = 0
                 for batch, batch_fates in _group_batches(segments, fates):
                     batch = _current_schema(batch)
-                    keep = [fate == _LIVE for fate in batch_fates]
+                    keep = [
+                        fate == _LIVE or row + i in kept_rows for i, fate in enumerate(batch_fates)
+                    ]
+                    row += len(batch_fates)
                     if all(keep):
                         writer.write_batch(batch)
                     elif any(keep):
                         writer.write_batch(batch.filter(pa.array(keep)))
+                if kept_gone:
+                    marks = _reason_rows(KIND_CONSUMED, list(kept_gone), list(kept_gone.values()))
+                    writer.write_batch(marks)
+                for client, take in history.takes.items():
+                    writer.write_batch(_take_rows(client, take.request_id, take.items))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -425,7 +476,7 @@ def _scan_payloads(shard_dir: Path, wanted: tuple[int, ...]) -> Iterator[tuple[b
     """The payload of every group row whose fate is in ``wanted``, in log order, with whether
     it was consumed."""
     segments = _live_segments(shard_dir)
-    yield from _payloads(segments, _replay(segments)[0], wanted)
+    yield from _payloads(segments, _replay(segments).fates, wanted)
 
 
 def _payloads(
@@ -438,12 +489,41 @@ def _payloads(
                 yield payload, fate == _CONSUMED
 
 
-def _replay(segments: list[Path]) -> tuple[list[int], Tallies]:
-    """Replay appends and marks in log order; return the fate of every group row (``_LIVE``,
-    ``_CONSUMED`` or ``_DUPLICATE``, numbered in log order) and the log's tallies. A compaction
-    segment starts from the tallies in its metadata; its rows are the groups then remaining."""
+def _payloads_at(
+    segments: list[Path], fates: list[int], rows: set[int]
+) -> Iterator[tuple[int, bytes]]:
+    """``(row, payload)`` of the group rows numbered in ``rows``."""
+    row = 0
+    for batch, batch_fates in _group_batches(segments, fates):
+        n = len(batch_fates)
+        wanted = [i for i in range(n) if row + i in rows]
+        if wanted:
+            payloads = batch.column("payload")
+            for i in wanted:
+                yield row + i, payloads[i].as_py()
+        row += n
+
+
+@dataclass
+class _History:
+    """What one ordered pass over a shard's log found (``_replay``)."""
+
+    fates: list[int]  # of every group row, in log order: _LIVE, _CONSUMED or _DUPLICATE
+    tallies: Tallies
+    rows: dict[str, int]  # group id -> its latest counted group row
+    removed_reason: dict[str, str]  # group id -> why it left (consumed and dropped groups)
+    takes: LastTakes[str]  # each client's last take: the ids of the groups it got
+
+
+def _replay(segments: list[Path]) -> _History:
+    """Replay appends, marks and takes in log order. A compaction segment starts from the
+    tallies in its metadata; its group rows are the groups then remaining, and those of the
+    takes it kept (followed by their marks)."""
     fates: list[int] = []
     live: dict[str, int] = {}  # group_id -> row of its unconsumed append
+    rows: dict[str, int] = {}
+    removed_reason: dict[str, str] = {}
+    takes: LastTakes[str] = LastTakes()
     tallies = Tallies()
     for index, path in enumerate(segments):
         counted = True
@@ -454,41 +534,63 @@ def _replay(segments: list[Path]) -> tuple[list[int], Tallies]:
         for batch in _read_segment(path):
             kinds = batch.column("kind").to_pylist()
             ids = batch.column("group_id").to_pylist()
-            names = batch.schema.names
-            reasons = batch.column("reason").to_pylist() if "reason" in names else [None] * len(ids)
-            for kind, gid, reason in zip(kinds, ids, reasons, strict=True):
+            batch = _current_schema(batch)
+            reasons = batch.column("reason").to_pylist()
+            for row, (kind, gid, reason) in enumerate(zip(kinds, ids, reasons, strict=True)):
                 if kind == KIND_GROUP:
                     tallies.delivered.add(gid)
                     if gid in live:
                         fates.append(_DUPLICATE)
                     else:
-                        live[gid] = len(fates)
+                        live[gid] = rows[gid] = len(fates)
                         fates.append(_LIVE)
                         tallies.received += counted
                 elif kind == KIND_CONSUMED and gid in live:
                     fates[live.pop(gid)] = _CONSUMED
-                    tallies.remove(reason or "consumed")
+                    removed_reason[gid] = reason = reason or "consumed"
+                    tallies.remove(reason)
                 elif kind == KIND_REFUSED:
                     tallies.receive([gid])
                     tallies.remove(reason or "refused")
+                elif kind == KIND_TAKEN and gid in rows:
+                    client = batch.column("client")[row].as_py()
+                    request_id = batch.column("request_id")[row].as_py()
+                    if client is not None and request_id is not None:
+                        takes.extend(client, request_id, [gid])
     tallies.remaining = len(live)
-    return fates, tallies
+    return _History(fates, tallies, rows, removed_reason, takes)
 
 
-def _id_rows(kind: int, group_ids: list[str], reasons: list[str]) -> pa.RecordBatch:
-    """Rows that carry only a group id and a reason (marks and refusals)."""
+def _id_rows(kind: int, group_ids: list[str], columns: dict[str, pa.Array]) -> pa.RecordBatch:
+    """Rows of ``kind`` that carry a group id and the given ``columns`` (marks, refusals,
+    takes); every other column null."""
     n = len(group_ids)
-    columns = [pa.array([kind] * n, pa.int8()), pa.array(group_ids, pa.string())]
-    columns += [pa.nulls(n, f.type) for f in list(SCHEMA)[2:-1]]
-    columns.append(pa.array(reasons, pa.string()))
-    return pa.record_batch(columns, schema=SCHEMA)
+    given = {"kind": pa.array([kind] * n, pa.int8()), "group_id": pa.array(group_ids, pa.string())}
+    given.update(columns)
+    return pa.record_batch([given.get(f.name, pa.nulls(n, f.type)) for f in SCHEMA], schema=SCHEMA)
+
+
+def _reason_rows(kind: int, group_ids: list[str], reasons: list[str]) -> pa.RecordBatch:
+    """Marks (KIND_CONSUMED) or refusals (KIND_REFUSED): ids and reasons."""
+    return _id_rows(kind, group_ids, {"reason": pa.array(reasons, pa.string())})
+
+
+def _take_rows(client: str, request_id: int, group_ids: list[str]) -> pa.RecordBatch:
+    """One take (KIND_TAKEN): the ids of the groups ``client``'s ``request_id`` got."""
+    n = len(group_ids)
+    columns = {"client": pa.array([client] * n, pa.string())}
+    columns["request_id"] = pa.array([request_id] * n, pa.int64())
+    return _id_rows(KIND_TAKEN, group_ids, columns)
 
 
 def _current_schema(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A format-1 batch (no ``reason`` column) in today's schema, for a compaction."""
-    if "reason" in batch.schema.names:
+    """A batch of an older format (format 1: no ``reason``; 2: no ``client``, ``request_id``)
+    in today's schema, its missing columns null."""
+    names = batch.schema.names
+    if names == SCHEMA.names:
         return batch
-    columns = [*batch.columns, pa.nulls(batch.num_rows, pa.string())]
+    n = batch.num_rows
+    columns = [batch.column(f.name) if f.name in names else pa.nulls(n, f.type) for f in SCHEMA]
     return pa.record_batch(columns, schema=SCHEMA)
 
 

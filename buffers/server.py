@@ -24,10 +24,11 @@ input is counted by kind, logged once per kind and dropped; nothing is unpickled
 reconnects by itself), counted as ``disconnects``.
 
 Durability (``buffer.durable``): a group is on the log before any request can take it; a
-group leaving the store (taken for the last time, or dropped) is marked consumed before the
-reply carrying it is sent. So a ``kill -9`` loses at most the groups of a reply in flight,
-never hands a group out twice across a restart; drop marks not yet flushed at a crash only
-bring dropped groups back (the store re-checks them).
+group leaving the store (taken for the last time, or dropped) is marked consumed, and a take
+is logged with its client and request id, before the reply carrying it is sent. So a
+``kill -9`` never hands a group out twice across a restart, and a reply lost with the process
+is sent again when its client repeats the request (``buffers.takes``); drop marks not yet
+flushed at a crash only bring dropped groups back (the store re-checks them).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from .delivery import Delivered
 from .durable_log import DurableLog
 from .frames import GroupDecoder, StoredGroup
 from .replay import LearnerVersion, Offer, ReplayPolicy, ReplayStore
+from .takes import LastTakes
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +152,9 @@ class BufferShard:
         self.waiting: list[_Waiting] = []
         self.disconnects = 0
         self.log = DurableLog(log_dir, shard_id) if log_dir is not None and config.durable else None
+        # Each learner client's last take (frames), answered again if the client repeats it.
+        self.takes: LastTakes[bytes] = self.log.recover_takes() if self.log else LastTakes()
+        self.retried_takes = 0
         self.recovered = self._recover()
         self._flush_marks()
         # Generator groups received, by sender (``buffers.delivery``): the log's own record
@@ -416,15 +421,32 @@ class BufferShard:
                     return False
                 self._reply(identity, PeekReply(req.request_id, order, len(self.store)))
             case BatchRequest():
+                if req.client and self._answer_repeat(identity, req):
+                    return True
                 if not expired and (
                     len(self.store) < req.k or len(self.peek(req.k, req.floor)) < req.k
                 ):
                     return False
                 groups = self.store.take(req.k, req.floor)
+                if req.client and groups:
+                    self.takes.put(req.client, req.request_id, [g.frame for g in groups])
+                    if self.log is not None:
+                        ids = [g.group_id for g in groups]
+                        self.log.record_take(req.client, req.request_id, ids)
                 frames = [msgspec.Raw(g.frame) for g in groups]
                 self._reply(identity, RawBatch(req.request_id, frames))
                 if self.held:
                     self._admit_held()
+        return True
+
+    def _answer_repeat(self, identity: bytes, req: BatchRequest) -> bool:
+        """Answer a request that is not a new take of its client (``buffers.takes``): the
+        same frames again for a repeat of its last take, none for an older request."""
+        frames = self.takes.answer(req.client, req.request_id)
+        if frames is None:
+            return False
+        self.retried_takes += bool(frames)
+        self._reply(identity, RawBatch(req.request_id, [msgspec.Raw(f) for f in frames]))
         return True
 
     def peek(self, k: int, floor: int) -> list[tuple[int, float]]:
@@ -498,6 +520,7 @@ class BufferShard:
             held=len(self.held),
             delivered=self.delivered.floors(),
             resent_duplicates=self.resent_duplicates,
+            retried_takes=self.retried_takes,
             **self._log_totals(),
         )
 

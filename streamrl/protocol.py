@@ -14,11 +14,13 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 # --------------------------------------------------------------------------- trajectories
+
+MAX_CLIENT_NAME = 128  # a learner client's name in ``BatchRequest.client``
 
 # Dtypes of the trajectory arrays: raw little-endian bytes, 4 bytes per element, one element
 # per token. Token ids and versions are int32 (``array`` typecode ``i``), behaviour logprobs
@@ -239,6 +241,12 @@ class BatchRequest(msgspec.Struct, tag="batch_request"):
 
     ``wait_ms`` makes it a long poll: the shard answers as soon as ``k`` eligible groups exist
     or when the wait runs out, with whatever it has (possibly none).
+
+    ``client`` makes the take idempotent (``buffers.takes``): the shard keeps, and logs, the
+    last take of each client, and answers the same ``request_id`` again with the same groups,
+    across a restart too. So a client whose reply was lost asks again and loses nothing;
+    request ids of one client must rise. Empty: no retry possible (a lost reply loses its
+    groups).
     """
 
     request_id: int
@@ -246,6 +254,7 @@ class BatchRequest(msgspec.Struct, tag="batch_request"):
     floor: int
     learner_version: int
     wait_ms: int = 0
+    client: Annotated[str, msgspec.Meta(max_length=MAX_CLIENT_NAME)] = ""
 
 
 class Batch(msgspec.Struct, tag="batch"):
@@ -284,6 +293,9 @@ class ShardStats(msgspec.Struct, tag="shard_stats"):
     # has arrived (logged, when durable); and resent groups dropped as already arrived.
     delivered: dict[str, int] = {}
     resent_duplicates: int = 0
+    # Batch requests that repeated a client's last take (its reply was lost or late): answered
+    # again with the same groups, nothing taken (``buffers.takes``).
+    retried_takes: int = 0
 
 
 class Reconfigure(msgspec.Struct, tag="reconfigure"):

@@ -54,9 +54,15 @@ def start_shard():
     """``start_shard(shard_id, log_dir=None, **config)`` -> a serving ``BufferShard``."""
     running: list[tuple[BufferShard, threading.Thread]] = []
 
-    def start(shard_id: int = 0, log_dir=None, report_endpoint=None, **config) -> BufferShard:
+    def start(
+        shard_id: int = 0, log_dir=None, report_endpoint=None, ports=(0, 0), **config
+    ) -> BufferShard:
         shard = BufferShard(
-            BufferConfig(**config), shard_id, log_dir=log_dir, report_endpoint=report_endpoint
+            BufferConfig(**config),
+            shard_id,
+            log_dir=log_dir,
+            report_endpoint=report_endpoint,
+            ports=ports,
         )
         thread = threading.Thread(target=shard.serve, daemon=True)
         thread.start()
@@ -397,7 +403,10 @@ def test_checkpoint_compacts_the_durable_log(ctx, start_shard, tmp_path):
     assert [a.ok for a in client.checkpoint()] == [True]
     shard_dir = tmp_path / "shard-0"
     assert list(shard_dir.glob("*.compact.arrows"))
+    # The unconsumed groups, and the groups of the client's last take (consumed): a repeat of
+    # that request must get them again after a restart (buffers.takes).
     assert [(g.group_id, consumed) for g, consumed in scan_shard(shard_dir)] == [
+        *[(f"g{i}", True) for i in range(4)],
         ("g4", False),
         ("g5", False),
     ]
@@ -412,7 +421,9 @@ def test_periodic_compaction_runs_after_consumption(ctx, start_shard, tmp_path):
     assert not list((tmp_path / "shard-0").glob("*.compact.arrows"))
     client.fetch(2, 0, 0)
     wait_until(lambda: list((tmp_path / "shard-0").glob("*.compact.arrows")))
-    assert [g.group_id for g, _ in scan_shard(tmp_path / "shard-0")] == ["g2"]
+    # g0 and g1 stay as the client's last take (consumed), g2 unconsumed.
+    kept = [(g.group_id, consumed) for g, consumed in scan_shard(tmp_path / "shard-0")]
+    assert kept == [("g0", True), ("g1", True), ("g2", False)]
 
 
 def test_durable_off_writes_no_log(ctx, start_shard, tmp_path):
@@ -441,3 +452,68 @@ def test_shard_reports_to_the_controller(ctx, start_shard):
             break
     assert report.stats.shard_id == 3 and report.stats.size == 1
     pull.close(linger=0)
+
+
+# --------------------------------------------------------------------------- idempotent takes
+
+
+def ask(sock: zmq.Socket, request: BatchRequest) -> list[str]:
+    """Send one batch request; the ids of the groups in its reply."""
+    sock.send(msgspec.msgpack.encode(request))
+    assert sock.poll(5000), "no reply"
+    reply = msgspec.msgpack.decode(sock.recv(), type=Batch)
+    assert reply.request_id == request.request_id
+    return [g.group_id for g in reply.groups]
+
+
+def test_a_repeated_take_gets_the_same_groups_across_a_shard_restart(ctx, start_shard, tmp_path):
+    """The reply to a take is lost with its shard's process: the restarted shard answers the
+    client's repeat with the same groups, takes nothing new for it, and the log's tallies stay
+    exact."""
+    shard = start_shard(0, log_dir=tmp_path)
+    pushing = pusher(ctx, shard)  # kept: a collected socket drops what it has not sent
+    push(pushing, [make_group(f"g{i}", finished_at=float(i)) for i in range(4)])
+    wait_ingested(client_for(ctx, shard), 4)
+    first = ctx.socket(zmq.DEALER)
+    first.connect(shard.request_endpoint)
+    take = BatchRequest(7, 2, 0, 0, 0, client="learner.0")
+    assert ask(first, take) == ["g0", "g1"]
+
+    ports = tuple(int(e.rsplit(":", 1)[1]) for e in (shard.ingest_endpoint, shard.request_endpoint))
+    shard.stop()
+    time.sleep(0.2)
+    shard.close()
+    restarted = start_shard(0, log_dir=tmp_path, ports=ports)
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(restarted.request_endpoint)
+    assert ask(sock, take) == ["g0", "g1"]  # the same groups again
+    assert ask(sock, take) == ["g0", "g1"]  # as often as asked
+    assert ask(sock, BatchRequest(6, 2, 0, 0, 0, client="learner.0")) == []  # stale request
+    assert ask(sock, BatchRequest(8, 2, 0, 0, 0, client="learner.0")) == ["g2", "g3"]
+    stats = client_for(ctx, restarted).stats()[0]
+    assert (stats.size, stats.retried_takes) == (0, 2)
+    assert (stats.received_total, stats.removed_total) == (4, {"consumed": 4})
+
+
+def test_the_client_asks_again_for_a_take_whose_reply_was_lost(ctx, start_shard, monkeypatch):
+    shard = start_shard(0)
+    pushing = pusher(ctx, shard)  # kept: a collected socket drops what it has not sent
+    push(pushing, [make_group(f"g{i}", finished_at=float(i)) for i in range(4)])
+    client = client_for(ctx, shard, retry_s=0.2)
+    wait_ingested(client, 4)
+    real_exchange = client._exchange
+    lost = []
+
+    def lose_the_first_batch(requests, **kwargs):
+        replies = real_exchange(requests, **kwargs)
+        if not lost and any(isinstance(r, BatchRequest) for r in requests.values()):
+            lost.append(replies)  # the shard took the groups; the reply never arrives
+            return {}
+        return replies
+
+    monkeypatch.setattr(client, "_exchange", lose_the_first_batch)
+    assert [g.group_id for g in client.fetch(2, 0, 0)] == ["g0", "g1"]
+    lost_ids = [msgspec.msgpack.decode(f, type=TrajectoryGroup).group_id for f in lost[0][0].groups]
+    assert lost_ids == ["g0", "g1"]
+    stats = client.stats()[0]
+    assert (stats.size, stats.consumed, stats.retried_takes) == (2, 2, 1)

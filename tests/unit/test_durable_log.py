@@ -8,6 +8,7 @@ import os
 import struct
 from pathlib import Path
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -44,6 +45,10 @@ def make_group(i: int, n: int = 2, version: int = 0) -> TrajectoryGroup:
         data_source="arithmetic",
         ground_truth=str(i),
     )
+
+
+def decode(payload: bytes) -> TrajectoryGroup:
+    return msgspec.msgpack.decode(payload, type=TrajectoryGroup)
 
 
 def bits(values: list[float]) -> bytes:
@@ -315,3 +320,48 @@ def test_tallies_survive_reopen_and_compaction(tmp_path):
         assert t.received == 9 and t.removed["consumed"] == 3 and t.remaining == 3
         assert t.received == sum(t.removed.values()) + t.remaining
         assert sorted(g.group_id for g in log.recover()) == ["g4", "g5", "g7"]
+
+
+def test_each_clients_last_take_survives_reopen_and_compactions(tmp_path):
+    """A restarted shard must answer a repeat of a client's last take with the same groups:
+    the take rows and its groups' payloads outlive reopening and compaction, and the tallies
+    stay exact while compaction keeps consumed groups for that purpose."""
+    groups = [make_group(i) for i in range(8)]
+    with DurableLog(tmp_path, 0) as log:
+        log.append_many(groups)
+        log.record_take("a", 1, ["g0", "g1"])
+        log.mark_consumed(["g0", "g1"])
+        log.record_take("a", 2, ["g2"])  # a's newer take replaces its first
+        log.mark_consumed(["g2"])
+        log.record_take("b", 1, ["g3", "g4"])  # taken, g4 still stored (reused)
+        log.mark_consumed(["g3"])
+        log.mark_consumed(["g5"], ["stale"])
+
+    def check(log: DurableLog) -> None:
+        takes = log.recover_takes()
+        assert [(c, t.request_id) for c, t in takes.items()] == [("a", 2), ("b", 1)]
+        decoded = {c: [decode(p).group_id for p in t.items] for c, t in takes.items()}
+        assert decoded == {"a": ["g2"], "b": ["g3", "g4"]}
+        assert takes.answer("b", 1)[1] == msgspec.msgpack.encode(groups[4])  # bit-exact
+        t = log.tallies
+        assert (t.received, t.removed, t.remaining) == (8, {"consumed": 4, "stale": 1}, 3)
+        assert sorted(g.group_id for g in log.recover()) == ["g4", "g6", "g7"]
+
+    with DurableLog(tmp_path, 0) as log:
+        check(log)
+        log.compact()
+    with DurableLog(tmp_path, 0) as log:
+        check(log)
+        # Compacting a compaction keeps the same, and later takes land after it.
+        log.compact()
+        log.record_take("a", 3, ["g6"])
+        log.mark_consumed(["g6"])
+    with DurableLog(tmp_path, 0) as log:
+        assert log.recover_takes().answer("a", 3) is not None
+        assert log.recover_takes().answer("a", 2) == []  # older than a's last take
+        t = log.tallies
+        assert (t.received, t.removed["consumed"], t.remaining) == (8, 5, 2)
+        log.compact()
+        # Only the last takes' groups are kept as consumed rows: g3 (b's) and g6 (a's).
+        kept = [(g.group_id, consumed) for g, consumed in scan_shard(log.shard_dir)]
+        assert kept == [("g3", True), ("g4", False), ("g6", True), ("g7", False)]
