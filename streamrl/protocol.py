@@ -481,11 +481,14 @@ WeightMessage = WeightDiff | WeightAnchor
 
 
 class LearnerStep(msgspec.Struct, tag="learner_step"):
-    """Rank 0's summary of one optimizer step (the new version is ``version``)."""
+    """Rank 0's summary of one optimizer step (the new version is ``version``).
+    ``incarnation``: the learner group's restarts so far; the controller ignores reports of a
+    group it replaced."""
 
     version: int
     metrics: dict[str, float]
     time: float
+    incarnation: int = 0
 
 
 class BatchTaken(msgspec.Struct, tag="batch_taken"):
@@ -496,6 +499,7 @@ class BatchTaken(msgspec.Struct, tag="batch_taken"):
     rank: int
     version: int
     prompt_indices: list[int]
+    incarnation: int = 0  # as ``LearnerStep.incarnation``
 
 
 class GeneratorActivity(msgspec.Struct):

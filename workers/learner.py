@@ -136,8 +136,10 @@ class Learner:
         checkpoint_dir: str = "checkpoints",
         bind_host: str = "127.0.0.1",
         publisher_ports: tuple[int, int] = (0, 0),
+        incarnation: int = 0,
     ) -> None:
         lc = config.learner
+        self.incarnation = incarnation  # restarts of the group so far: on every report
         # The controller resolves threads (0 = auto); a role built directly resolves its own.
         torch.set_num_threads(role_threads(config, "learner", None, len(os.sched_getaffinity(0))))
         torch.manual_seed(config.run.seed)
@@ -195,7 +197,8 @@ class Learner:
             eta = self.config.buffer.max_staleness
             groups = self._fetch(per_rank, self.version - eta)
             if groups is not None:  # before any collective: a dead peer rank would hang it
-                taken = BatchTaken(self.rank, self.version + 1, [g.prompt_index for g in groups])
+                indices = [g.prompt_index for g in groups]
+                taken = BatchTaken(self.rank, self.version + 1, indices, self.incarnation)
                 self.reporter.send(self.encoder.encode(taken))
             if not self._every_rank_has_a_batch(groups is not None):
                 break  # stopped (request_stop), on every rank at the same step
@@ -217,7 +220,7 @@ class Learner:
             # Training, publishing and checkpointing: the learner's busy time (`streamrl bench`).
             metrics["time/busy_s"] = time.perf_counter() - busy_start
             if self.rank == 0:
-                step = LearnerStep(self.version, metrics, time.time())
+                step = LearnerStep(self.version, metrics, time.time(), self.incarnation)
                 self.reporter.send(self.encoder.encode(step))
         return self.version
 

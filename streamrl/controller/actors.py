@@ -97,6 +97,7 @@ class LearnerActor:
             spec.checkpoint_dir,
             bind_host=resolve_host(spec.bind_host),
             publisher_ports=(spec.pub_port, spec.anchor_port),
+            incarnation=spec.incarnation,
         )
         return self.learner.endpoints()
 

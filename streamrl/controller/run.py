@@ -109,6 +109,7 @@ class Controller:
         self._watched: list[Any] = []
         self.learner_refs: list[Any] = []
         self._rolled_back = 0  # groups given back by learner restarts (trained, then lost)
+        self.ignored_reports: dict[str, int] = {}  # learner reports not taken, by why
         self.admin = self.live = None
         self.placement = Placement(config, address)
         self._token_samples: collections.deque = collections.deque(maxlen=4096)
@@ -237,7 +238,9 @@ class Controller:
             request_port=ports[1],
         )
 
-    def learner_spec(self, rank: int, ports: tuple[int, int] = (0, 0)) -> LearnerSpec:
+    def learner_spec(
+        self, rank: int, ports: tuple[int, int] = (0, 0), incarnation: int = 0
+    ) -> LearnerSpec:
         config = self._role_config("learner", rank)
         if any(ports):  # a restarted group: it goes on from the newest checkpoint
             config = msgspec.structs.replace(
@@ -256,6 +259,7 @@ class Controller:
             checkpoint_dir=str((self.run_dir / "checkpoints").resolve()),
             pub_port=ports[0],
             anchor_port=ports[1],
+            incarnation=incarnation,
         )
 
     def generator_spec(self, generator_id: int, incarnation: int) -> GeneratorSpec:
@@ -484,13 +488,15 @@ class Controller:
                 ) from None
         return restarted
 
-    def _start_learners(self, ports: list[tuple[int, int]] | None = None) -> list[Any]:
+    def _start_learners(
+        self, ports: list[tuple[int, int]] | None = None, incarnation: int = 0
+    ) -> list[Any]:
         from streamrl.controller.actors import LearnerActor
 
         count = self.config.learner.count
         return [
             LearnerActor.options(**self.placement.options("learner", r)).remote(
-                self.learner_spec(r, ports[r] if ports else (0, 0))
+                self.learner_spec(r, ports[r] if ports else (0, 0), incarnation)
             )
             for r in range(count)
         ]
@@ -533,7 +539,8 @@ class Controller:
             self.roles.pop(ref, None)
         ports = [_ports(pair) for pair in self.weight_endpoints]
         n_shards = len(self.shards)
-        self.learners[:] = self._start_learners(ports)
+        # Its reports carry the epoch _roll_back_budget moves to; the old group's are ignored.
+        self.learners[:] = self._start_learners(ports, self.state.weights_epoch + 1)
         self.actors[n_shards : n_shards + len(self.learners)] = self.learners
         endpoints = [tuple(pair) for pair in self._setup_learners()]
         if endpoints != [tuple(pair) for pair in self.weight_endpoints]:
@@ -679,7 +686,9 @@ class Controller:
                 return
             match report:
                 case LearnerStep() as step:
-                    self.state.version = max(self.state.version, step.version)
+                    if not self._current_learner_report(step):
+                        continue
+                    self.state.version = step.version
                     if "checkpoint/version" in step.metrics:
                         with self.state.lock:
                             self.state.prompts.checkpointed(step.version)
@@ -688,6 +697,8 @@ class Controller:
                     self.state.last_seen["learner rank 0"] = step.time
                     self._steps.append(step)
                 case BatchTaken() as taken:
+                    if not self._current_learner_report(taken):
+                        continue
                     with self.state.lock:
                         self.state.prompts.taken(taken.version, taken.prompt_indices)
                 case GeneratorReport() as g:
@@ -706,6 +717,25 @@ class Controller:
                     self.state.last_seen[f"buffer shard {stats.shard_id}"] = report.time
                     with self.state.lock:
                         self.policy.set_dropped(self.state.buffer_dropped())
+
+    def _current_learner_report(self, report: LearnerStep | BatchTaken) -> bool:
+        """Whether ``report`` comes from the current learner group and names a version it can
+        reach; others (a replaced group's late reports, versions out of range) are counted in
+        ``ignored_reports`` and logged once per kind."""
+        state, max_steps = self.state, self.config.run.max_steps
+        if report.incarnation != state.weights_epoch:
+            why = "from a replaced learner group"
+        elif isinstance(report, LearnerStep) and not state.version < report.version <= max_steps:
+            why = f"version out of range ({state.version}, {max_steps}]"
+        elif isinstance(report, BatchTaken) and not 0 < report.version <= max_steps:
+            why = f"version out of range (0, {max_steps}]"
+        else:
+            return True
+        kind = f"{type(report).__name__}: {why.split(' (')[0]}"
+        if kind not in self.ignored_reports:
+            log.warning("ignored a %s %s (version %d)", type(report).__name__, why, report.version)
+        self.ignored_reports[kind] = self.ignored_reports.get(kind, 0) + 1
+        return False
 
     def _maybe_request_eval(self, version: int) -> None:
         """Every ``eval.every`` versions (the final one is evaluated as generators drain)."""
@@ -789,6 +819,8 @@ class Controller:
                     "recovered": s.recovered,
                     # Groups generators sent again after a restart that the log had already.
                     "resent_duplicates": s.resent_duplicates,
+                    # Batch requests answered again with the same groups (a lost reply).
+                    "retried_takes": s.retried_takes,
                 }
                 for s in shards
             ],
@@ -804,6 +836,8 @@ class Controller:
                 if self.config.buffer.durable
                 else None
             ),
+            # Learner reports not taken: a replaced group's late ones, versions out of range.
+            "ignored_reports": self.ignored_reports,
             "run_dir": str(self.run_dir),
             "wall_time_s": time.time() - self.started_at,
             "eval": [

@@ -48,6 +48,7 @@ class LearnerSpec(RoleSpec):
     # 0: any free port. A restarted learner group binds its predecessor's weight ports.
     pub_port: int = 0
     anchor_port: int = 0
+    incarnation: int = 0  # the group's restarts so far; its reports carry it
 
 
 class GeneratorSpec(RoleSpec):

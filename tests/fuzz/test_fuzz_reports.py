@@ -63,7 +63,8 @@ def drain_until_sentinel(controller: Controller, tally: Tally, timeout: float = 
 
 def test_reports_survive_fuzz_and_valid_reports_are_still_taken(tmp_path: Path) -> None:
     tally = Tally("reports")
-    controller = Controller(load_config(None, []), console=io.StringIO())
+    # max_steps high enough that junk versions below it leave room for a valid next step.
+    controller = Controller(load_config(None, ["run.max_steps=1000000000"]), console=io.StringIO())
     controller._open_control_plane()
     controller.metrics = MetricsLog(tmp_path / "metrics.jsonl")  # EvalReports write here
     state = controller.state
@@ -111,16 +112,28 @@ def test_reports_survive_fuzz_and_valid_reports_are_still_taken(tmp_path: Path) 
         codec = controller.report_codec
         assert codec.malformed_total == sum(expected.values())
         assert codec.malformed["DecodeError"] == expected["DecodeError"]
-        assert len(controller._steps) == want[LearnerStep]
+        # A LearnerStep is taken when it comes from the current learner group (incarnation
+        # 0 here) and moves the version forward, up to max_steps; the others are counted.
+        taken, version, max_steps = 0, 0, controller.config.run.max_steps
+        for d in decoded:
+            if isinstance(d, LearnerStep) and d.incarnation == 0:
+                if version < d.version <= max_steps:
+                    taken, version = taken + 1, d.version
+        assert 0 < taken < want[LearnerStep]
+        assert len(controller._steps) == taken and state.version == version
+        ignored = controller.ignored_reports
+        assert sum(n for k, n in ignored.items() if k.startswith("LearnerStep")) == (
+            want[LearnerStep] - taken
+        )
         assert len(controller.evals) == want[EvalReport]
 
         # Valid reports after the junk are taken exactly as before. (The junk's well-typed
-        # LearnerSteps moved the run's version, up to 2**64 - 1: reports are trusted.)
+        # LearnerSteps moved the run's version, but within max_steps.)
         poisoned = state.version
         with state.lock:
             incarnation = state.health[0].incarnation
         report = GeneratorReport(0, 5, 123, 7, 0, 1, 1e9, incarnation=incarnation)
-        step = LearnerStep(5, {"loss/policy": 0.1}, 1e9 + 2)
+        step = LearnerStep(poisoned + 1, {"loss/policy": 0.1}, 1e9 + 2)
         for message in (
             report,
             Heartbeat("generator", 0, incarnation, 1e9 + 1),
@@ -131,7 +144,7 @@ def test_reports_survive_fuzz_and_valid_reports_are_still_taken(tmp_path: Path) 
         drain_until_sentinel(controller, tally)
         assert state.generators[0] == report
         assert state.health[0].last_heartbeat == 1e9 + 1
-        assert controller._steps[-1] == step and state.version == max(poisoned, 5)
+        assert controller._steps[-1] == step and state.version == poisoned + 1
         assert codec.malformed_total == sum(expected.values())
     finally:
         tally.report(
