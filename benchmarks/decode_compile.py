@@ -74,24 +74,25 @@ def main() -> None:
         ).logits
 
     compiled = torch.compile(step, dynamic=False)
-    print(f"{'batch':>5} {'dynamic ms':>11} {'static ms':>10} {'compiled ms':>12} {'compile s':>10}")
+    header = ("batch", 5), ("dynamic ms", 11), ("static ms", 10), ("compiled ms", 12)
+    print(" ".join(f"{name:>{width}}" for name, width in (*header, ("compile s", 10))))
     with torch.no_grad():
         for batch in (int(b) for b in args.batches.split(",")):
 
             def static():
                 return StaticCache(config=model.config, max_cache_len=prompt + new)
 
-            def mean_ms(make_cache, fn, runs: int = 2) -> float:
+            def mean_ms(make_cache, fn, rows: int, runs: int = 2) -> float:
                 for _ in range(runs):
-                    times = decode_steps(model, make_cache(), batch, prompt, new, fn)
+                    times = decode_steps(model, make_cache(), rows, prompt, new, fn)
                 return sum(times[WARMUP_STEPS:]) / len(times[WARMUP_STEPS:]) * 1e3
 
-            dynamic_ms = mean_ms(lambda: DynamicCache(config=model.config), step)
-            static_ms = mean_ms(static, step)
+            dynamic_ms = mean_ms(lambda: DynamicCache(config=model.config), step, batch)
+            static_ms = mean_ms(static, step, batch)
             start = time.perf_counter()
             decode_steps(model, static(), batch, prompt, 1, compiled)  # compiles
             compile_s = time.perf_counter() - start
-            compiled_ms = mean_ms(static, compiled)
+            compiled_ms = mean_ms(static, compiled, batch)
             print(
                 f"{batch:>5} {dynamic_ms:>11.1f} {static_ms:>10.1f} {compiled_ms:>12.1f} "
                 f"{compile_s:>10.1f}"
