@@ -10,8 +10,9 @@ the IS weight absorbs that.) A sequence ends at a stop token (kept in the respon
 
 Continuous batching: at most ``max_batch_size`` sequences decode together (``None``: every
 prompt of the call at once). Each step, finished rows leave the batch and waiting prompts are
-prefilled and join it; rows are left-padded in one KV cache (``DynamicCache``), each with its
-own attention mask and position ids, and leading columns no row uses are trimmed.
+prefilled and join it; rows are left-padded in one KV cache (``DynamicCache`` whose layers
+append a step in place: ``kv_room``), each with its own attention mask and position ids, and
+leading columns no row uses are trimmed.
 
     step:  admit waiting prompts (prefill) -> sample every row -> drop finished rows
            -> on_step(self) (may update weights) -> one decode forward for the rest
@@ -35,6 +36,7 @@ import torch
 
 from streamrl.models import load_causal_lm
 from streamrl.workers.engines.base import Engine, GenerationOutput, SamplingParams, StepHook
+from streamrl.workers.engines.kv_room import RoomyLayer, make_roomy
 from streamrl.workers.engines.packed_linear import PackedLinear, can_prepack, prepack_linears
 
 
@@ -85,6 +87,14 @@ def _inverse_cdf_draw(
     return tokens, logprobs - total.squeeze(-1).log().float()
 
 
+def _full_attention(layer) -> bool:
+    """A cache layer that holds every column (no sliding window), so rows can be padded and
+    leading columns trimmed."""
+    from transformers.cache_utils import DynamicLayer
+
+    return type(layer) in (DynamicLayer, RoomyLayer)
+
+
 def _left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
     if n == 0:
         return t
@@ -109,9 +119,7 @@ class _Batch:
     def _resizable(self) -> bool:
         """Rows can be padded and columns trimmed only in full-attention layers (a sliding-window
         layer keeps a running length that padding would break)."""
-        from transformers.cache_utils import DynamicLayer
-
-        return all(type(layer) is DynamicLayer for layer in self.cache.layers)
+        return all(_full_attention(layer) for layer in self.cache.layers)
 
     def join(self, seqs: list[int], cache, attention, next_pos, logits) -> None:
         """Append rows (their own cache) to the batch, left-padding whichever is shorter."""
@@ -261,11 +269,9 @@ class HFEngine(Engine):
         cache, attention, lengths, logits = self._prefill_distinct([list(p) for p in distinct])
         if len(distinct) == len(prompts):
             return cache, attention, lengths, logits
-        from transformers.cache_utils import DynamicLayer
-
         index = torch.tensor(rows, device=self.device)
         for layer in cache.layers:
-            if type(layer) is not DynamicLayer:  # other layers keep extra per-row state
+            if not _full_attention(layer):  # other layers keep extra per-row state
                 return self._prefill_distinct(prompts)
             layer.keys, layer.values = layer.keys[index], layer.values[index]
         return cache, attention[index], lengths[index], logits[index]
@@ -281,6 +287,7 @@ class HFEngine(Engine):
             attention[i, width - len(prompt) :] = 1
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         cache = DynamicCache(config=self.model.config)
+        make_roomy(cache)  # decode steps append in place (kv_room)
         logits = self.model(
             input_ids=input_ids,
             attention_mask=attention,
