@@ -48,6 +48,11 @@ from streamrl.workers.subscriber import WeightSubscriber
 
 log = logging.getLogger(__name__)
 
+# A leaving generator waits this long at most for the shards' receipts of what it pushed
+# (normally under a second: shards report twice a second, admission relays the floors).
+RECEIPT_WAIT_S = 10.0
+RECEIPT_POLL_S = 0.1
+
 
 class AdmissionClient:
     """Asks the controller for permission to start groups (DEALER -> controller ROUTER)."""
@@ -271,6 +276,7 @@ class Generator:
             self._apply_live_knobs(reply)
             if reply.retire:  # generator.count lowered: every granted group is pushed
                 log.info("generator[%d]: retiring", self.generator_id)
+                self.await_receipts()
                 self.report(force=True)
                 return {"version": self.engine.version, "groups": self.groups_pushed}
             if reply.stop:
@@ -304,6 +310,7 @@ class Generator:
         evaluator = self.generator_id == 0 and self.config.eval.every > 0
         if evaluator and self.engine.version > self.evaluated:
             self.evaluate(self.engine.version)  # the final weights: what the run produced
+        self.await_receipts()
         self.report(force=True)
         return {"version": self.engine.version, "groups": self.groups_pushed}
 
@@ -416,6 +423,32 @@ class Generator:
                 )
             for frame in frames:
                 self.pushers[shard].send(frame)
+
+    def await_receipts(self, timeout_s: float = RECEIPT_WAIT_S) -> int:
+        """Before leaving: wait until the shards acknowledged every group pushed, sending a
+        shard that restarted meanwhile its groups again (receipts come with admission
+        replies, which grant a leaving generator nothing). Returns the groups still without a
+        receipt after ``timeout_s`` (logged): the run's ``groups_lost_in_transit`` if their
+        shard lost them."""
+        deadline = time.monotonic() + timeout_s
+        while any(box.unacked for box in self.outboxes):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(RECEIPT_POLL_S, left))
+            try:
+                self.take_receipts(self.admission.request(0, timeout_s=max(left, 0.1)))
+            except TimeoutError:
+                break  # the controller is gone: nobody to relay receipts
+        unacked = sum(len(box.unacked) for box in self.outboxes)
+        if unacked:
+            log.warning(
+                "generator[%d]: leaving with %d groups no shard acknowledged after %.0fs",
+                self.generator_id,
+                unacked,
+                timeout_s,
+            )
+        return unacked
 
     def report(self, force: bool = False) -> None:
         now = time.monotonic()
