@@ -52,6 +52,7 @@ from streamrl.controller.placement import (
     init_ray,
     role_threads,
 )
+from streamrl.controller.records import outcome, run_summary, step_record
 from streamrl.controller.rundir import (
     RunError,
     last_line,
@@ -67,7 +68,6 @@ from streamrl.metrics import MetricsLog
 from streamrl.protocol import (
     BatchTaken,
     EvalReport,
-    GeneratorActivity,
     GeneratorReport,
     Heartbeat,
     LearnerStep,
@@ -449,7 +449,7 @@ class Controller:
             # no fixed order, so the tokens cannot be split among them.
             rate = self.step_tokens_per_s(self._steps[-1].time)
             for step in self._steps:
-                self.last_record = self._step_record(step, rate)
+                self.last_record = step_record(self.state, step, rate)
                 self.metrics.write(self.last_record)
             self._save_prompts()
         self._steps = []
@@ -743,39 +743,6 @@ class Controller:
         if every > 0 and version % every == 0 and version < self.config.run.max_steps:
             self.state.eval_requested = max(self.state.eval_requested, version)
 
-    def _step_record(self, step: LearnerStep, tokens_per_s: float) -> dict[str, Any]:
-        gens = list(self.state.generators.values())  # live ones
-        every = self.state.all_generator_reports()  # and ended incarnations, for totals
-        return {
-            "step": step.version,
-            "time": step.time,
-            **step.metrics,
-            "throughput/tokens_per_s": tokens_per_s,
-            "buffer/size": sum(s.size for s in self.state.shards.values()),
-            "buffer/dropped": self.state.buffer_dropped(),
-            "generators/min_version": min((g.applied_version for g in gens), default=0),
-            "generators/max_version": max((g.applied_version for g in gens), default=0),
-            "weights/publish_to_applied_s_max": max(
-                (g.weights_latency_s for g in gens), default=0.0
-            ),
-            "weights/anchors_requested": sum(g.anchors_requested for g in gens),
-            "weights/apply_s_max": max((g.weights_apply_s for g in gens), default=0.0),
-            "weights/checksum_failures": sum(g.checksum_failures for g in gens),
-            # Whole-image checks (weights.verify_every), over replaced generators too.
-            "weights/images_verified": sum(g.images_verified for g in every),
-            "weights/image_mismatches": sum(g.image_mismatches for g in every),
-            # Cumulative over generators, for rates over any window (`streamrl bench`).
-            "generators/count": len(gens),
-            "generators/restarts": sum(h.restarts for h in self.state.health.values()),
-            "generators/tokens_total": sum(g.tokens_generated for g in every),
-            "generators/groups_total": sum(g.groups_pushed for g in every),
-            "generators/weights_bytes_total": sum(g.weights_bytes_received for g in every),
-            **{
-                f"generators/{name}_total": sum(getattr(g.activity, name) for g in every)
-                for name in GeneratorActivity.__struct_fields__
-            },
-        }
-
     def _wait_generators(self) -> None:
         import ray
 
@@ -787,79 +754,18 @@ class Controller:
         self._drain_reports(timeout_ms=300)
 
     def _summary(self) -> dict[str, Any]:
-        gens = {
-            g.generator_id: {
-                "applied_version": g.applied_version,
-                "verified_versions": g.verified_versions,
-                "checksum_failures": g.checksum_failures,
-                "images_verified": g.images_verified,
-                "image_mismatches": g.image_mismatches,
-                "anchors_applied": g.anchors_applied,
-            }
-            for g in self.state.generators.values()
-        }
-        shards = sorted(self.state.shards.values(), key=lambda s: s.shard_id)
-        summary = {
-            "version": self.state.version,
-            "generators": gens,
-            "restarts": dict(self.state.restarts),
-            # Per shard: accepted = consumed + dropped (by reason) + size + held, exactly.
-            "buffer": [
-                {
-                    "shard_id": s.shard_id,
-                    "ingested": s.ingested,
-                    "consumed": s.consumed,
-                    "dropped": dict(s.dropped),
-                    "size": s.size,
-                    "held": s.held,
-                    # Durable shards, from the log, over every process that served the shard:
-                    # received_total == sum(removed_total) + size + held.
-                    "received_total": s.received_total,
-                    "removed_total": dict(s.removed_total),
-                    "recovered": s.recovered,
-                    # Groups generators sent again after a restart that the log had already.
-                    "resent_duplicates": s.resent_duplicates,
-                    # Batch requests answered again with the same groups (a lost reply).
-                    "retried_takes": s.retried_takes,
-                }
-                for s in shards
-            ],
-            # Consumed by learner steps that a learner restart took back (trained again on
-            # new groups): handed out once, trained on by no surviving version.
-            "groups_rolled_back": self._rolled_back,
-            # Pushed by generators and never received by a shard; durable shards only, else
-            # null. Generators send a restarted shard what it had not acknowledged again
-            # (buffers.delivery), so this is 0 unless a generator ended before it could.
-            "groups_lost_in_transit": (
-                sum(g.groups_pushed for g in self.state.all_generator_reports())
-                - sum(s.received_total for s in shards)
-                if self.config.buffer.durable
-                else None
-            ),
-            # Learner reports not taken: a replaced group's late ones, versions out of range.
-            "ignored_reports": self.ignored_reports,
-            "run_dir": str(self.run_dir),
-            "wall_time_s": time.time() - self.started_at,
-            "eval": [
-                {"requested": e.requested, "version": e.version, **e.metrics} for e in self.evals
-            ],
-        }
+        summary = run_summary(
+            self.state,
+            durable=self.config.buffer.durable,
+            rolled_back=self._rolled_back,
+            ignored_reports=self.ignored_reports,
+            evals=self.evals,
+            run_dir=self.run_dir,
+            wall_time_s=time.time() - self.started_at,
+        )
         (self.run_dir / "summary.json").write_bytes(msgspec.json.encode(summary))
-        self._print_outcome(summary)
+        print(outcome(summary), file=self.console, flush=True)
         return summary
-
-    def _print_outcome(self, summary: dict[str, Any]) -> None:
-        """The answer to "did my model get better?": held-out eval before and after."""
-        lines = [f"wall time {summary['wall_time_s']:.0f} s, {summary['version']} steps"]
-        evals = summary["eval"]
-        if evals:
-            first, last = evals[0], evals[-1]
-            for key in ("eval/exact_match", "eval/accuracy", "eval/reward_mean"):
-                lines.append(
-                    f"{key:<18} {first[key]:.3f} (version {first['version']}) -> "
-                    f"{last[key]:.3f} (version {last['version']})"
-                )
-        print("\n".join(lines), file=self.console, flush=True)
 
     def shutdown(self) -> None:
         import ray

@@ -1,0 +1,130 @@
+"""What a run writes about itself: the per-step record (``metrics.jsonl``), the summary
+(``summary.json``) and the console's closing lines, all read from the run's state.
+
+Pure functions of their arguments: the controller calls them, tests can too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from streamrl.controller.state import RunState
+from streamrl.protocol import EvalReport, GeneratorActivity, LearnerStep
+
+OUTCOME_KEYS = ("eval/exact_match", "eval/accuracy", "eval/reward_mean")
+
+
+def step_record(state: RunState, step: LearnerStep, tokens_per_s: float) -> dict[str, Any]:
+    """One line of ``metrics.jsonl``: the learner's metrics and the roles' figures now."""
+    gens = list(state.generators.values())  # live ones
+    every = state.all_generator_reports()  # and ended incarnations, for totals
+    return {
+        "step": step.version,
+        "time": step.time,
+        **step.metrics,
+        "throughput/tokens_per_s": tokens_per_s,
+        "buffer/size": sum(s.size for s in state.shards.values()),
+        "buffer/dropped": state.buffer_dropped(),
+        "generators/min_version": min((g.applied_version for g in gens), default=0),
+        "generators/max_version": max((g.applied_version for g in gens), default=0),
+        "weights/publish_to_applied_s_max": max((g.weights_latency_s for g in gens), default=0.0),
+        "weights/anchors_requested": sum(g.anchors_requested for g in gens),
+        "weights/apply_s_max": max((g.weights_apply_s for g in gens), default=0.0),
+        "weights/checksum_failures": sum(g.checksum_failures for g in gens),
+        # Whole-image checks (weights.verify_every), over replaced generators too.
+        "weights/images_verified": sum(g.images_verified for g in every),
+        "weights/image_mismatches": sum(g.image_mismatches for g in every),
+        # Cumulative over generators, for rates over any window (`streamrl bench`).
+        "generators/count": len(gens),
+        "generators/restarts": sum(h.restarts for h in state.health.values()),
+        "generators/tokens_total": sum(g.tokens_generated for g in every),
+        "generators/groups_total": sum(g.groups_pushed for g in every),
+        "generators/weights_bytes_total": sum(g.weights_bytes_received for g in every),
+        **{
+            f"generators/{name}_total": sum(getattr(g.activity, name) for g in every)
+            for name in GeneratorActivity.__struct_fields__
+        },
+    }
+
+
+def run_summary(
+    state: RunState,
+    *,
+    durable: bool,
+    rolled_back: int,
+    ignored_reports: dict[str, int],
+    evals: list[EvalReport],
+    run_dir: Path,
+    wall_time_s: float,
+) -> dict[str, Any]:
+    """``summary.json``: where the run ended, and every group accounted for."""
+    gens = {
+        g.generator_id: {
+            "applied_version": g.applied_version,
+            "verified_versions": g.verified_versions,
+            "checksum_failures": g.checksum_failures,
+            "images_verified": g.images_verified,
+            "image_mismatches": g.image_mismatches,
+            "anchors_applied": g.anchors_applied,
+        }
+        for g in state.generators.values()
+    }
+    shards = sorted(state.shards.values(), key=lambda s: s.shard_id)
+    return {
+        "version": state.version,
+        "generators": gens,
+        "restarts": dict(state.restarts),
+        # Per shard: accepted = consumed + dropped (by reason) + size + held, exactly.
+        "buffer": [
+            {
+                "shard_id": s.shard_id,
+                "ingested": s.ingested,
+                "consumed": s.consumed,
+                "dropped": dict(s.dropped),
+                "size": s.size,
+                "held": s.held,
+                # Durable shards, from the log, over every process that served the shard:
+                # received_total == sum(removed_total) + size + held.
+                "received_total": s.received_total,
+                "removed_total": dict(s.removed_total),
+                "recovered": s.recovered,
+                # Groups generators sent again after a restart that the log had already.
+                "resent_duplicates": s.resent_duplicates,
+                # Batch requests answered again with the same groups (a lost reply).
+                "retried_takes": s.retried_takes,
+            }
+            for s in shards
+        ],
+        # Consumed by learner steps that a learner restart took back (trained again on new
+        # groups): handed out once, trained on by no surviving version.
+        "groups_rolled_back": rolled_back,
+        # Pushed by generators and never received by a shard; durable shards only, else null.
+        # Generators send a restarted shard what it had not acknowledged again, and wait for
+        # receipts before leaving (buffers.delivery), so this is 0 unless a shard stayed down.
+        "groups_lost_in_transit": (
+            sum(g.groups_pushed for g in state.all_generator_reports())
+            - sum(s.received_total for s in shards)
+            if durable
+            else None
+        ),
+        # Learner reports not taken: a replaced group's late ones, versions out of range.
+        "ignored_reports": ignored_reports,
+        "run_dir": str(run_dir),
+        "wall_time_s": wall_time_s,
+        "eval": [{"requested": e.requested, "version": e.version, **e.metrics} for e in evals],
+    }
+
+
+def outcome(summary: dict[str, Any]) -> str:
+    """The answer to "did my model get better?": held-out eval before and after."""
+    lines = [f"wall time {summary['wall_time_s']:.0f} s, {summary['version']} steps"]
+    evals = summary["eval"]
+    if evals:
+        first, last = evals[0], evals[-1]
+        for key in OUTCOME_KEYS:
+            lines.append(
+                f"{key:<18} {first[key]:.3f} (version {first['version']}) -> "
+                f"{last[key]:.3f} (version {last['version']})"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""The run's records from its state: step lines, the summary, the closing lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamrl.controller.records import outcome, run_summary, step_record
+from streamrl.controller.state import RunState
+from streamrl.protocol import EvalReport, GeneratorReport, LearnerStep, ShardStats
+
+
+def make_state() -> RunState:
+    state = RunState()
+    state.version = 7
+    state.generators[0] = GeneratorReport(0, 7, 900, 10, 0, 1, 1.0)
+    state.ended.append(GeneratorReport(1, 5, 300, 4, 0, 1, 0.5))  # a replaced incarnation
+    state.shards[0] = ShardStats(
+        0,
+        2,
+        64,
+        12,
+        9,
+        {"stale": 1},
+        100,
+        received_total=13,
+        removed_total={"consumed": 10, "stale": 1},
+    )
+    return state
+
+
+def test_summary_accounts_for_every_group_and_ended_generators():
+    state = make_state()
+    evals = [
+        EvalReport(
+            0, 0, 0, {"eval/exact_match": 0.1, "eval/accuracy": 0.1, "eval/reward_mean": 0.2}, 0.0
+        ),
+        EvalReport(
+            0, 7, 7, {"eval/exact_match": 0.5, "eval/accuracy": 0.5, "eval/reward_mean": 0.6}, 1.0
+        ),
+    ]
+    summary = run_summary(
+        state,
+        durable=True,
+        rolled_back=2,
+        ignored_reports={"LearnerStep: from a replaced learner group": 1},
+        evals=evals,
+        run_dir=Path("runs/x"),
+        wall_time_s=12.0,
+    )
+    assert summary["groups_lost_in_transit"] == 10 + 4 - 13
+    assert summary["buffer"][0]["received_total"] == 13
+    assert summary["groups_rolled_back"] == 2 and summary["version"] == 7
+    assert (
+        run_summary(
+            state,
+            durable=False,
+            rolled_back=0,
+            ignored_reports={},
+            evals=[],
+            run_dir=Path("."),
+            wall_time_s=0.0,
+        )["groups_lost_in_transit"]
+        is None
+    )
+    lines = outcome(summary).splitlines()
+    assert lines[0] == "wall time 12 s, 7 steps"
+    assert lines[1] == "eval/exact_match   0.100 (version 0) -> 0.500 (version 7)"
+
+
+def test_step_record_totals_include_ended_generators():
+    record = step_record(make_state(), LearnerStep(7, {"loss/policy": 0.5}, 3.0), 42.0)
+    assert record["step"] == 7 and record["loss/policy"] == 0.5
+    assert record["generators/tokens_total"] == 1200 and record["generators/count"] == 1
+    assert record["buffer/size"] == 2 and record["buffer/dropped"] == 1
