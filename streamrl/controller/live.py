@@ -8,29 +8,62 @@ Live changes are all-or-nothing: buffer knobs go to every shard as one ``Reconfi
 shard refuses, the shards that accepted are set back and the patch answers 422.
 Example: ``{"buffer.max_staleness": 0}`` -> admission uses 0 from its next decision, every
 shard evicts with 0 from its next batch, and ``/status`` shows 0.
+
+``LiveRun`` is given what it works on, by name: the run's config, its ``RunState``, the
+admission policy, the learner actors, the run's live figures (``RunFigures``), a stop callback
+and the checkpoint directory. It does not know the controller.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
 
 import msgspec
 import zmq
 
-from streamrl.config import to_dict
+from streamrl.config import Config, to_dict
 from streamrl.controller.knobs import LIVE_KEYS, get_key, set_key
-from streamrl.protocol import Ack, Checkpoint, Reconfigure
+from streamrl.controller.staleness import AdmissionPolicy
+from streamrl.controller.state import RunState
+from streamrl.protocol import Ack, Checkpoint, EvalReport, Reconfigure
 from streamrl.transport import Codec, make_socket
 
-if TYPE_CHECKING:
-    from streamrl.controller.run import Controller
+
+class RunFigures(Protocol):
+    """The running figures ``/status`` and ``/metrics`` read (the controller keeps them)."""
+
+    last_record: dict[str, Any]  # the newest step record
+    evals: list[EvalReport]
+
+    def steps_per_s(self) -> float: ...
+
+    def tokens_per_s(self) -> float: ...
+
+    def role_health(self, now: float) -> dict[str, dict[str, Any]]: ...
 
 
 class LiveRun:
-    def __init__(self, controller: Controller, shard_endpoints: list[str]) -> None:
-        self.c = controller
+    def __init__(
+        self,
+        *,
+        config: Config,
+        state: RunState,
+        policy: AdmissionPolicy,
+        learners: Callable[[], list[Any]],
+        figures: RunFigures,
+        request_stop: Callable[[], None],
+        checkpoint_dir: Path,
+        shard_endpoints: list[str],
+    ) -> None:
+        """``learners``: the current learner actors (a restart replaces them); each has
+        ``set_live`` and ``request_checkpoint`` (Ray remote methods)."""
+        self.config, self.state, self.policy = config, state, policy
+        self.learners, self.figures = learners, figures
+        self.request_stop, self.checkpoint_dir = request_stop, checkpoint_dir
         self.lock = threading.Lock()
         self.ctx = zmq.Context()
         self.shards = []
@@ -44,24 +77,24 @@ class LiveRun:
 
     def config(self) -> dict[str, Any]:
         with self.lock:
-            return to_dict(self.c.config)
+            return to_dict(self.config)
 
     def status(self) -> dict[str, Any]:
-        c, state = self.c, self.c.state
+        state, figures, policy = self.state, self.figures, self.policy
         now = time.time()
         hist: dict[str, int] = {}
         for stats in state.shards.values():
             for staleness, n in stats.staleness_hist.items():
                 hist[str(staleness)] = hist.get(str(staleness), 0) + n
         return {
-            "run": c.config.run.name,
-            "mode": c.config.run.mode,
+            "run": self.config.run.name,
+            "mode": self.config.run.mode,
             "state": "stopping" if state.stop else "paused" if state.paused else "running",
             "version": state.version,
-            "max_steps": c.config.run.max_steps,
-            "steps_per_s": c.steps_per_s(),
-            "tokens_per_s": c.tokens_per_s(),
-            "roles": c.role_health(now),
+            "max_steps": self.config.run.max_steps,
+            "steps_per_s": figures.steps_per_s(),
+            "tokens_per_s": figures.tokens_per_s(),
+            "roles": figures.role_health(now),
             "shards": [
                 {
                     "shard_id": s.shard_id,
@@ -79,18 +112,19 @@ class LiveRun:
                 for g in sorted(state.generators.values(), key=lambda g: g.generator_id)
             ],
             "admission": {
-                "started": c.policy.started,
-                "dropped": c.policy.dropped,
-                "max_staleness": c.policy.max_staleness,
+                "started": policy.started,
+                "dropped": policy.dropped,
+                "max_staleness": policy.max_staleness,
             },
         }
 
     def metrics(self) -> dict[str, float]:
-        out = {k: v for k, v in self.c.last_record.items() if isinstance(v, int | float)}
-        out["version"] = self.c.state.version
-        out["throughput/tokens_per_s"] = self.c.tokens_per_s()
-        if self.c.evals:  # the newest held-out evaluation
-            out.update({k: float(v) for k, v in self.c.evals[-1].metrics.items()})
+        figures = self.figures
+        out = {k: v for k, v in figures.last_record.items() if isinstance(v, int | float)}
+        out["version"] = self.state.version
+        out["throughput/tokens_per_s"] = figures.tokens_per_s()
+        if figures.evals:  # the newest held-out evaluation
+            out.update({k: float(v) for k, v in figures.evals[-1].metrics.items()})
         return out
 
     # ------------------------------------------------------------------ writes
@@ -99,7 +133,7 @@ class LiveRun:
         """Apply a validated patch; each key reaches the roles its row names (``knobs``)."""
         rows = [LIVE_KEYS[key] for key in changes]
         with self.lock:
-            config, state = self.c.config, self.c.state
+            config, state = self.config, self.state
             old = {key: get_key(config, key) for key in changes}
             to_shards = {row.field: changes[row.key] for row in rows if "shards" in row.reaches}
             if to_shards:
@@ -110,12 +144,12 @@ class LiveRun:
                     value = changes[row.key]
                     set_key(config, row.key, value)  # the supervisor reads the config
                     if "admission" in row.reaches:
-                        setattr(self.c.policy, row.field, value)
+                        setattr(self.policy, row.field, value)
                     if "generators" in row.reaches:
                         setattr(state, row.field, value)  # rides on AdmissionReply.<field>
             for row in rows:
                 if "learners" in row.reaches:
-                    for learner in self.c.learners:
+                    for learner in self.learners():
                         learner.set_live.remote(row.key, changes[row.key])
             return {key: (old[key], changes[key]) for key in changes}
 
@@ -142,31 +176,31 @@ class LiveRun:
         raise RuntimeError(f"a buffer shard did not answer {type(message).__name__} in time")
 
     def pause(self) -> None:
-        with self.c.state.lock:
-            self.c.state.paused = True
+        with self.state.lock:
+            self.state.paused = True
 
     def resume(self) -> None:
-        with self.c.state.lock:
-            self.c.state.paused = False
+        with self.state.lock:
+            self.state.paused = False
 
     def stop(self) -> None:
-        self.c.request_stop()
+        self.request_stop()
 
     def checkpoint(self) -> dict[str, Any]:
         """Ask every learner rank to save at the end of its current step (asynchronous), and
         every buffer shard to compact its durable log now (what a resume recovers from)."""
-        for learner in self.c.learners:
+        for learner in self.learners():
             learner.request_checkpoint.remote()
         with self.lock:
             for i, sock in enumerate(self.shards):
                 ack = self._ask(sock, Checkpoint(), timeout_s=60.0)
                 if not ack.ok:
                     raise RuntimeError(f"buffer shard {i} could not compact: {ack.error}")
-        version = self.c.state.version
+        version = self.state.version
         return {
             "requested": True,
             "expected_version": version + 1,
-            "directory": str(self.c.run_dir / "checkpoints"),
+            "directory": str(self.checkpoint_dir),
         }
 
     def close(self) -> None:

@@ -168,7 +168,16 @@ class Controller:
         from streamrl.admin.server import start_admin
         from streamrl.controller.live import LiveRun
 
-        self.live = LiveRun(self, shard_request_endpoints)
+        self.live = LiveRun(
+            config=self.config,
+            state=self.state,
+            policy=self.policy,
+            learners=lambda: self.learners,
+            figures=self,
+            request_stop=self.request_stop,
+            checkpoint_dir=self.run_dir / "checkpoints",
+            shard_endpoints=shard_request_endpoints,
+        )
         self.admin = start_admin(
             self.live,
             self.config.admin,

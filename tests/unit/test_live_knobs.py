@@ -74,7 +74,16 @@ def test_a_live_key_reaches_every_role_it_names(key: str, tmp_path: Path) -> Non
     controller = SimpleNamespace(
         config=config, state=state, policy=policy, learners=learners, run_dir=tmp_path
     )
-    live = LiveRun(controller, [shard.request_endpoint])
+    live = LiveRun(
+        config=config,
+        state=state,
+        policy=policy,
+        learners=lambda: learners,
+        figures=controller,
+        request_stop=lambda: None,
+        checkpoint_dir=tmp_path / "checkpoints",
+        shard_endpoints=[shard.request_endpoint],
+    )
     try:
         assert live.apply_live({key: new}) == {key: (old, new)}
         assert get_key(config, key) == new
