@@ -61,7 +61,8 @@ class LiveRun:
     ) -> None:
         """``learners``: the current learner actors (a restart replaces them); each has
         ``set_live`` and ``request_checkpoint`` (Ray remote methods)."""
-        self.config, self.state, self.policy = config, state, policy
+        # Not ``self.config``: ``config()`` is the ``RunControl`` method the admin API calls.
+        self.run_config, self.state, self.policy = config, state, policy
         self.learners, self.figures = learners, figures
         self.request_stop, self.checkpoint_dir = request_stop, checkpoint_dir
         self.lock = threading.Lock()
@@ -77,7 +78,7 @@ class LiveRun:
 
     def config(self) -> dict[str, Any]:
         with self.lock:
-            return to_dict(self.config)
+            return to_dict(self.run_config)
 
     def status(self) -> dict[str, Any]:
         state, figures, policy = self.state, self.figures, self.policy
@@ -87,11 +88,11 @@ class LiveRun:
             for staleness, n in stats.staleness_hist.items():
                 hist[str(staleness)] = hist.get(str(staleness), 0) + n
         return {
-            "run": self.config.run.name,
-            "mode": self.config.run.mode,
+            "run": self.run_config.run.name,
+            "mode": self.run_config.run.mode,
             "state": "stopping" if state.stop else "paused" if state.paused else "running",
             "version": state.version,
-            "max_steps": self.config.run.max_steps,
+            "max_steps": self.run_config.run.max_steps,
             "steps_per_s": figures.steps_per_s(),
             "tokens_per_s": figures.tokens_per_s(),
             "roles": figures.role_health(now),
@@ -133,7 +134,7 @@ class LiveRun:
         """Apply a validated patch; each key reaches the roles its row names (``knobs``)."""
         rows = [LIVE_KEYS[key] for key in changes]
         with self.lock:
-            config, state = self.config, self.state
+            config, state = self.run_config, self.state
             old = {key: get_key(config, key) for key in changes}
             to_shards = {row.field: changes[row.key] for row in rows if "shards" in row.reaches}
             if to_shards:

@@ -87,6 +87,8 @@ def test_a_live_key_reaches_every_role_it_names(key: str, tmp_path: Path) -> Non
     try:
         assert live.apply_live({key: new}) == {key: (old, new)}
         assert get_key(config, key) == new
+        section, name = key.split(".")
+        assert live.config()[section][name] == new  # what GET /config and /status read
         reached = {
             "shards": getattr(shard.store.policy, row.field, None) == new,
             "admission": getattr(policy, row.field, None) == new,
