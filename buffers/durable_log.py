@@ -187,6 +187,9 @@ class DurableLog:
         # Counted from the log when first asked for (``recover_payloads`` counts them in its
         # own pass), then kept current by every write.
         self._tallies: Tallies | None = None
+        # The log as replayed by the last recover_* call, until the next write or compaction:
+        # a restarting shard asks for its unconsumed groups and its clients' last takes.
+        self._recovered: tuple[list[Path], _History] | None = None
         segments = _segments(self.shard_dir)
         self._next_number = (segments[-1][0] + 1) if segments else 1
         self._file: BinaryIO | None = None
@@ -271,6 +274,7 @@ class DurableLog:
     def _write(self, batch: pa.RecordBatch) -> None:
         if self._closed:
             raise ValueError(f"durable log {self.shard_dir} is closed")
+        self._recovered = None
         if self._writer is None:
             self._open_segment()
         assert self._writer is not None and self._file is not None
@@ -317,8 +321,7 @@ class DurableLog:
     def recover_payloads(self) -> list[bytes]:
         """The payloads (msgpack ``TrajectoryGroup``s) of what ``recover`` returns, not
         decoded (nor checked: whoever decodes them counts what fails)."""
-        segments = _live_segments(self.shard_dir)
-        history = _replay(segments)
+        segments, history = self._replayed()
         if self._tallies is None:
             self._tallies = history.tallies
         return [payload for payload, _ in _payloads(segments, history.fates, (_LIVE,))]
@@ -327,15 +330,20 @@ class DurableLog:
         """Each client's last take, with the payloads of its groups in the order they were
         taken (``buffers.takes``). A group whose payload a format-2 compaction dropped is left
         out of its take."""
-        segments = _live_segments(self.shard_dir)
-        history = _replay(segments)
+        segments, history = self._replayed()
         rows = {history.rows[gid] for _, take in history.takes.items() for gid in take.items}
-        payloads = dict(_payloads_at(segments, history.fates, rows))
+        payloads = dict(_payloads_at(segments, history.fates, rows)) if rows else {}
         out: LastTakes[bytes] = LastTakes()
         for client, take in history.takes.items():
             found = [payloads.get(history.rows[gid]) for gid in take.items]
             out.put(client, take.request_id, [p for p in found if p is not None])
         return out
+
+    def _replayed(self) -> tuple[list[Path], _History]:
+        if self._recovered is None:
+            segments = _live_segments(self.shard_dir)
+            self._recovered = segments, _replay(segments)
+        return self._recovered
 
     def iter_all(self) -> Iterator[TrajectoryGroup]:
         """Every group still in the log, consumed or not, in append order (a compaction
@@ -356,6 +364,7 @@ class DurableLog:
         opens a fresh segment.
         """
         self._close_segment()
+        self._recovered = None  # its row numbers end with the old segments
         segments = _live_segments(self.shard_dir)
         history = _replay(segments)
         fates, tallies = history.fates, history.tallies

@@ -732,17 +732,17 @@ class Controller:
         reach; others (a replaced group's late reports, versions out of range) are counted in
         ``ignored_reports`` and logged once per kind."""
         state, max_steps = self.state, self.config.run.max_steps
+        lowest = state.version + 1 if isinstance(report, LearnerStep) else 1
         if report.incarnation != state.weights_epoch:
-            why = "from a replaced learner group"
-        elif isinstance(report, LearnerStep) and not state.version < report.version <= max_steps:
-            why = f"version out of range ({state.version}, {max_steps}]"
-        elif isinstance(report, BatchTaken) and not 0 < report.version <= max_steps:
-            why = f"version out of range (0, {max_steps}]"
+            why, detail = "from a replaced learner group", ""
+        elif not lowest <= report.version <= max_steps:
+            why, detail = "version out of range", f" [{lowest}, {max_steps}]"
         else:
             return True
-        kind = f"{type(report).__name__}: {why.split(' (')[0]}"
+        name = type(report).__name__
+        kind = f"{name}: {why}"
         if kind not in self.ignored_reports:
-            log.warning("ignored a %s %s (version %d)", type(report).__name__, why, report.version)
+            log.warning("ignored a %s %s%s (version %d)", name, why, detail, report.version)
         self.ignored_reports[kind] = self.ignored_reports.get(kind, 0) + 1
         return False
 
