@@ -72,6 +72,3 @@ class LastTakes(Generic[T]):
 
     def items(self) -> list[tuple[str, Take[T]]]:
         return list(self.by_client.items())
-
-    def __len__(self) -> int:
-        return len(self.by_client)
