@@ -143,6 +143,10 @@ class LearnerConfig(_Section):
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
     micro_batch_size: int = 8
+    # > 0: micro-batches cut by tokens instead of micro_batch_size rows: trajectories sorted by
+    # length, each micro-batch at most this many padded tokens (rows x longest; a longer
+    # trajectory goes alone), as many on every rank. Less padding when lengths vary.
+    micro_batch_tokens: int = 0
     # Optimizer steps per batch (PPO mini-batches; each rank splits its groups evenly) and
     # passes over the batch. More than one update makes the clip act: proximal logprobs are
     # then computed once, without grad, before the first update. The version still advances
@@ -363,6 +367,10 @@ def _finalize(config: Config) -> Config:
             f"learner.count ({config.learner.count})",
         ),
         (config.learner.micro_batch_size >= 1, "learner.micro_batch_size must be >= 1"),
+        (
+            config.learner.micro_batch_tokens >= 0,
+            "learner.micro_batch_tokens must be >= 0 (0 = off)",
+        ),
         (config.learner.mini_batches >= 1, "learner.mini_batches must be >= 1"),
         (config.learner.ppo_epochs >= 1, "learner.ppo_epochs must be >= 1"),
         (

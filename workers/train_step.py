@@ -39,7 +39,14 @@ from streamrl.algorithms import losses
 from streamrl.algorithms import rewards as shaping
 from streamrl.config import Config
 from streamrl.protocol import TrajectoryGroup
-from streamrl.workers.batching import MicroBatch, build_micro_batches, split_groups
+from streamrl.workers.batching import (
+    MicroBatch,
+    build_micro_batches,
+    in_step_order,
+    micro_batch_rows,
+    resize_plan,
+    split_groups,
+)
 from streamrl.workers.fsdp import clip_and_step, reshard, set_gradient_sync
 
 log = logging.getLogger(__name__)
@@ -153,10 +160,7 @@ class TrainStep:
 
     def __call__(self, groups: list[TrajectoryGroup], version: int) -> dict[str, float]:
         lc, start = self.config.learner, time.perf_counter()
-        minis = [
-            build_micro_batches(part, lc.micro_batch_size, self.pad_id)
-            for part in split_groups(groups, lc.mini_batches)
-        ]
+        minis = self._micro_batches(split_groups(groups, lc.mini_batches))
         batches = [b for mini in minis for b in mini]
         metrics = StepMetrics(self.device)
         self._batch_figures(groups, version, metrics)
@@ -196,6 +200,37 @@ class TrainStep:
 
     # ------------------------------------------------------------------ before the updates
 
+    def _micro_batches(self, parts: list[list[TrajectoryGroup]]) -> list[list[MicroBatch]]:
+        """Each mini-batch's micro-batches, as many on every rank: each forward and backward
+        under FSDP2 is collective (one all-reduce of the counts, with more than one rank)."""
+        lc = self.config.learner
+        lengths = [
+            [t.num_prompt_tokens + t.num_response_tokens for g in part for t in g.trajectories]
+            for part in parts
+        ]
+        plans = [micro_batch_rows(n, lc.micro_batch_size, lc.micro_batch_tokens) for n in lengths]
+        if self.world_size > 1:
+            # The most micro-batches any rank planned, capped by the fewest rows any rank has.
+            local = torch.tensor(
+                [[len(plan), -len(n)] for plan, n in zip(plans, lengths, strict=True)],
+                dtype=torch.int64,
+                device=self.device,
+            )
+            agreed = _all_reduce(local, dist.ReduceOp.MAX).cpu().tolist()
+            plans = [
+                resize_plan(plan, n, min(most, -fewest_rows))
+                for plan, n, (most, fewest_rows) in zip(plans, lengths, agreed, strict=True)
+            ]
+        minis, first_row = [], 0
+        for part, plan, n in zip(parts, plans, lengths, strict=True):
+            minis.append(
+                build_micro_batches(
+                    part, lc.micro_batch_size, self.pad_id, plan=plan, first_row=first_row
+                )
+            )
+            first_row += len(n)
+        return minis
+
     def _batch_figures(
         self, groups: list[TrajectoryGroup], version: int, metrics: StepMetrics
     ) -> None:
@@ -222,7 +257,7 @@ class TrainStep:
         metrics.max("reward/max", rewards.max())
         scores = rewards.clone()
         if alg.overlong_buffer.length > 0:
-            lengths = torch.cat([b.response_lengths for b in batches])
+            lengths = torch.tensor([t.num_response_tokens for g in groups for t in g.trajectories])
             scores += shaping.overlong_penalty(
                 lengths, gen.max_new_tokens, alg.overlong_buffer.length, alg.overlong_buffer.penalty
             )
@@ -230,11 +265,12 @@ class TrainStep:
             self._ref_pass(batches)
             if alg.kl.in_reward:
                 # KL(behaviour || reference) summed over each response (InstructGPT-style).
-                seq_kl = torch.cat(
+                seq_kl = in_step_order(
+                    batches,
                     [
                         (kl_lib.estimate(b.behavior, b.ref_logprobs, alg.kl.kind) * b.mask).sum(-1)
                         for b in batches
-                    ]
+                    ],
                 )
                 scores = scores - self.kl_controller.value * seq_kl
                 tokens = sum(b.mask.sum() for b in batches)
@@ -252,13 +288,13 @@ class TrainStep:
     ) -> None:
         """Group advantages ([B] per micro-batch), or GAE from the critic ([B, T])."""
         alg = self.config.algorithm
-        sizes = [len(b) for b in batches]
         if self.critic is None:
             advantages = adv.ADVANTAGES[alg.advantage](scores, torch.tensor(group_ids))
-            for batch, part in zip(batches, advantages.split(sizes), strict=True):
-                batch.advantages = part
+            for batch in batches:
+                batch.advantages = advantages[batch.rows]
             return
-        for batch, part in zip(batches, scores.split(sizes), strict=True):
+        for batch in batches:
+            part = scores[batch.rows]
             with torch.no_grad():
                 values = self._values(batch).float().cpu()
             rewards = shaping.token_level_rewards(part, batch.mask)

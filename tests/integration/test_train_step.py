@@ -29,6 +29,7 @@ from streamrl.config import Config, load_config
 from streamrl.models import TINY, load_causal_lm, load_tokenizer, resolve_model
 from streamrl.protocol import Trajectory, TrajectoryGroup
 from streamrl.transport import free_port
+from streamrl.workers.batching import micro_batch_rows
 from streamrl.workers.engines.base import SamplingParams
 from streamrl.workers.engines.hf import HFEngine
 from streamrl.workers.learner import build_train_step, rendezvous
@@ -41,6 +42,7 @@ AGGREGATIONS = [
     "seq-mean-token-sum-norm",
 ]
 CPU = torch.device("cpu")
+TWO_RANK_BUDGET = 30  # tokens: 4 micro-batches planned on rank 0, 5 on rank 1
 
 
 class GradRecorder(torch.optim.Optimizer):
@@ -65,8 +67,9 @@ def _config(*overrides: str) -> Config:
     )
 
 
-def _split_config(agg: str, micro_batch_size: int, ranks: int) -> Config:
+def _split_config(agg: str, micro_batch_size: int, ranks: int, tokens: int = 0) -> Config:
     return _config(
+        f"learner.micro_batch_tokens={tokens}",
         f"algorithm.loss_agg={agg}",
         "algorithm.advantage=gae",
         "algorithm.entropy_coef=0.01",
@@ -124,6 +127,11 @@ def _two_rank_main(rank: int, master: str, model_dir: str, out: str) -> None:
         agg: _recorded_grads(_split_config(agg, 3, 2), Path(model_dir), 2, rank)
         for agg in AGGREGATIONS
     }
+    # A token budget plans a different number of micro-batches on each rank (the counts
+    # are then made equal); token-mean only, the split rule is the same for every agg.
+    results["tokens"] = _recorded_grads(
+        _split_config("token-mean", 3, 2, tokens=TWO_RANK_BUDGET), Path(model_dir), 2, rank
+    )
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()
@@ -163,6 +171,11 @@ def test_gradients_do_not_depend_on_the_split(agg: str, model_dir: Path, two_ran
             size: _recorded_grads(_split_config(agg, size, 1), model_dir, 1, 0)
             for size in (1, 2, 8)
         }
+        # Token budgets: sorted by length, 2-4 rows per micro-batch, or each row alone.
+        by_budget = {
+            tokens: _recorded_grads(_split_config(agg, 8, 1, tokens), model_dir, 1, 0)
+            for tokens in (1, 40)
+        }
     finally:
         dist.destroy_process_group()
     reference = by_size[8]
@@ -173,6 +186,29 @@ def test_gradients_do_not_depend_on_the_split(agg: str, model_dir: Path, two_ran
             assert err <= 1e-5, f"{name} grads, micro-batch {size} vs 8: relative error {err:.2e}"
         err = _relative_error(two_rank_grads[agg][name], reference[name])
         assert err <= 1e-5, f"{name} grads, 2 ranks vs 1: relative error {err:.2e}"
+        for tokens, grads in by_budget.items():
+            err = _relative_error(grads[name], reference[name])
+            assert err <= 1e-5, f"{name} grads, {tokens}-token micro-batches: error {err:.2e}"
+    if agg == "token-mean":
+        groups = random_groups(4, 4, seed=3)
+        planned = [
+            len(
+                micro_batch_rows(
+                    [
+                        t.num_prompt_tokens + t.num_response_tokens
+                        for g in part
+                        for t in g.trajectories
+                    ],
+                    3,
+                    TWO_RANK_BUDGET,
+                )
+            )
+            for part in (groups[:2], groups[2:])
+        ]
+        assert planned[0] != planned[1], planned  # so that the counts had to be made equal
+        for name in ("policy", "critic"):
+            err = _relative_error(two_rank_grads["tokens"][name], reference[name])
+            assert err <= 1e-5, f"{name} grads, 2 ranks with a token budget: error {err:.2e}"
 
 
 def _engine_groups(model_dir: Path) -> tuple[list[TrajectoryGroup], int]:
