@@ -11,14 +11,20 @@ Both sides train the same model on the same synthetic batch (``--batch`` sequenc
   CUDA), as the learner runs it: logits only at response positions, global-denominator
   losses, one gradient reduce-scatter per update, the bf16 weight image in the forward.
 
-Figures: tokens/s (prompt + response tokens trained per second, per rank), and on CUDA the
-model FLOPs utilisation MFU = 6 * N * tokens/s / peak, with N the parameter count (embedding
-included when tied) and the peak dense bf16 FLOP/s given by ``--peak-tflops`` (H100 SXM:
-989). Run:
+With ``--spread`` response lengths vary (uniform in 1..``--response-tokens``): the plain
+loop pads each micro-batch to its longest row, streamrl too unless ``--micro-batch-tokens``
+sets its token budget (sorted by length, ``learner.micro_batch_tokens``).
+
+Figures: tokens/s (prompt + response tokens trained per second, per rank; padding not
+counted), and on CUDA the model FLOPs utilisation MFU = 6 * N * tokens/s / peak, with N the
+parameter count (embedding included when tied) and the peak dense bf16 FLOP/s given by
+``--peak-tflops`` (H100 SXM: 989). Run:
 
     python benchmarks/learner.py --model smollm2-135m-instruct --threads 2
     python benchmarks/learner.py --model random-llama-1b --device cuda --batch 32
     python benchmarks/learner.py --model tiny-random-llama --ranks 2
+    python benchmarks/learner.py --prompt-tokens 64 --response-tokens 256 --spread \
+        --micro-batch-tokens 2560
 """
 
 from __future__ import annotations
@@ -40,23 +46,34 @@ from streamrl.models import load_causal_lm, resolve_model
 from streamrl.protocol import Trajectory, TrajectoryGroup
 
 
+def response_lengths(args: argparse.Namespace, seed: int) -> list[int]:
+    """Each trajectory's response length: ``--response-tokens``, or with ``--spread`` drawn
+    uniformly from 1 to it (responses that stop at their end token)."""
+    rng = random.Random(seed)
+    top = args.response_tokens
+    return [rng.randint(1, top) if args.spread else top for _ in range(args.batch)]
+
+
 def synthetic_groups(args: argparse.Namespace, vocab: int, seed: int) -> list[TrajectoryGroup]:
     """``args.batch`` trajectories in groups of 4, random tokens, random rewards."""
     rng = random.Random(seed)
+    lengths = iter(response_lengths(args, seed))
     groups = []
     for g in range(args.batch // 4):
-        trajectories = [
-            Trajectory.from_lists(
-                [rng.randrange(4, vocab) for _ in range(args.prompt_tokens)],
-                [rng.randrange(4, vocab) for _ in range(args.response_tokens)],
-                [-2.0] * args.response_tokens,
-                [0] * args.response_tokens,
-                reward=rng.random(),
-                finish_reason="length",
-                generator_id=0,
+        trajectories = []
+        for _ in range(4):
+            n = next(lengths)
+            trajectories.append(
+                Trajectory.from_lists(
+                    [rng.randrange(4, vocab) for _ in range(args.prompt_tokens)],
+                    [rng.randrange(4, vocab) for _ in range(n)],
+                    [-2.0] * n,
+                    [0] * n,
+                    reward=rng.random(),
+                    finish_reason="length",
+                    generator_id=0,
+                )
             )
-            for _ in range(4)
-        ]
         groups.append(TrajectoryGroup(f"g{g}", f"p{g}", trajectories, 0.0, 0.0))
     return groups
 
@@ -72,6 +89,7 @@ def bench_config(args: argparse.Namespace, ranks: int) -> Config:
             f"learner.count={ranks}",
             f"learner.groups_per_step={args.batch // 4}",
             f"learner.micro_batch_size={args.micro_batch}",
+            f"learner.micro_batch_tokens={args.micro_batch_tokens}",
             f"generator.max_new_tokens={args.response_tokens}",
             "learner.lr=1e-6",
         ],
@@ -94,17 +112,23 @@ def time_plain(args: argparse.Namespace, model_dir: Path, dtype: str, master: st
     vocab = model.config.vocab_size
     n, width = args.batch, args.prompt_tokens + args.response_tokens
     ids = torch.randint(4, vocab, (n, width), device=args.device)
+    # Response tokens past each row's length are padding: masked out of the loss.
+    lengths = torch.tensor(response_lengths(args, seed=0), device=args.device)
+    mask = (torch.arange(args.response_tokens, device=args.device) < lengths[:, None]).float()
     advantages = torch.randn(n, 1, device=args.device)
     times = []
     for _ in range(args.steps + 1):
         _sync(args.device)
         start = time.perf_counter()
         for i in range(0, n, args.micro_batch):
-            chunk = ids[i : i + args.micro_batch]
+            rows = slice(i, i + args.micro_batch)
+            # As a plain loop pads: to the longest row of the micro-batch.
+            chunk = ids[rows, : args.prompt_tokens + int(lengths[rows].max())]
             with autocast:
                 logits = model(input_ids=chunk).logits[:, args.prompt_tokens - 1 : -1].float()
             logp = logits.log_softmax(-1).gather(-1, chunk[:, args.prompt_tokens :, None])[..., 0]
-            loss = -(logp * advantages[i : i + args.micro_batch]).sum() / (n * args.response_tokens)
+            weights = advantages[rows] * mask[rows, : logp.shape[1]]
+            loss = -(logp * weights).sum() / mask.sum()
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -189,6 +213,12 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--response-tokens", type=int, default=64)
+    parser.add_argument(
+        "--spread", action="store_true", help="response lengths uniform in 1..--response-tokens"
+    )
+    parser.add_argument(
+        "--micro-batch-tokens", type=int, default=0, help="streamrl's learner.micro_batch_tokens"
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--ranks", default="1", help="comma list of rank counts, e.g. 1,2")
@@ -201,11 +231,15 @@ def main() -> None:
     model_dir = resolve_model(args.model)
     params = sum(p.numel() for p in load_causal_lm(model_dir, "bfloat16").parameters())
     where = torch.cuda.get_device_name() if args.device == "cuda" else cpu_description()
-    tokens = args.batch * (args.prompt_tokens + args.response_tokens)
+    tokens = args.batch * args.prompt_tokens + sum(response_lengths(args, seed=0))
+    responses = f"1..{args.response_tokens}" if args.spread else str(args.response_tokens)
+    budget = f", streamrl micro-batch tokens {args.micro_batch_tokens}" * (
+        args.micro_batch_tokens > 0
+    )
     print(
         f"# learner bench: {args.model} ({params / 1e6:.0f}M params), {dtype}, {where}, "
         f"torch {torch.__version__}, threads {args.threads}, batch {args.batch} x "
-        f"({args.prompt_tokens}+{args.response_tokens}) tokens, micro-batch {args.micro_batch}, "
+        f"({args.prompt_tokens}+{responses}) tokens, micro-batch {args.micro_batch}{budget}, "
         f"{time.strftime('%Y-%m-%d')}"
     )
     rows = {"plain (1 process)": time_plain(args, model_dir, dtype, dtype)}
