@@ -315,3 +315,33 @@ def test_a_non_finite_gradient_skips_the_update(model_dir: Path) -> None:
         assert any(not torch.equal(before[n], p) for n, p in _full(step).items())
     finally:
         dist.destroy_process_group()
+
+
+def test_fused_adamw_updates_as_the_multi_tensor_one(model_dir: Path) -> None:
+    """The learner's AdamW is the fused kernel on CPU too; on FSDP2's sharded parameters its
+    update is the multi-tensor implementation's, to a rounding of the parameters."""
+    _process_group()
+    try:
+        updated = []
+        for fused in (True, False):
+            config = _config("learner.lr=1e-3", "learner.weight_decay=0.1")
+            step = build_train_step(config, model_dir, CPU, 1)
+            settings = step.optimizer.defaults
+            assert settings["fused"] is True
+            if not fused:
+                step.optimizer = torch.optim.AdamW(
+                    step.policy.parameters(),
+                    lr=settings["lr"],
+                    betas=settings["betas"],
+                    weight_decay=settings["weight_decay"],
+                    foreach=True,
+                )
+            before = _full(step)
+            step(random_groups(4, 4, seed=8), version=0)
+            updated.append({n: (p - before[n]).detach() for n, p in _full(step).items()})
+    finally:
+        dist.destroy_process_group()
+    fused_update, reference = updated
+    assert max(float(u.abs().max()) for u in reference.values()) > 1e-4  # lr 1e-3 moved them
+    for name, update in reference.items():
+        torch.testing.assert_close(fused_update[name], update, rtol=1e-4, atol=2e-7)
