@@ -137,6 +137,7 @@ class Learner:
         bind_host: str = "127.0.0.1",
         publisher_ports: tuple[int, int] = (0, 0),
         incarnation: int = 0,
+        encoder_cores: list[int] | None = None,
     ) -> None:
         lc = config.learner
         self.incarnation = incarnation  # restarts of the group so far: on every report
@@ -171,6 +172,7 @@ class Learner:
             version=self.version,
             host=bind_host,
             ports=publisher_ports,
+            encoder_cores=encoder_cores,
         )
         self.buffer = BufferClient(
             shard_endpoints, name=f"learner[{rank}]", log_every_s=lc.batch_wait_log_s

@@ -98,6 +98,7 @@ class LearnerActor:
             bind_host=resolve_host(spec.bind_host),
             publisher_ports=(spec.pub_port, spec.anchor_port),
             incarnation=spec.incarnation,
+            encoder_cores=spec.encoder_cores,
         )
         return self.learner.endpoints()
 

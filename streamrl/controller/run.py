@@ -269,6 +269,7 @@ class Controller:
             pub_port=ports[0],
             anchor_port=ports[1],
             incarnation=incarnation,
+            encoder_cores=self.available_cores if self.cores else None,
         )
 
     def generator_spec(self, generator_id: int, incarnation: int) -> GeneratorSpec:

@@ -49,6 +49,10 @@ class LearnerSpec(RoleSpec):
     pub_port: int = 0
     anchor_port: int = 0
     incarnation: int = 0  # the group's restarts so far; its reports carry it
+    # Cores the weight publisher's encoder thread may run on: every core of the run when the
+    # rank is pinned, so that encoding a version overlaps the next step on idle cores instead
+    # of taking turns with it on the rank's own. None: the rank's cores.
+    encoder_cores: list[int] | None = None
 
 
 class GeneratorSpec(RoleSpec):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import msgspec
@@ -73,4 +74,53 @@ def test_publisher_binds_the_host_it_is_given() -> None:
         assert publisher.anchor_endpoint.startswith(f"tcp://{NODE_IP}:")
     finally:
         publisher.close()
+        ctx.destroy(linger=0)
+
+
+def test_a_pinned_learner_lends_its_encoder_the_runs_cores(tmp_path: Path) -> None:
+    from streamrl.controller.placement import cpu_split
+
+    for pinned in (False, True):
+        config = load_config(None, [f"placement.pin_cpus={str(pinned).lower()}"])
+        controller = Controller(config, None, console=io.StringIO())
+        controller.run_dir, controller.model_dir = tmp_path, str(tmp_path / "model")
+        controller.shard_endpoints = [("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")]
+        controller.report_endpoint = "tcp://127.0.0.1:3"
+        controller.available_cores = [0, 1, 2, 3]
+        if pinned:  # as the controller's start does in local mode
+            controller.cores = cpu_split(config, controller.available_cores)
+        try:
+            spec = controller.learner_spec(0)
+        finally:
+            controller.ctx.destroy(linger=0)
+        if pinned:
+            assert spec.cores == [0, 1] and spec.encoder_cores == [0, 1, 2, 3]
+        else:
+            assert spec.cores is None and spec.encoder_cores is None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_the_publishers_encoder_thread_runs_on_the_cores_it_is_given() -> None:
+    """Affinity is per thread: the encoder widens its own, the learner's thread keeps one core."""
+    torch = pytest.importorskip("torch")
+    from streamrl.config import WeightsConfig
+    from streamrl.workers.publisher import WeightPublisher
+
+    everything = sorted(os.sched_getaffinity(0))
+    ctx = zmq.Context()
+    os.sched_setaffinity(0, everything[:1])  # this thread only, as a pinned rank's main thread
+    try:
+        publisher = WeightPublisher(
+            torch.nn.Linear(4, 4), 0, 1, WeightsConfig(), ctx, encoder_cores=everything
+        )
+        try:
+            publisher.publish(1)
+            assert publisher.flush(timeout_s=30)
+            encoder = publisher._threads[0]
+            assert os.sched_getaffinity(encoder.native_id) == set(everything)
+            assert os.sched_getaffinity(0) == set(everything[:1])
+        finally:
+            publisher.close()
+    finally:
+        os.sched_setaffinity(0, everything)
         ctx.destroy(linger=0)
