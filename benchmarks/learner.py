@@ -176,11 +176,14 @@ def _profile(fn, device: str) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         fn()
         _sync(device)
     key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=48))
+    # The same ops split by input shapes: which copies and products cost the most.
+    by_shape = prof.key_averages(group_by_input_shape=True)
+    print(by_shape.table(sort_by=key, row_limit=25, max_name_column_width=32))
 
 
 def time_streamrl(args: argparse.Namespace, ranks: int) -> list[float]:
