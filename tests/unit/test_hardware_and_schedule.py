@@ -60,13 +60,14 @@ def test_config_refuses(overrides: list[str], message: str) -> None:
         load_config(None, overrides)
 
 
-def test_adamw_is_fused_on_cuda_and_multi_tensor_elsewhere() -> None:
+def test_adamw_is_fused_on_cuda_and_cpu_and_multi_tensor_elsewhere() -> None:
     import torch
 
     from streamrl.workers.fsdp import adamw
 
     params = [torch.nn.Parameter(torch.randn(3))]
-    on_gpu = adamw(params, 1e-5, (0.9, 0.999), 0.0, torch.device("cuda"))
-    on_cpu = adamw(params, 1e-5, (0.9, 0.999), 0.0, torch.device("cpu"))
-    assert on_gpu.defaults["fused"] and not on_gpu.defaults["foreach"]
-    assert on_cpu.defaults["foreach"] and not on_cpu.defaults["fused"]
+    for device in ("cuda", "cpu"):
+        optimizer = adamw(params, 1e-5, (0.9, 0.999), 0.0, torch.device(device))
+        assert optimizer.defaults["fused"] and not optimizer.defaults["foreach"], device
+    other = adamw(params, 1e-5, (0.9, 0.999), 0.0, torch.device("mps"))
+    assert other.defaults["foreach"] and not other.defaults["fused"]
