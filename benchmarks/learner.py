@@ -25,6 +25,7 @@ parameter count (embedding included when tied) and the peak dense bf16 FLOP/s gi
     python benchmarks/learner.py --model tiny-random-llama --ranks 2
     python benchmarks/learner.py --prompt-tokens 64 --response-tokens 256 --spread \
         --micro-batch-tokens 2560
+    python benchmarks/learner.py --threads 1 --adamw
 """
 
 from __future__ import annotations
@@ -137,6 +138,27 @@ def time_plain(args: argparse.Namespace, model_dir: Path, dtype: str, master: st
     return times[1:]  # the first step warms up allocators and kernels
 
 
+def time_adamw(args: argparse.Namespace, model_dir: Path) -> dict[str, float]:
+    """Seconds per AdamW step over the model's fp32 parameters (random gradients), fused and
+    multi-tensor: the optimizer's share of a step (streamrl's learner uses the fused one)."""
+    params = [
+        p.detach().requires_grad_() for p in load_causal_lm(model_dir, "float32").parameters()
+    ]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    out = {}
+    for name, fused in (("fused", True), ("multi-tensor", False)):
+        optimizer = torch.optim.AdamW(params, lr=1e-6, fused=fused, foreach=not fused)
+        optimizer.step()  # allocates the state
+        _sync(args.device)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            optimizer.step()
+        _sync(args.device)
+        out[name] = (time.perf_counter() - start) / args.steps
+    return out
+
+
 def _streamrl_rank(rank: int, ranks: int, master: str, args: argparse.Namespace, out: str) -> None:
     import torch.distributed as dist
 
@@ -228,6 +250,7 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--profile", action="store_true", help="profile one streamrl step")
+    parser.add_argument("--adamw", action="store_true", help="time AdamW alone, fused and not")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = resolve_compute_dtype(args.dtype, args.device)
@@ -245,6 +268,9 @@ def main() -> None:
         f"({args.prompt_tokens}+{responses}) tokens, micro-batch {args.micro_batch}{budget}, "
         f"{time.strftime('%Y-%m-%d')}"
     )
+    if args.adamw:
+        for name, seconds in time_adamw(args, model_dir).items():
+            print(f"AdamW step, {name}: {seconds:.3f} s ({params / 1e6:.0f}M fp32 parameters)")
     rows = {"plain (1 process)": time_plain(args, model_dir, dtype, dtype)}
     if dtype != "float32":
         rows["plain amp (fp32 master)"] = time_plain(args, model_dir, dtype, "float32")

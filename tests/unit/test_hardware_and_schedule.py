@@ -50,6 +50,7 @@ def test_lr_warmup_then_cosine() -> None:
         (["generator.top_k=50"], "top_p/top_k truncate"),
         (["learner.mini_batches=3"], "divisible by learner.mini_batches"),
         (["learner.ppo_epochs=0"], "ppo_epochs"),
+        (["learner.micro_batch_tokens=-1"], "micro_batch_tokens must be >= 0"),
         (["algorithm.overlong_buffer.length=999"], "overlong_buffer.length"),
         (["buffer.capacity_tokens=0"], "capacity_tokens"),
         (["model.compute_dtype=float16"], "compute_dtype"),
