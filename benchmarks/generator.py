@@ -156,6 +156,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell (best kept)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument(
+        "--no-fast-decode",
+        action="store_true",
+        help="decode through transformers' forward instead of FastDecoder (for comparison)",
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -163,7 +168,13 @@ def main() -> None:
     device = torch.device(args.device)
     model = args.model or (SMOLLM2 if device.type == "cpu" else "random-smollm2-135m")
     dtype = resolve_compute_dtype(args.dtype, str(device))
-    engine = HFEngine(resolve_model(model), device=args.device, dtype=dtype, seed=0)
+    engine = HFEngine(
+        resolve_model(model),
+        device=args.device,
+        dtype=dtype,
+        seed=0,
+        fast_decode=False if args.no_fast_decode else None,
+    )
     baseline = HFEngine(resolve_model(model), device=args.device, dtype=dtype, prepack=False)
     params = sum(p.numel() for p in engine.model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
@@ -185,10 +196,11 @@ def main() -> None:
         "matmul_flops": flops,
         "matmul_flops_by_dtype": flops_by_dtype,
         "copy_bandwidth": bandwidth,
+        "decode": "FastDecoder" if engine._fast is not None else "transformers forward",
     }
     print(
         f"device {header['device']} | torch {torch.__version__} | {dtype} | "
-        f"threads {args.threads} | {header['date']}"
+        f"threads {args.threads} | engine decode: {header['decode']} | {header['date']}"
     )
     print(
         "matmul GFLOP/s: "

@@ -126,9 +126,15 @@ def test_continuous_batching_refills_slots(model_dir) -> None:
     assert len({len(e) for e in expected}) > 1
 
     engine = HFEngine(model_dir, max_batch_size=2)
-    forwards: list[tuple[int, int]] = []  # (rows, new tokens per row) of each forward
+    # (rows, prompt width) of each prefill (the model's forward) and (rows, 0) of each decode
+    # step (`_decode`: FastDecoder's step, or a forward of one token per row, also logged).
+    forwards: list[tuple[int, int]] = []
     engine.model.register_forward_pre_hook(
         lambda _m, _a, kw: forwards.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    decode = engine._decode
+    engine._decode = lambda batch, tokens: forwards.append((len(tokens), 0)) or decode(
+        batch, tokens
     )
     params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=stop)
     outputs = engine.generate(prompts, params)
@@ -137,7 +143,7 @@ def test_continuous_batching_refills_slots(model_dir) -> None:
         "stop" if len(e) < 12 else "length" for e in expected
     ]
     assert max(rows for rows, _ in forwards) == 2
-    first_decode = next(i for i, (_, width) in enumerate(forwards) if width == 1)
+    first_decode = next(i for i, (_, width) in enumerate(forwards) if width == 0)
     assert any(width > 1 for _, width in forwards[first_decode:]), "no slot was refilled"
 
     # Sampled, refilled rows still record the logprobs of the distribution they sampled from.

@@ -36,6 +36,7 @@ import torch
 
 from streamrl.models import load_causal_lm
 from streamrl.workers.engines.base import Engine, GenerationOutput, SamplingParams, StepHook
+from streamrl.workers.engines.fast_decode import FastDecoder, MergedProjection, unsupported_reason
 from streamrl.workers.engines.kv_room import RoomyLayer, make_roomy
 from streamrl.workers.engines.packed_linear import PackedLinear, can_prepack, prepack_linears
 
@@ -182,6 +183,7 @@ class HFEngine(Engine):
         seed: int = 0,
         max_batch_size: int | None = None,
         prepack: bool | None = None,  # None: where oneDNN runs bf16 (packed_linear)
+        fast_decode: bool | None = None,  # None: where the model is Llama-family (fast_decode)
     ) -> None:
         self.device = torch.device(device)
         self.model = load_causal_lm(model_dir, dtype=dtype, device=device).eval()
@@ -193,6 +195,10 @@ class HFEngine(Engine):
             prepack = can_prepack(self.model)
         if prepack:
             self._packed = prepack_linears(self.model, rows=max_batch_size or 16)
+        if fast_decode is None:
+            fast_decode = unsupported_reason(self.model) is None
+        # After prepacking: the decoder merges the packed projections.
+        self._fast = FastDecoder(self.model, self.params) if fast_decode else None
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.max_batch_size = max_batch_size
@@ -209,13 +215,17 @@ class HFEngine(Engine):
         return {name: p.data for name, p in self.params.items()}
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        stale: dict[int, PackedLinear | MergedProjection] = {}  # each packed copy rebuilt once
         with torch.no_grad():
             for name, tensor in named_tensors:
                 param = self.params[name]
                 if param.data_ptr() != tensor.data_ptr():  # shared image: already in place
                     param.data.copy_(tensor.to(param.device, param.dtype))
-                for layer in self._packed.get(name, ()):
-                    layer.repack()
+                merged = self._fast.stale_for(name) if self._fast is not None else []
+                for layer in [*self._packed.get(name, ()), *merged]:
+                    stale[id(layer)] = layer
+            for layer in stale.values():
+                layer.repack()
         self.version = version
 
     @torch.no_grad()
@@ -302,6 +312,10 @@ class HFEngine(Engine):
         batch.attention = torch.cat(
             [batch.attention, torch.ones_like(batch.attention[:, :1])], dim=-1
         )
+        if self._fast is not None and batch._resizable():
+            logits = self._fast.step(tokens, batch.attention, batch.next_pos, batch.cache)
+            batch.next_pos = batch.next_pos + 1
+            return logits
         logits = self.model(
             input_ids=tokens[:, None],
             attention_mask=batch.attention,
