@@ -88,7 +88,7 @@ def test_step_equals_transformers_forward_in_float32(model, request) -> None:
 @pytest.mark.parametrize("model", ["llama_dir", "qwen2_dir"])
 def test_merged_packed_projections_follow_weight_updates(model, request) -> None:
     engine = HFEngine(request.getfixturevalue(model), prepack=True)
-    merged = [g for layer in engine._fast.layers for g in (layer.qkv, layer.gate_up)]
+    merged = [g for layer in engine._fast.layers for g in (layer.qk_v, layer.gate_up)]
     assert all(g.packed is not None for g in merged)
     tokens = torch.tensor([3, 70, 9])
     fast, reference = decode_both_ways(engine, tokens)

@@ -133,8 +133,8 @@ def test_continuous_batching_refills_slots(model_dir) -> None:
         lambda _m, _a, kw: forwards.append(tuple(kw["input_ids"].shape)), with_kwargs=True
     )
     decode = engine._decode
-    engine._decode = lambda batch, tokens: forwards.append((len(tokens), 0)) or decode(
-        batch, tokens
+    engine._decode = lambda batch, tokens: (
+        forwards.append((len(tokens), 0)) or decode(batch, tokens)
     )
     params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=stop)
     outputs = engine.generate(prompts, params)

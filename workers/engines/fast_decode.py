@@ -3,8 +3,9 @@
 A decode step is one token per row through every layer: the matmuls are small and the step is
 bound by streaming the weights and by the framework's per-op cost. transformers' layers spend
 ~45 ops and several Python frames per layer on a step (mask building, attention dispatch, cache
-bookkeeping, a norm in six ops): SmolLM2 at batch 16 takes 44 ms per step through
-``model(...)`` and 32 ms through ``FastDecoder`` (Intel Xeon AVX512 + AMX, 2 threads, bf16).
+bookkeeping, a norm in six ops), ~10 here. SmolLM2 at batch 16, bf16, 2 threads (Intel Xeon,
+AVX512 + AMX): 39-44 ms per decode step through ``model(...)``, 35-36 ms through
+``FastDecoder``; ``benchmarks/generator.py`` 386 -> 464 tok/s (``--no-fast-decode`` compares).
 
 ``FastDecoder.step`` computes what ``model(input_ids=tokens[:, None], attention_mask,
 position_ids, past_key_values, logits_to_keep=1)`` computes, from the model's own modules and
@@ -17,8 +18,9 @@ samples from, and the learner's recomputation matches them to noise level (DESIG
 Where the engine's linear layers are prepacked for oneDNN, q/k/v and gate/up each run as one
 matmul over a merged packed copy (one pass over the input, one call instead of three or two);
 ``stale_for`` names the merged copies to rebuild when a version changes a weight. The merged
-copies cost memory: about 0.8x the model's linear weights (their separate packed copies stay,
-for the prefill, which runs through transformers).
+copies cost memory: two thirds of the decoder layers' linear weights (SmolLM2: 70M parameters,
+140 MB in bf16), as the separate packed copies stay for the prefill, which runs through
+transformers.
 
 Prefill stays on ``model(...)``: it is compute-bound, so per-op overhead barely matters there,
 and transformers' masks handle left padding over many positions.
@@ -37,12 +39,15 @@ _NORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
 
 
 class MergedProjection:
-    """Several linear layers of one input (q, k, v or gate, up): one merged packed matmul
-    when they are all prepacked, else each layer in turn."""
+    """Linear layers of one input (q, k, v or gate, up), their outputs concatenated in
+    ``groups`` (lists of layer indices, in order): one merged packed matmul split by group
+    when the layers are all prepacked, else each layer in turn."""
 
-    def __init__(self, layers: list[torch.nn.Module]) -> None:
+    def __init__(self, layers: list[torch.nn.Module], groups: list[list[int]]) -> None:
         self.layers = layers
-        self.widths = [_linear(layer).out_features for layer in layers]
+        self.groups = groups
+        widths = [_linear(layer).out_features for layer in layers]
+        self.widths = [sum(widths[i] for i in group) for group in groups]
         self.packed: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None
         if all(isinstance(layer, PackedLinear) for layer in layers):
@@ -58,13 +63,14 @@ class MergedProjection:
         weight = torch.cat([s.weight.detach() for s in sources])
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.rows)
         if any(s.bias is not None for s in sources):
-            self.bias = torch.cat(
-                [s.bias if s.bias is not None else weight.new_zeros(s.out_features) for s in sources]
-            ).detach()
+            zeros = weight.new_zeros
+            biases = [zeros(s.out_features) if s.bias is None else s.bias for s in sources]
+            self.bias = torch.cat(biases).detach()
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         if self.packed is None:
-            return [layer(x) for layer in self.layers]
+            outputs = [layer(x) for layer in self.layers]
+            return [torch.cat([outputs[i] for i in group], dim=-1) for group in self.groups]
         y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return list(y.split(self.widths, dim=-1))
 
@@ -103,8 +109,10 @@ class _Layer:
     def __init__(self, layer: torch.nn.Module) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm, self.post_norm = _norms(layer)
-        self.qkv = MergedProjection([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.gate_up = MergedProjection([mlp.gate_proj, mlp.up_proj])
+        # q and k together (one rotary pass for both), v apart; gate and up apart.
+        self.qk_v = MergedProjection([attn.q_proj, attn.k_proj, attn.v_proj], [[0, 1], [2]])
+        self.gate_up = MergedProjection([mlp.gate_proj, mlp.up_proj], [[0], [1]])
+        self.query_heads = _linear(attn.q_proj).out_features // attn.head_dim
         self.o_proj, self.down_proj, self.act = attn.o_proj, mlp.down_proj, mlp.act_fn
         self.head_dim, self.scaling = attn.head_dim, attn.scaling
 
@@ -136,7 +144,7 @@ class FastDecoder:
         names = {id(p): name for name, p in params.items()}
         self._stale: dict[str, list[MergedProjection]] = {}
         for layer in self.layers:
-            for group in (layer.qkv, layer.gate_up):
+            for group in (layer.qk_v, layer.gate_up):
                 if group.packed is None:
                     continue
                 for source in group.sources:
@@ -162,17 +170,18 @@ class FastDecoder:
         # Boolean key mask, or none when no row is padded (SDPA's fastest path).
         mask = None if bool(attention.all()) else attention.bool()[:, None, None, :]
         for index, layer in enumerate(self.layers):
-            q, k, v = layer.qkv(rms_norm(x, layer.input_norm))
+            qk, v = layer.qk_v(rms_norm(x, layer.input_norm))
             d = layer.head_dim
-            q = _rotate(q.view(rows, -1, 1, d), cos, sin)  # [B, Hq, 1, D]
-            k = _rotate(k.view(rows, -1, 1, d), cos, sin)
+            qk = _rotate(qk.view(rows, -1, 1, d), cos, sin)  # [B, Hq + Hkv, 1, D]
+            q, k = qk[:, : layer.query_heads], qk[:, layer.query_heads :]
             keys, values = cache.update(k, v.view(rows, -1, 1, d), index)  # [B, Hkv, T, D]
             # Grouped-query attention as one query head per key/value head, its group's
             # queries as that head's query positions (no causal mask: all see every key).
             # Same result as SDPA's enable_gqa to rounding, at half its cost on a CPU
             # (SmolLM2, batch 16: 59 vs 121 us; batch 64: 244 vs 499 us).
+            grouped = q.view(rows, keys.shape[1], -1, d)  # [B, Hkv, Hq / Hkv, D]
             out = F.scaled_dot_product_attention(
-                q.view(rows, keys.shape[1], -1, d), keys, values, attn_mask=mask, scale=layer.scaling
+                grouped, keys, values, attn_mask=mask, scale=layer.scaling
             )
             x = x + layer.o_proj(out.reshape(rows, -1))
             gate, up = layer.gate_up(rms_norm(x, layer.post_norm))
