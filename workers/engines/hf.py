@@ -17,6 +17,10 @@ leading columns no row uses are trimmed.
     step:  admit waiting prompts (prefill) -> sample every row -> drop finished rows
            -> on_step(self) (may update weights) -> one decode forward for the rest
 
+Prefill runs transformers' forward; decode steps of Llama-family models run ``FastDecoder``
+(``fast_decode.py``: the same modules and weights, without transformers' per-layer overhead),
+others transformers' forward too.
+
 In-flight updates: ``on_step`` runs between decode steps; when it swaps weights the running
 sequences continue with the cached keys/values of the old weights, and every token sampled
 after the update (from logits of the new weights) is tagged with the new version
