@@ -1,6 +1,6 @@
-"""FastDecoder: one decode step equals transformers' forward on the same cache, for Llama and
-Qwen2 (q/k/v biases), plain and with merged prepacked projections that follow weight updates;
-the engine generates the same sequences with it as without it."""
+"""FastDecoder: one decode step equals transformers' forward on the same cache, for Llama,
+Mistral and Qwen2 (q/k/v biases), plain and with merged prepacked projections that follow
+weight updates; the engine generates the same sequences with it as without it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from streamrl.hardware import cpu_bf16_is_fast
 from streamrl.models import TINY, resolve_model
@@ -25,9 +32,10 @@ def llama_dir() -> Path:
     return resolve_model(TINY)
 
 
-@pytest.fixture(scope="module")
-def qwen2_dir(tmp_path_factory) -> Path:
-    config = Qwen2Config(
+def save_random_model(path: Path, model_class, config_class, **extra) -> Path:
+    """A small random model of ``model_class`` saved to ``path``; q/k/v biases (where the
+    architecture has them) drawn too, so that they count."""
+    config = config_class(
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
@@ -36,18 +44,30 @@ def qwen2_dir(tmp_path_factory) -> Path:
         num_key_value_heads=2,
         max_position_embeddings=128,
         initializer_range=0.2,  # logits far from uniform, so a wrong step shows
-        use_sliding_window=False,
         pad_token_id=0,
+        **extra,
     )
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    with torch.no_grad():  # Qwen2 initialises biases to zero; make them count
+    model = model_class(config)
+    with torch.no_grad():
         for layer in model.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                proj.bias.normal_(0, 0.2)
-    path = tmp_path_factory.mktemp("qwen2")
+                if proj.bias is not None:
+                    proj.bias.normal_(0, 0.2)
     model.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("qwen2")
+    return save_random_model(path, Qwen2ForCausalLM, Qwen2Config, use_sliding_window=False)
+
+
+@pytest.fixture(scope="module")
+def mistral_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("mistral")
+    return save_random_model(path, MistralForCausalLM, MistralConfig, sliding_window=None)
 
 
 def decode_both_ways(engine: HFEngine, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,7 +96,7 @@ def decode_both_ways(engine: HFEngine, tokens: torch.Tensor) -> tuple[torch.Tens
     return results[0], results[1]
 
 
-@pytest.mark.parametrize("model", ["llama_dir", "qwen2_dir"])
+@pytest.mark.parametrize("model", ["llama_dir", "qwen2_dir", "mistral_dir"])
 def test_step_equals_transformers_forward_in_float32(model, request) -> None:
     engine = HFEngine(request.getfixturevalue(model), dtype="float32")
     assert engine._fast is not None
@@ -141,3 +161,10 @@ def test_other_architectures_decode_through_transformers(tmp_path) -> None:
         FastDecoder(engine.model, engine.params)
     outputs = engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_new_tokens=4))
     assert len(outputs[0].response_ids) == 4
+
+
+def test_sliding_window_attention_decodes_through_transformers(tmp_path) -> None:
+    path = save_random_model(tmp_path, MistralForCausalLM, MistralConfig, sliding_window=16)
+    engine = HFEngine(path, dtype="float32")
+    assert engine._fast is None
+    assert "sliding-window" in unsupported_reason(engine.model)

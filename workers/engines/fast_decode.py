@@ -84,6 +84,9 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type {config.model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if getattr(config, "sliding_window", None) or layer_types != {"full_attention"}:
+        return "sliding-window attention"  # its cache keeps a window, not every column
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(model, "lm_head"):
         return "no model.model.rotary_emb / lm_head"
@@ -93,7 +96,7 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     for layer in inner.layers:
         attn = layer.self_attn
         if getattr(attn, "sliding_window", None) or hasattr(attn, "q_norm"):
-            return "sliding-window or q/k-normed attention"
+            return "sliding-window or q/k-normed attention in a layer"
         if not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")):
             return "attention without q/k/v/o projections"
         if not all(hasattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
