@@ -39,6 +39,10 @@ run_learner() {
 run_generator() {
     "$PY" benchmarks/generator.py --model random-smollm2-135m --device cuda --batches 8,64,256 \
         --new-tokens 128 --json "$OUT/generator.json" 2>&1 | tee "$OUT/generator.log"
+    # The same through transformers' forward: what FastDecoder saves on a GPU.
+    "$PY" benchmarks/generator.py --model random-smollm2-135m --device cuda --batches 8,64,256 \
+        --new-tokens 128 --no-fast-decode --json "$OUT/generator-transformers.json" 2>&1 \
+        | tee "$OUT/generator-transformers.log"
 }
 run_weights() {
     "$PY" benchmarks/weights.py --model random-smollm2-135m --device cuda --quick 2>&1 \
