@@ -17,7 +17,7 @@ samples from, and the learner's recomputation matches them to noise level (DESIG
 
 Where the engine's linear layers are prepacked for oneDNN, q/k/v and gate/up each run as one
 matmul over a merged packed copy (one pass over the input, one call instead of three or two);
-``stale_for`` names the merged copies to rebuild when a version changes a weight. The merged
+``merged_by_param`` names the merged copies to rebuild when a version changes a weight. The merged
 copies cost memory: two thirds of the decoder layers' linear weights (SmolLM2: 70M parameters,
 140 MB in bf16), as the separate packed copies stay for the prefill, which runs through
 transformers.
@@ -145,7 +145,8 @@ class FastDecoder:
         self.inner = model.model
         self.layers = [_Layer(layer) for layer in self.inner.layers]
         names = {id(p): name for name, p in params.items()}
-        self._stale: dict[str, list[MergedProjection]] = {}
+        # Per parameter name, the merged copies built from it (to ``repack`` when it changes).
+        self.merged_by_param: dict[str, list[MergedProjection]] = {}
         for layer in self.layers:
             for group in (layer.qk_v, layer.gate_up):
                 if group.packed is None:
@@ -153,11 +154,7 @@ class FastDecoder:
                 for source in group.sources:
                     for p in (source.weight, source.bias):
                         if p is not None:
-                            self._stale.setdefault(names[id(p)], []).append(group)
-
-    def stale_for(self, name: str) -> list[MergedProjection]:
-        """The merged copies built from parameter ``name`` (to ``repack`` when it changes)."""
-        return self._stale.get(name, [])
+                            self.merged_by_param.setdefault(names[id(p)], []).append(group)
 
     @torch.no_grad()
     def step(

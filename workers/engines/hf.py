@@ -193,8 +193,8 @@ class HFEngine(Engine):
         self.model = load_causal_lm(model_dir, dtype=dtype, device=device).eval()
         self.model.requires_grad_(False)
         self.params = dict(self.model.named_parameters())
-        # Per parameter name, the prepacked layers to refresh when a version changes it.
-        self._packed: dict[str, list[PackedLinear]] = {}
+        # Per parameter name, the packed copies to rebuild when a version changes it.
+        self._packed: dict[str, list[PackedLinear | MergedProjection]] = {}
         if prepack is None:
             prepack = can_prepack(self.model)
         if prepack:
@@ -203,6 +203,9 @@ class HFEngine(Engine):
             fast_decode = unsupported_reason(self.model) is None
         # After prepacking: the decoder merges the packed projections.
         self._fast = FastDecoder(self.model, self.params) if fast_decode else None
+        if self._fast is not None:
+            for name, merged in self._fast.merged_by_param.items():
+                self._packed.setdefault(name, []).extend(merged)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.max_batch_size = max_batch_size
@@ -225,8 +228,7 @@ class HFEngine(Engine):
                 param = self.params[name]
                 if param.data_ptr() != tensor.data_ptr():  # shared image: already in place
                     param.data.copy_(tensor.to(param.device, param.dtype))
-                merged = self._fast.stale_for(name) if self._fast is not None else []
-                for layer in [*self._packed.get(name, ()), *merged]:
+                for layer in self._packed.get(name, ()):
                     stale[id(layer)] = layer
             for layer in stale.values():
                 layer.repack()
