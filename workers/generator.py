@@ -151,7 +151,11 @@ class Generator:
             describe_choice(config.model.compute_dtype, gen.device),
         )
         self.engine: Engine = make_engine(
-            gen, Path(model_dir), seed=config.run.seed + generator_id, compute_dtype=compute
+            gen,
+            Path(model_dir),
+            seed=config.run.seed + generator_id,
+            compute_dtype=compute,
+            max_model_len=config.data.max_prompt_tokens + gen.max_new_tokens,
         )
         image = self.engine.shared_weights()
         if image is None:

@@ -37,6 +37,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -136,6 +137,7 @@ class Controller:
                     tiny_layers=cfg.model.tiny_layers,
                 )
             )
+            _check_engine(cfg, Path(model_dir))
             check_port_free(cfg.admin.host, cfg.admin.port, "admin endpoint")
             if self.address is None:  # pinning is a local-mode affair: cores are per node
                 self.cores = cpu_split(cfg, self.available_cores)
@@ -828,6 +830,15 @@ def _reap(pids: set[int], timeout_s: float = 10.0) -> None:
                     os.kill(pid, signal.SIGKILL)
             return
         time.sleep(0.1)
+
+
+def _check_engine(config: Config, model_dir: Path) -> None:
+    from streamrl.workers.engines import EngineUnavailable, check_engine
+
+    try:
+        check_engine(config.generator, model_dir)
+    except EngineUnavailable as exc:
+        raise RunError(str(exc)) from None
 
 
 def _sigterm_as_interrupt(signum: int, frame: Any) -> None:

@@ -28,6 +28,9 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 32
     stop_token_ids: tuple[int, ...] = ()
+    # None: draws from the engine's own seeded stream. An int: the call's draws follow from it
+    # (and the batch), so an engine with the same weights given the same call samples the same.
+    seed: int | None = None
 
 
 @dataclass

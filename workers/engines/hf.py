@@ -245,13 +245,16 @@ class HFEngine(Engine):
         batch = _Batch(self.device)
         stop = set(params.stop_token_ids)
         slots = self.max_batch_size or len(prompts)
+        draws = self.generator
+        if params.seed is not None:
+            draws = torch.Generator(device=self.device).manual_seed(params.seed)
         step_seqs: list[list[int]] = []  # per step: the sequence of each row
         step_logprobs: list[torch.Tensor] = []  # per step: [rows] float32
         while waiting or batch.seqs:
             admit = [waiting.popleft() for _ in range(min(slots - len(batch.seqs), len(waiting)))]
             if admit:
                 batch.join(admit, *self._prefill([prompts[i] for i in admit]))
-            tokens, logprobs = sample_tokens(batch.logits, params, self.generator)
+            tokens, logprobs = sample_tokens(batch.logits, params, draws)
             step_seqs.append(list(batch.seqs))
             step_logprobs.append(logprobs)
             running = []

@@ -1,0 +1,205 @@
+"""One behavioural contract for every generation engine (``hf``, ``vllm``; ``sglang`` where it is
+installed with a GPU), on the real default model (SmolLM2-135M-Instruct: Llama, tied
+embeddings), in the compute dtype the run would pick on this machine.
+
+- At staleness 0 the learner's logprobs on the engine's samples equal the behaviour logprobs to
+  the noise level docs/algorithms.md gives for the dtype.
+- An update applied mid-generation tags the tokens before and after it with their versions and
+  aborts nothing.
+- After a partial update (some tensors, tied embeddings and one part of a fused q/k/v among
+  them) the engine samples exactly what an engine loaded fresh with the new weights samples
+  under the same seed: same tokens, same logprobs, i.e. the same next-token distributions.
+- Stop tokens, max tokens and finish reasons follow one rule on every engine.
+
+References are the learner's own scoring (``losses.token_logprobs`` on a full-sequence forward of
+the bf16 image) and a second engine of the same kind built from a checkpoint on disk.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from streamrl.algorithms.losses import token_logprobs
+from streamrl.hardware import resolve_compute_dtype
+from streamrl.models import SMOLLM2, load_causal_lm, load_tokenizer, resolve_model
+from streamrl.workers.engines.base import Engine, SamplingParams
+
+# Noise levels of docs/algorithms.md (sync mode, SmolLM2-135M), with headroom for 128 tokens.
+NOISE = {"bfloat16": (0.06, 0.6), "float32": (1e-3, 1e-2)}  # (mean |Δ|, max |Δ|)
+# Engines that call on_step once per sampled token (SGLang calls it on a timer).
+STEPWISE = {"hf", "vllm"}
+QUESTIONS = ["What is 12 + 7?", "What is 30 - 4?", "Name a colour.", "What is 3 + 25?"]
+
+
+def _available(kind: str) -> str | None:
+    """Why ``kind`` cannot run here, or None."""
+    if kind == "vllm" and importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed (./scripts/setup.sh --with-vllm)"
+    if kind == "sglang":
+        if importlib.util.find_spec("sglang") is None:
+            return "SGLang is not installed"
+        if not torch.cuda.is_available():
+            return "SGLang needs a CUDA GPU"
+    return None
+
+
+def build(kind: str, model_dir: Path, dtype: str, seed: int = 0) -> Engine:
+    if kind == "hf":
+        from streamrl.workers.engines.hf import HFEngine
+
+        return HFEngine(model_dir, dtype=dtype, seed=seed)
+    if kind == "vllm":
+        from streamrl.workers.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_dir, dtype=dtype, seed=seed, max_model_len=512, kv_cache_mb=128)
+    from streamrl.workers.engines.sglang_engine import SGLangEngine
+
+    return SGLangEngine(str(model_dir), seed=seed)
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return resolve_model(SMOLLM2)
+
+
+@pytest.fixture(scope="module")
+def dtype() -> str:
+    return resolve_compute_dtype("auto", "cpu")  # what a CPU run would pick here
+
+
+@pytest.fixture(scope="module")
+def prompts(model_dir) -> list[list[int]]:
+    from streamrl.data import Prompt
+    from streamrl.workers.generator import encode_prompt
+
+    tokenizer = load_tokenizer(model_dir)
+    return [
+        encode_prompt(tokenizer, Prompt(q, [{"role": "user", "content": q}], "0", "x"), 128)
+        for q in QUESTIONS
+    ]
+
+
+@pytest.fixture(scope="module", params=["hf", "vllm", "sglang"])
+def kind(request) -> str:
+    reason = _available(request.param)
+    if reason:
+        pytest.skip(reason)
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def engine(kind, model_dir, dtype):
+    eng = build(kind, model_dir, dtype)
+    yield eng
+    eng.shutdown()
+
+
+def learner_logprobs(model, prompt: list[int], response: list[int], temperature: float):
+    """The learner's scoring: one forward over prompt + response, logprobs at temperature."""
+    ids = torch.tensor([prompt + response])
+    logits = model(input_ids=ids).logits[:, len(prompt) - 1 : -1]
+    return token_logprobs(logits, torch.tensor([response]), temperature=temperature)[0].float()
+
+
+def test_staleness_zero_logprobs_match_the_learner(engine, kind, model_dir, dtype, prompts):
+    params = SamplingParams(temperature=0.8, max_new_tokens=16)
+    outputs = engine.generate([p for p in prompts for _ in range(2)], params)
+    learner = load_causal_lm(model_dir, dtype=dtype).eval()
+    diffs = []
+    with torch.no_grad():
+        for prompt, out in zip([p for p in prompts for _ in range(2)], outputs, strict=True):
+            assert len(out.response_ids) == len(out.logprobs) == len(out.token_versions) > 0
+            assert set(out.token_versions) == {engine.version}
+            reference = learner_logprobs(learner, prompt, out.response_ids, params.temperature)
+            diffs.append((torch.tensor(out.logprobs) - reference).abs())
+    diff = torch.cat(diffs)
+    mean_bound, max_bound = NOISE[dtype]
+    assert diff.mean() < mean_bound and diff.max() < max_bound, (kind, diff.mean(), diff.max())
+
+
+def test_update_mid_generation_tags_versions_and_aborts_nothing(engine, kind, model_dir, prompts):
+    from safetensors.torch import load_file
+
+    base = engine.version
+    image = load_file(str(model_dir / "model.safetensors"))
+    calls = []
+
+    def on_step(eng: Engine) -> None:
+        calls.append(None)
+        if len(calls) == 3:  # three tokens sampled so far (stepwise engines)
+            name = "model.layers.5.mlp.down_proj.weight"
+            eng.update_weights([(name, image[name] * 1.01)], version=base + 1)
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    outputs = engine.generate(prompts, params, on_step)
+    for out in outputs:
+        assert out.finish_reason == "length" and len(out.response_ids) == 12
+        switch = out.token_versions.index(base + 1)
+        assert out.token_versions == [base] * switch + [base + 1] * (12 - switch)
+        if kind in STEPWISE:
+            assert switch == 3
+    # Back to the checkpoint's weights for the tests after this one.
+    engine.update_weights(list(image.items()), version=base + 2)
+
+
+def test_partial_update_equals_a_fresh_engine(engine, kind, model_dir, dtype, prompts, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    original = load_file(str(model_dir / "model.safetensors"))
+    changed = [
+        "model.embed_tokens.weight",  # tied to the LM head
+        "model.layers.7.self_attn.q_proj.weight",  # one part of a fused q/k/v
+        "model.layers.3.mlp.down_proj.weight",
+        "model.layers.0.input_layernorm.weight",
+    ]
+    gen = torch.Generator().manual_seed(0)
+    new = dict(original)
+    for name in changed:
+        noise = 1 + 0.05 * torch.randn(original[name].shape, generator=gen)
+        new[name] = (original[name].float() * noise).to(torch.bfloat16)
+    fresh_dir = tmp_path / "model"
+    shutil.copytree(model_dir, fresh_dir)
+    save_file(new, str(fresh_dir / "model.safetensors"), metadata={"format": "pt"})
+
+    engine.update_weights(list(original.items()), version=engine.version + 1)  # a known start
+    engine.update_weights([(n, new[n]) for n in changed], version=engine.version + 1)
+    fresh = build(kind, fresh_dir, dtype)
+    try:
+        params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=1234)
+        updated_out = engine.generate(prompts, params)
+        fresh_out = fresh.generate(prompts, params)
+    finally:
+        fresh.shutdown()
+    for a, b in zip(updated_out, fresh_out, strict=True):
+        assert a.response_ids == b.response_ids
+        torch.testing.assert_close(
+            torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0
+        )
+    engine.update_weights(list(original.items()), version=engine.version + 1)
+
+
+def test_stop_tokens_max_tokens_and_finish_reasons(engine, prompts):
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
+    free = engine.generate(prompts, greedy)
+    for prompt, out in zip(prompts, free, strict=True):
+        assert len(out.response_ids) == 10 and out.finish_reason == "length"
+        assert out.logprobs == [0.0] * 10  # greedy: the wire's convention
+        # Stopping on the first occurrence of a token cuts the response right after it.
+        at = max(i for i, t in enumerate(out.response_ids) if t not in out.response_ids[:i])
+        stop = out.response_ids[at]
+        params = SamplingParams(temperature=0.0, max_new_tokens=10, stop_token_ids=(stop,))
+        (stopped,) = engine.generate([prompt], params)
+        assert stopped.response_ids == out.response_ids[: at + 1]
+        assert stopped.finish_reason == "stop"
+        # A stop token that is also the last allowed token: "stop" wins.
+        edge = SamplingParams(temperature=0.0, max_new_tokens=at + 1, stop_token_ids=(stop,))
+        (both,) = engine.generate([prompt], edge)
+        assert both.finish_reason == "stop" and both.response_ids == stopped.response_ids
+    short = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=3))
+    for out, whole in zip(short, free, strict=True):
+        assert out.response_ids == whole.response_ids[:3] and out.finish_reason == "length"

