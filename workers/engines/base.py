@@ -30,6 +30,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     # None: draws from the engine's own seeded stream. An int: the call's draws follow from it
     # (and the batch), so an engine with the same weights given the same call samples the same.
+    # The HF and vLLM engines honour it; the SGLang engine ignores it (its seeded sampling
+    # needs SGLang's deterministic-inference server mode).
     seed: int | None = None
 
 

@@ -11,7 +11,7 @@ process, so there is no second process and no core busy-polling)::
         on_step(self)                        (may call update_weights)
             └─ reload the changed layers (layerwise, in place) and set_weight_version(v)
 
-Semantics, and where they differ from the HF engine (docs/design.md §6):
+Semantics, and where they differ from the HF engine (docs/design.md §5b):
 
 - **Behaviour logprobs**: ``logprobs_mode="processed_logprobs"`` returns log p(token) under the
   distribution sampled from: float32 logits / temperature, then top-k, then top-p, renormalised
