@@ -85,14 +85,12 @@ def image_hashes(image) -> dict[str, int]:
 
 def subscriber_main(sid, pub_ep, anchor_ep, model_dir, final, learner_version, out, ready, device):
     import torch
-    from safetensors.torch import load_file
 
+    from streamrl.models import load_bf16_image
     from streamrl.workers.subscriber import WeightSubscriber
 
     torch.set_num_threads(1)
-    image = {}
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
-        image.update({k: v.to(torch.bfloat16).contiguous() for k, v in load_file(path).items()})
+    image = load_bf16_image(Path(model_dir))
     engine = None
     if device == "cuda":  # the generator's GPU path: host image, changed tensors copied over
         from streamrl.workers.engines.hf import HFEngine

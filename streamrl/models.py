@@ -274,6 +274,18 @@ def load_causal_lm(model_dir: Path, dtype: str = "bfloat16", device: str = "cpu"
     return model.to(device)
 
 
+def load_bf16_image(model_dir: Path) -> dict:
+    """Every tensor of the directory's safetensors as contiguous bf16, by checkpoint name: the
+    host image a weight subscriber keeps when its engine shares none of its own."""
+    import torch
+    from safetensors.torch import load_file
+
+    image: dict[str, torch.Tensor] = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        image.update({k: v.to(torch.bfloat16).contiguous() for k, v in load_file(path).items()})
+    return image
+
+
 def _contiguous_inputs(_module, args: tuple) -> tuple:
     """The output head's input made contiguous. ``logits_to_keep`` hands the head a slice of
     the hidden states ([B, keep, H] of [B, T, H]); for such a view without autograd, torch's

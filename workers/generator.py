@@ -29,7 +29,7 @@ from streamrl.config import Config
 from streamrl.controller.placement import role_threads
 from streamrl.data import Prompt, PromptStream
 from streamrl.hardware import describe_choice, resolve_compute_dtype
-from streamrl.models import load_tokenizer, stop_token_ids
+from streamrl.models import load_bf16_image, load_tokenizer, stop_token_ids
 from streamrl.protocol import (
     AdmissionReply,
     AdmissionRequest,
@@ -159,11 +159,7 @@ class Generator:
         )
         image = self.engine.shared_weights()
         if image is None:
-            from safetensors.torch import load_file
-
-            image = {}
-            for f in sorted(Path(model_dir).glob("*.safetensors")):
-                image.update({k: v.to(torch.bfloat16) for k, v in load_file(f).items()})
+            image = load_bf16_image(Path(model_dir))
         self._weight_endpoints = (publisher_endpoints, anchor_endpoints)
         self.weights_epoch = 0
         self.subscriber = self._subscribe(image)

@@ -46,3 +46,15 @@ def test_peer_loop_trains_and_compares(tmp_path: Path) -> None:
     assert "single-process loop:" in proc.stdout and "trained samples/s" in proc.stdout
     assert "streamrl sync: 1.00 trained samples/s" in proc.stdout
     assert "oneDNN bf16" in proc.stdout  # the CPU line is printed
+
+
+@pytest.mark.slow
+def test_generator_benchmark_runs_the_vllm_engine(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    out = tmp_path / "figures.json"
+    args = ["--engine", "vllm", "--batches", "2", "--new-tokens", "4", "--repeats", "1"]
+    proc = _benchmark("generator.py", *args, "--job-call", "2,2,16,2", "--json", str(out))
+    assert "engine vllm (VLLMEngine)" in proc.stdout and "apply a version:" in proc.stdout
+    figures = json.loads(out.read_text())
+    assert figures["engine"] == "vllm" and figures["rows"][0]["engine"] > 0
+    assert figures["job_call_ms"] > 0 and figures["update_s"]["all"] > 0

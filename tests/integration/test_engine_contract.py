@@ -50,15 +50,20 @@ def _available(kind: str) -> str | None:
     return None
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def build(kind: str, model_dir: Path, dtype: str, seed: int = 0) -> Engine:
     if kind == "hf":
         from streamrl.workers.engines.hf import HFEngine
 
-        return HFEngine(model_dir, dtype=dtype, seed=seed)
+        return HFEngine(model_dir, device=DEVICE, dtype=dtype, seed=seed)
     if kind == "vllm":
         from streamrl.workers.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_dir, dtype=dtype, seed=seed, max_model_len=512, kv_cache_mb=128)
+        return VLLMEngine(
+            model_dir, device=DEVICE, dtype=dtype, seed=seed, max_model_len=512, kv_cache_mb=128
+        )
     from streamrl.workers.engines.sglang_engine import SGLangEngine
 
     return SGLangEngine(str(model_dir), seed=seed)
@@ -71,7 +76,7 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def dtype() -> str:
-    return resolve_compute_dtype("auto", "cpu")  # what a CPU run would pick here
+    return resolve_compute_dtype("auto", DEVICE)  # what a run would pick here
 
 
 @pytest.fixture(scope="module")
@@ -103,15 +108,16 @@ def engine(kind, model_dir, dtype):
 
 def learner_logprobs(model, prompt: list[int], response: list[int], temperature: float):
     """The learner's scoring: one forward over prompt + response, logprobs at temperature."""
-    ids = torch.tensor([prompt + response])
+    ids = torch.tensor([prompt + response], device=model.device)
     logits = model(input_ids=ids).logits[:, len(prompt) - 1 : -1]
-    return token_logprobs(logits, torch.tensor([response]), temperature=temperature)[0].float()
+    targets = torch.tensor([response], device=model.device)
+    return token_logprobs(logits, targets, temperature=temperature)[0].float().cpu()
 
 
 def test_staleness_zero_logprobs_match_the_learner(engine, kind, model_dir, dtype, prompts):
     params = SamplingParams(temperature=0.8, max_new_tokens=16)
     outputs = engine.generate([p for p in prompts for _ in range(2)], params)
-    learner = load_causal_lm(model_dir, dtype=dtype).eval()
+    learner = load_causal_lm(model_dir, dtype=dtype, device=DEVICE).eval()
     diffs = []
     with torch.no_grad():
         for prompt, out in zip([p for p in prompts for _ in range(2)], outputs, strict=True):

@@ -25,7 +25,12 @@ def check_engine(config: GeneratorConfig, model_dir: Path) -> None:
     """Fail in one line before any process starts when the engine is not installed or
     cannot serve the model (the launch calls this)."""
     if config.engine == "vllm":
+        import os
+
         from streamrl.workers.engines import vllm_engine
+
+        # The architecture check imports vLLM in the launching process: keep its console quiet.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
         try:
             vllm_engine.check_installed()

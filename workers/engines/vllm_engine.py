@@ -21,9 +21,9 @@ Semantics, and where they differ from the HF engine (docs/design.md §5b):
 - **Stopping**: only ``stop_token_ids`` stop a sequence (``ignore_eos``; the tokenizer is not
   loaded, so vLLM knows no EOS of its own). The stop token is the last response token.
 - **Token versions**: vLLM tags output tokens with spans of its weight version
-  (``CompletionOutput.weight_versions``), kept equal to ``str(self.version)``. The CPU platform
-  runs without async scheduling, so a span starts exactly at the first token sampled from
-  the new weights.
+  (``CompletionOutput.weight_versions``), kept equal to ``str(self.version)``. Async
+  scheduling is off (the CPU platform forces it; on CUDA the engine asks), so a span starts
+  exactly at the first token sampled from the new weights.
 - **In-flight updates** keep every running request and its KV cache (computed by the old
   weights), as the HF engine does. **Prefix caching is off**: a prompt admitted after an update
   must be prefilled with the new weights, and vLLM cannot reset its prefix cache while requests
@@ -35,7 +35,7 @@ Semantics, and where they differ from the HF engine (docs/design.md §5b):
   once every tensor it loads from has arrived, so a changed ``q_proj`` is sent with its
   ``k_proj``/``v_proj`` (``reload_groups``); layers not named keep their tensors. With tied
   embeddings the LM head shares the embedding's parameter but prepacks its own copy on CPU,
-  so it is processed again after the embedding changes.
+  so it is processed again after every reload.
 - **Seeds**: each request gets its own seed, drawn from the engine's seeded stream or, with
   ``SamplingParams.seed``, derived from it and the row, so a call is reproducible. vLLM's draws
   (Gumbel-max per token) differ from the HF engine's inverse-CDF draws: the same seed samples
@@ -58,6 +58,7 @@ from typing import Any
 
 import torch
 
+from streamrl.models import load_bf16_image
 from streamrl.workers.engines.base import Engine, GenerationOutput, SamplingParams, StepHook
 
 VLLM_VERSION = "0.32"
@@ -217,7 +218,11 @@ class VLLMEngine(Engine):
                 model=str(model_dir),
                 dtype=dtype,
                 seed=seed,
-                enforce_eager=True,  # no torch.compile warm-up at start
+                # CPU: no torch.compile warm-up at start; CUDA: graphs (reloads are in place).
+                enforce_eager=torch.device(device).type == "cpu",
+                # Exact per-token versions: with async scheduling the step already launched when
+                # an update lands would be tagged with the new version (the CPU forces it off).
+                async_scheduling=False,
                 kv_cache_memory_bytes=kv_cache_mb << 20,  # else it asks for a share of all RAM
                 enable_prefix_caching=False,  # see the module docstring
                 skip_tokenizer_init=True,
@@ -232,7 +237,7 @@ class VLLMEngine(Engine):
         VLLMEngine._alive += 1
         self.version = 0
         self.engine.set_weight_version(str(self.version))
-        self.image = _load_image(Path(model_dir))
+        self.image = load_bf16_image(Path(model_dir))
         packed = self.llm.apply_model(lambda model: dict(model.packed_modules_mapping))[0]
         self._groups = reload_groups(self.image, packed)
         self._tied = bool(self.llm.llm_engine.model_config.hf_config.tie_word_embeddings)
@@ -260,7 +265,9 @@ class VLLMEngine(Engine):
                     "is_checkpoint_format": True,
                 },
             )
-            if self._tied and any("embed_tokens" in n for n in names):
+            if (
+                self._tied
+            ):  # cheap (one prepack), and needs no per-architecture name of the embedding
                 self.llm.apply_model(_reprocess_lm_head)
         self.version = version
         self.engine.set_weight_version(str(version))
@@ -331,15 +338,8 @@ class VLLMEngine(Engine):
 
 
 def _reprocess_lm_head(model: torch.nn.Module) -> None:
-    """Rebuild the tied LM head's kernel copy from the (new) embedding it shares."""
-    head = model.lm_head
-    head.quant_method.process_weights_after_loading(head)
-
-
-def _load_image(model_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    image: dict[str, torch.Tensor] = {}
-    for f in sorted(model_dir.glob("*.safetensors")):
-        image.update({k: v.to(torch.bfloat16).contiguous() for k, v in load_file(f).items()})
-    return image
+    """Rebuild the tied LM head's kernel copy from the (new) embedding it shares (on CPU the
+    head prepacks its own copy; elsewhere this is a no-op)."""
+    head = getattr(model, "lm_head", None)
+    if head is not None and hasattr(head, "quant_method"):
+        head.quant_method.process_weights_after_loading(head)
