@@ -155,7 +155,9 @@ class Generator:
             Path(model_dir),
             seed=config.run.seed + generator_id,
             compute_dtype=compute,
-            max_model_len=config.data.max_prompt_tokens + gen.max_new_tokens,
+            # The longest this generator asks for: a training call or an evaluation.
+            max_model_len=config.data.max_prompt_tokens
+            + max(gen.max_new_tokens, config.eval.max_new_tokens or 0),
         )
         image = self.engine.shared_weights()
         if image is None:

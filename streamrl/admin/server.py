@@ -52,6 +52,10 @@ class AdminServer:
         config = uvicorn.Config(
             self.guard,
             loop=_loop_name(),
+            # h11 always: uvicorn's "auto" picks httptools when some other package installed it
+            # (vLLM's fastapi[standard] does), and httptools answers malformed requests itself,
+            # past BodyLimit's count of every response.
+            http="h11",
             lifespan="off",
             log_config=None,  # leave the controller's logging as it is
             access_log=False,
