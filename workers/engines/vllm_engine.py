@@ -238,9 +238,10 @@ class VLLMEngine(Engine):
         self.version = 0
         self.engine.set_weight_version(str(self.version))
         self.image = load_bf16_image(Path(model_dir))
-        packed = self.llm.apply_model(lambda model: dict(model.packed_modules_mapping))[0]
+        packed = self.llm.apply_model(_packed_modules)[0]
         self._groups = reload_groups(self.image, packed)
-        self._tied = bool(self.llm.llm_engine.model_config.hf_config.tie_word_embeddings)
+        hf_config = self.engine.model_config.hf_config
+        self._tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         self._seeds = random.Random(seed)
         self._calls = 0
 
@@ -335,6 +336,11 @@ class VLLMEngine(Engine):
             if finalizer is not None:
                 finalizer.detach()
         self.llm = self.engine = None  # type: ignore[assignment]
+
+
+def _packed_modules(model: torch.nn.Module) -> dict[str, list[str]]:
+    """The model's fused layers and their checkpoint parts (none for a model without)."""
+    return dict(getattr(model, "packed_modules_mapping", None) or {})
 
 
 def _reprocess_lm_head(model: torch.nn.Module) -> None:
