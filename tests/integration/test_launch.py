@@ -147,3 +147,26 @@ def test_wandb_offline_logs_every_step(tmp_path: Path) -> None:
     runs = list((Path(summary["run_dir"]) / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "no offline wandb run was written"
     assert [r["step"] for r in steps] == [1, 2]
+
+
+def test_sync_run_on_the_vllm_engine_trains_on_what_it_sampled(tmp_path: Path) -> None:
+    """The generator on vLLM through the whole loop: every version reaches it in flight-free
+    sync mode, and the learner scores its samples as they were sampled (noise-level mismatch)."""
+    pytest.importorskip("vllm")
+    summary, steps, pids = _run(
+        tmp_path,
+        "run.max_steps=3",
+        "run.mode=sync",
+        "generator.engine=vllm",
+        "model.tiny_hidden=128",  # heads of 32: vLLM's CPU attention has no kernel for 16
+        "generator.count=1",
+        "generator.kv_cache_mb=64",
+    )
+    assert [r["step"] for r in steps] == [1, 2, 3] and summary["version"] == 3
+    (gen,) = summary["generators"].values()
+    assert gen["applied_version"] == 3 and gen["checksum_failures"] == 0
+    assert all(r["staleness/max"] == 0 for r in steps)
+    for r in steps:
+        assert r["mismatch/tokens"] > 0
+        assert r["mismatch/k3"] < 0.01 and 0.95 < r["policy/is_weight_mean"] < 1.05, r
+    assert pids and not [p for p in pids if alive(p)], "a role process outlived the run"

@@ -131,3 +131,18 @@ def test_launch_check_refuses_an_architecture_vllm_cannot_serve(tmp_path) -> Non
     with pytest.raises(EngineUnavailable, match="NoSuchForCausalLM") as err:
         check_engine(GeneratorConfig(engine="vllm"), tmp_path)
     assert "\n" not in str(err.value) and "generator.engine=hf" in str(err.value)
+
+
+def test_launch_check_refuses_a_head_size_the_cpu_attention_lacks() -> None:
+    pytest.importorskip("vllm")
+    from vllm.platforms import current_platform
+
+    from streamrl.models import TINY, resolve_model
+
+    if not current_platform.is_cpu():
+        pytest.skip("the head-size rule is vLLM's CPU attention's")
+    # The tiny test model has 4 heads of 16: vLLM's CPU kernels start at 32.
+    with pytest.raises(EngineUnavailable, match="head_dim 16") as err:
+        check_engine(GeneratorConfig(engine="vllm"), resolve_model(TINY))
+    assert "\n" not in str(err.value) and "generator.engine=hf" in str(err.value)
+    check_engine(GeneratorConfig(engine="vllm"), resolve_model(TINY, tiny_hidden=128))

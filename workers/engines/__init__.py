@@ -25,18 +25,18 @@ def check_engine(config: GeneratorConfig, model_dir: Path) -> None:
     """Fail in one line before any process starts when the engine is not installed or
     cannot serve the model (the launch calls this)."""
     if config.engine == "vllm":
-        import os
+        import logging
 
         from streamrl.workers.engines import vllm_engine
 
-        # The architecture check imports vLLM in the launching process: keep its console quiet.
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        # The model check imports vLLM in the launching process: keep its console quiet.
+        logging.getLogger("vllm").setLevel(logging.ERROR)
 
         try:
             vllm_engine.check_installed()
         except ImportError as exc:
             raise EngineUnavailable(str(exc)) from None
-        reason = vllm_engine.unsupported_architecture(model_dir)
+        reason = vllm_engine.unsupported_reason(model_dir)
         if reason is not None:
             raise EngineUnavailable(reason)
     elif config.engine == "sglang":

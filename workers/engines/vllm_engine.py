@@ -154,17 +154,30 @@ def check_installed() -> None:
         raise ImportError(INSTALL_HINT)
 
 
-def unsupported_architecture(model_dir: Path) -> str | None:
-    """Why vLLM cannot serve the model in ``model_dir``, or ``None`` when it can."""
+def unsupported_reason(model_dir: Path) -> str | None:
+    """Why vLLM cannot serve the model in ``model_dir``, or ``None`` when it can: an
+    architecture outside its registry, or (on CPU) a head size its attention kernels lack."""
     from vllm.model_executor.models import ModelRegistry
+    from vllm.platforms import current_platform
 
-    archs = json.loads((Path(model_dir) / "config.json").read_text()).get("architectures") or []
-    supported = ModelRegistry.get_supported_archs()
-    if not any(arch in supported for arch in archs):
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    archs = config.get("architectures") or []
+    if not any(arch in ModelRegistry.get_supported_archs() for arch in archs):
         return (
             f"vLLM cannot serve {model_dir} (architectures {archs or 'not given'} are not in "
             f"its model registry); use generator.engine=hf"
         )
+    heads = config.get("num_attention_heads")
+    head_dim = config.get("head_dim") or (heads and config.get("hidden_size", 0) // heads)
+    if current_platform.is_cpu() and head_dim:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head_dim not in sizes:
+            return (
+                f"vLLM's CPU attention cannot serve {model_dir} (head_dim {head_dim}; it "
+                f"supports {sizes}); use generator.engine=hf"
+            )
     return None
 
 
@@ -203,7 +216,7 @@ class VLLMEngine(Engine):
                 f"generator.device={device} but the installed vLLM {vllm.__version__} runs on "
                 f"{current_platform.device_type}; {INSTALL_HINT}"
             )
-        reason = unsupported_architecture(model_dir)
+        reason = unsupported_reason(model_dir)
         if reason is not None:
             raise ValueError(reason)
         for name in ("layerwise", "inplace"):
