@@ -138,7 +138,8 @@ class Generator:
     ) -> None:
         gen = config.generator
         # The controller resolves threads (0 = auto); a role built directly resolves its own.
-        torch.set_num_threads(role_threads(config, "generator", None, len(os.sched_getaffinity(0))))
+        self.threads = role_threads(config, "generator", None, len(os.sched_getaffinity(0)))
+        torch.set_num_threads(self.threads)
         self.config, self.generator_id, self.incarnation = config, generator_id, incarnation
         self.ctx = zmq.Context()
         # First, before the model loads: the supervisor hears this process from the start.
@@ -264,6 +265,9 @@ class Generator:
     # ------------------------------------------------------------------ loop
 
     def run(self) -> dict[str, int]:
+        # Again on this thread: a Ray actor runs its methods on other threads than __init__,
+        # and where libgomp is preloaded OpenMP's thread count does not follow them there.
+        torch.set_num_threads(self.threads)
         while True:
             with self._timing("wait_admission_s"):
                 reply = self.admission.request(self.prompts_per_call)

@@ -142,7 +142,8 @@ class Learner:
         lc = config.learner
         self.incarnation = incarnation  # restarts of the group so far: on every report
         # The controller resolves threads (0 = auto); a role built directly resolves its own.
-        torch.set_num_threads(role_threads(config, "learner", None, len(os.sched_getaffinity(0))))
+        self.threads = role_threads(config, "learner", None, len(os.sched_getaffinity(0)))
+        torch.set_num_threads(self.threads)
         torch.manual_seed(config.run.seed)
         self.config, self.rank, self.world_size = config, rank, world_size
         self.model_dir = Path(model_dir)
@@ -192,6 +193,9 @@ class Learner:
     # ------------------------------------------------------------------ loop
 
     def run(self, max_steps: int) -> int:
+        # Again on this thread: a Ray actor runs its methods on other threads than __init__,
+        # and where libgomp is preloaded OpenMP's thread count does not follow them there.
+        torch.set_num_threads(self.threads)
         per_rank = self.config.learner.groups_per_step // self.world_size
         while self.version < max_steps:
             wait_start = time.perf_counter()

@@ -18,6 +18,7 @@ the bf16 image) and a second engine of the same kind built from a checkpoint on 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 from pathlib import Path
 
@@ -36,6 +37,7 @@ STEPWISE = {"hf", "vllm"}
 # Engines whose calls are reproducible under SamplingParams.seed (SGLang: greedy instead).
 SEEDED = {"hf", "vllm"}
 QUESTIONS = ["What is 12 + 7?", "What is 30 - 4?", "Name a colour.", "What is 3 + 25?"]
+PRELOAD_BEFORE = os.environ.get("LD_PRELOAD")
 
 
 def _available(kind: str) -> str | None:
@@ -112,6 +114,12 @@ def learner_logprobs(model, prompt: list[int], response: list[int], temperature:
     logits = model(input_ids=ids).logits[:, len(prompt) - 1 : -1]
     targets = torch.tensor([response], device=model.device)
     return token_logprobs(logits, targets, temperature=temperature)[0].float().cpu()
+
+
+def test_building_an_engine_leaves_what_child_processes_inherit(engine):
+    """vLLM's CPU platform writes LD_PRELOAD (tcmalloc, libgomp) into os.environ; every
+    process started later (Ray roles, process groups) would inherit it."""
+    assert os.environ.get("LD_PRELOAD") == PRELOAD_BEFORE
 
 
 def test_staleness_zero_logprobs_match_the_learner(engine, kind, model_dir, dtype, prompts):

@@ -225,7 +225,10 @@ class VLLMEngine(Engine):
             )
         # vLLM's CPU worker replaces torch.set_num_threads for the whole process with a no-op;
         # the role has set its threads already, and the rest of the process keeps the real one.
-        set_num_threads = torch.set_num_threads
+        # Its CPU platform also writes LD_PRELOAD (tcmalloc, torch's libgomp) into os.environ
+        # for the workers it would spawn: it spawns none here, and no other child of this
+        # process (a role's, a test's) may inherit it.
+        set_num_threads, preload = torch.set_num_threads, os.environ.get("LD_PRELOAD")
         try:
             self.llm = vllm.LLM(
                 model=str(model_dir),
@@ -246,6 +249,11 @@ class VLLMEngine(Engine):
             )
         finally:
             torch.set_num_threads = set_num_threads
+            if preload is None:
+                os.environ.pop("LD_PRELOAD", None)
+            else:
+                os.environ["LD_PRELOAD"] = preload
+        self.threads = torch.get_num_threads()
         self.engine = self.llm.llm_engine
         VLLMEngine._alive += 1
         self.version = 0
@@ -294,6 +302,10 @@ class VLLMEngine(Engine):
 
         if params.max_new_tokens <= 0:
             return [GenerationOutput([], [], [], "length") for _ in prompts]
+        # OpenMP's thread count is per thread where libgomp is preloaded (as vLLM advises): a
+        # caller on another thread than the constructor's (a Ray actor's method) would run
+        # vLLM's CPU attention with a thread count its scheduling metadata did not plan for.
+        torch.set_num_threads(self.threads)
         self._calls += 1
         ids = [f"{self._calls}-{row}" for row in range(len(prompts))]
         seeds = request_seeds(len(prompts), params.seed, self._seeds)
