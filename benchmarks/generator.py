@@ -154,7 +154,12 @@ def measure_batch(
 
 
 def job_call_ms(
-    engine: Engine, vocab: int, shape: str, repeats: int, rng: torch.Generator
+    engine: Engine,
+    vocab: int,
+    shape: str,
+    repeats: int,
+    rng: torch.Generator,
+    device: torch.device,
 ) -> float:
     """ms per call at a run's shape ``PROMPTS,GROUP,PROMPT_TOKENS,NEW_TOKENS`` (best of
     ``repeats``, after one warm-up): each prompt repeated GROUP times, as a generator asks."""
@@ -162,7 +167,6 @@ def job_call_ms(
     distinct = torch.randint(0, vocab, (prompts, prompt_tokens), generator=rng).tolist()
     batch = [p for p in distinct for _ in range(group)]
     engine_generate(engine, batch, new_tokens)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return 1000 * min(
         timed(partial(engine_generate, engine, batch, new_tokens), device) for _ in range(repeats)
     )
@@ -306,7 +310,9 @@ def main() -> None:
     extra: dict[str, object] = {}
     if args.job_call:
         vocab = baseline.model.config.vocab_size
-        extra["job_call_ms"] = job_call_ms(engine, vocab, args.job_call, args.repeats, rng)
+        extra["job_call_ms"] = job_call_ms(
+            engine, vocab, args.job_call, args.repeats, rng, baseline.device
+        )
         print(
             f"\njob call ({args.job_call}: prompts,group,prompt,new): {extra['job_call_ms']:.0f} ms"
         )

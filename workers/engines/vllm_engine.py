@@ -287,9 +287,9 @@ class VLLMEngine(Engine):
                     "is_checkpoint_format": True,
                 },
             )
-            if (
-                self._tied
-            ):  # cheap (one prepack), and needs no per-architecture name of the embedding
+            # After every reload, not only the embedding's: one prepack, and no per-architecture
+            # name of the embedding to match.
+            if self._tied:
                 self.llm.apply_model(_reprocess_lm_head)
         self.version = version
         self.engine.set_weight_version(str(version))
@@ -339,11 +339,9 @@ class VLLMEngine(Engine):
                 float(entry[token].logprob)
                 for token, entry in zip(tokens, completion.logprobs, strict=True)
             ]
-        reason = (
-            completion.finish_reason
-            if completion.finish_reason in ("stop", "length")
-            else ("abort")
-        )
+        reason = completion.finish_reason
+        if reason not in ("stop", "length"):
+            reason = "abort"
         versions = token_versions(completion.weight_versions, len(tokens), self.version)
         return GenerationOutput(tokens, logprobs, versions, reason)
 
