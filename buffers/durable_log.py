@@ -55,6 +55,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from streamrl.files import atomic_writer
 from streamrl.protocol import TrajectoryGroup
 from streamrl.transport import DECODE_ERRORS
 
@@ -382,8 +383,7 @@ class DurableLog:
         number = self._next_number
         self._next_number += 1
         final = self.shard_dir / f"{number:08d}.compact.arrows"
-        tmp = self.shard_dir / f"{number:08d}.compact.tmp"
-        with open(tmp, "wb") as f:
+        with atomic_writer(final, durable=True) as f:
             schema = SCHEMA.with_metadata({**SCHEMA.metadata, TALLIES_KEY: tallies.to_json()})
             with pa.ipc.new_stream(f, schema) as writer:
                 row = 0
@@ -402,10 +402,6 @@ class DurableLog:
                     writer.write_batch(marks)
                 for client, take in history.takes.items():
                     writer.write_batch(_take_rows(client, take.request_id, take.items))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(self.shard_dir)
         self._remove_leftovers()
 
     def _remove_leftovers(self) -> None:

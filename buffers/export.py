@@ -6,13 +6,14 @@ step that flattens it for analysis or for training on the collected data elsewhe
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from streamrl.files import atomic_writer
 
 from .durable_log import scan_shard, shard_dirs
 
@@ -63,10 +64,9 @@ def export_parquet(run_dir: Path, out: Path) -> int:
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
     rows = 0
     columns: dict[str, list[Any]] = {name: [] for name in EXPORT_SCHEMA.names}
-    with pq.ParquetWriter(tmp, EXPORT_SCHEMA) as writer:
+    with atomic_writer(out) as f, pq.ParquetWriter(f, EXPORT_SCHEMA) as writer:
         for shard_dir in shards:
             for group, consumed in scan_shard(shard_dir):
                 if group.check() is not None:
@@ -85,7 +85,6 @@ def export_parquet(run_dir: Path, out: Path) -> int:
                 if len(columns["group_id"]) >= _ROWS_PER_BATCH:
                     _flush(writer, columns)
         _flush(writer, columns)
-    os.replace(tmp, out)
     return rows
 
 

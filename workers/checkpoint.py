@@ -24,6 +24,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from streamrl.files import atomic_write_text
+
 # name -> (module, optimizer): "policy" always, "critic" with GAE.
 Modules = dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]
 
@@ -47,9 +49,7 @@ def save(modules: Modules, root: Path, version: int, extra: dict | None = None) 
     dist.barrier()
     if dist.get_rank() == 0:
         (path / "meta.json").write_text(json.dumps({"version": version, "extra": extra or {}}))
-        tmp = root / "latest.tmp"
-        tmp.write_text(path.name)
-        tmp.replace(root / "latest")
+        atomic_write_text(root / "latest", path.name)
     dist.barrier()
     return path
 

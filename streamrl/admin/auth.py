@@ -5,7 +5,8 @@ fresh ``secrets.token_urlsafe(32)`` per run. Whichever it is, it is written to
 ``RUN_DIR/admin.token`` with mode 0600 so that ``streamrl admin --run RUN_DIR`` (same user)
 can read it and nobody else on the machine can. Tokens are compared in constant time.
 
-Stdlib (plus the config leaf) only: the command-line client imports this module.
+Stdlib (plus the config leaf and ``streamrl.files``) only: the command-line client imports
+this module.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import secrets
 from pathlib import Path
 
 from streamrl.config import ConfigError
+from streamrl.files import atomic_write_text
 
 log = logging.getLogger("streamrl.admin")
 
@@ -41,22 +43,10 @@ def resolve_token(configured: str | None = None) -> str:
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` to ``path`` with ``mode``, never showing a reader a half-written file.
-
-    The temporary file is created with ``mode`` already set (``os.open``), so a secret is never
-    readable by others, not even for an instant; ``fchmod`` undoes a restrictive umask only
-    down to ``mode`` itself.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
+    """Write ``text`` to ``path`` with ``mode``, never showing a reader a half-written file
+    (``streamrl.files``: the mode is set before any byte is written, so a secret is never
+    readable by others, not even for an instant)."""
+    atomic_write_text(path, text, mode=mode)
 
 
 def write_token(run_dir: Path, token: str) -> Path:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import msgspec
 
 from streamrl.config import Config, to_yaml
+from streamrl.files import atomic_write_text
 
 
 class RunError(RuntimeError):
@@ -38,11 +38,9 @@ def prepare_run_dir(config: Config) -> Path:
 
 
 def write_whole(path: Path, text: str) -> None:
-    """Replace ``path`` in one step: a reader (or a crash) sees the old file or the new one,
-    never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Replace a run file (``pids.json``, ``prompts.json``) in one step: a reader (or a crash)
+    sees the old file or the new one, never half of one (``streamrl.files``)."""
+    atomic_write_text(path, text)
 
 
 def last_line(exc: BaseException) -> str:
