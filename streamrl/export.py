@@ -1,7 +1,7 @@
 """``streamrl export``: a saved learner checkpoint -> a Hugging Face model directory.
 
-A checkpoint (``runs/<name>/checkpoints/step-NNNNNN``, torch.distributed.checkpoint, sharded
-per rank) holds the policy's fp32 masters. Export reads only the policy's weights, in one
+A checkpoint (``streamrl.checkpoint_layout``: torch.distributed.checkpoint files, sharded per
+rank) holds the policy's fp32 masters. Export reads only the policy's weights, in one
 process (no process group), into the run's base model architecture, and writes bf16
 safetensors (the image the generators ran) with the base model's tokenizer, loadable with
 ``AutoModelForCausalLM.from_pretrained``.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from streamrl import checkpoint_layout
 from streamrl.config import ConfigError, load_config
 
 
@@ -23,25 +24,21 @@ class ExportError(ValueError):
 
 def checkpoint_dir(run_dir: Path, step: int | None) -> Path:
     """The checkpoint of version ``step`` (default: the newest) in ``run_dir``."""
-    from streamrl.workers import checkpoint
-
-    root = run_dir / "checkpoints"
+    root = checkpoint_layout.checkpoints_root(run_dir)
     if step is None:
-        path = checkpoint.latest(root)
+        path = checkpoint_layout.latest(root)
         if path is None:
             raise ExportError(f"{run_dir}: no checkpoint (is it a streamrl run directory?)")
         return path
-    path = checkpoint.path_for(root, step)
-    if not (path / "meta.json").is_file():
-        have = sorted(p.name for p in root.glob("step-*") if (p / "meta.json").is_file())
+    path = checkpoint_layout.path_for(root, step)
+    if not checkpoint_layout.is_complete(path):
+        have = [p.name for p in checkpoint_layout.complete_checkpoints(root)]
         raise ExportError(f"{run_dir}: no checkpoint for step {step} (have: {', '.join(have)})")
     return path
 
 
 def export_checkpoint(run_dir: Path, step: int | None, out: Path) -> int:
     """Write the policy of checkpoint ``step`` as an HF directory ``out``; returns its version."""
-    import json
-
     import torch
     import torch.distributed.checkpoint as dcp
 
@@ -66,4 +63,4 @@ def export_checkpoint(run_dir: Path, step: int | None, out: Path) -> int:
     model.config.use_cache = True
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     load_tokenizer(base).save_pretrained(out)
-    return int(json.loads((path / "meta.json").read_text())["version"])
+    return checkpoint_layout.read_meta(path)[0]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import msgspec
 
+from streamrl import checkpoint_layout
 from streamrl.config import Config, to_yaml
 from streamrl.files import atomic_write_text
 
@@ -54,10 +55,6 @@ def last_line(exc: BaseException) -> str:
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint under ``root`` (``workers.checkpoint.latest``, read
-    here without importing torch)."""
-    marker = root / "latest"
-    if not marker.is_file():
-        return None
-    path = root / marker.read_text().strip()
-    return path if (path / "meta.json").is_file() else None
+    """The newest complete checkpoint under ``root``, the one a resumed run starts from
+    (``streamrl.checkpoint_layout``: read without importing torch)."""
+    return checkpoint_layout.latest(root)
