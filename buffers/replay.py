@@ -30,12 +30,11 @@ import random
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from streamrl.algorithms.group_filter import has_reward_variance
+from streamrl.key_rules import KEY_RULES, Overflow, Sampling
 
-SAMPLING_ORDERS = ("fifo", "random", "freshest")
-OVERFLOW_MODES = ("drop-oldest", "block")
 # Every reason a group can leave the store (or be refused) other than being used up.
 DROP_REASONS = ("stale", "duplicate", "zero_variance", "too_large", "overflow", "capacity")
 
@@ -87,9 +86,9 @@ class ReplayPolicy:
     capacity: int = 256  # in groups
     capacity_tokens: int | None = None  # optional second bound on sum(group.num_tokens)
     max_staleness: int = 2
-    sampling: Literal["fifo", "random", "freshest"] = "fifo"
+    sampling: Sampling = "fifo"
     max_reuse: int = 1  # a group leaves the store after being returned this many times
-    overflow: Literal["drop-oldest", "block"] = "drop-oldest"
+    overflow: Overflow = "drop-oldest"
     drop_zero_variance: bool = False  # drop groups whose rewards are all equal (no GRPO signal)
 
     def __post_init__(self) -> None:
@@ -98,29 +97,18 @@ class ReplayPolicy:
 
 
 def check_policy_value(name: str, value: Any) -> None:
-    """Raise ``ValueError`` with a one-line reason naming ``name`` if ``value`` is invalid."""
+    """Raise ``ValueError`` with a one-line reason naming ``name`` if ``value`` is invalid.
 
-    def is_int(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    match name:
-        case "capacity" | "max_reuse":
-            ok, want = is_int(value) and value >= 1, "an integer >= 1"
-        case "capacity_tokens":
-            ok, want = value is None or (is_int(value) and value >= 1), "null or an integer >= 1"
-        case "max_staleness":
-            ok, want = is_int(value) and value >= 0, "an integer >= 0"
-        case "sampling":
-            ok, want = value in SAMPLING_ORDERS, "one of " + ", ".join(SAMPLING_ORDERS)
-        case "overflow":
-            ok, want = value in OVERFLOW_MODES, "one of " + ", ".join(OVERFLOW_MODES)
-        case "drop_zero_variance":
-            ok, want = isinstance(value, bool), "true or false"
-        case _:
-            known = ", ".join(f.name for f in dataclasses.fields(ReplayPolicy))
-            raise ValueError(f"unknown buffer setting {name!r} (known: {known})")
-    if not ok:
-        raise ValueError(f"buffer setting {name!r} must be {want}, got {value!r}")
+    The rule is the config key ``buffer.<name>``'s row in ``streamrl.key_rules``, the row the
+    config and the admin API check too: a shard refuses exactly what they refuse (a policy
+    built by hand or a ``Reconfigure`` from another client included).
+    """
+    fields = [f.name for f in dataclasses.fields(ReplayPolicy)]
+    if name not in fields:
+        raise ValueError(f"unknown buffer setting {name!r} (known: {', '.join(fields)})")
+    problem = KEY_RULES[f"buffer.{name}"].problem(value)
+    if problem is not None:
+        raise ValueError(f"buffer setting {name!r} {problem}")
 
 
 class Offer(enum.StrEnum):

@@ -3,7 +3,9 @@
 Unknown or mistyped keys fail with the key's path. Command-line overrides are
 ``section.key=value`` (the value is parsed as YAML, so ``3``, ``true`` and ``[1, 2]`` work).
 
-This module is a leaf: stdlib, msgspec and yaml only. ``streamrl validate`` imports nothing else.
+This module is a leaf: stdlib, msgspec, yaml and the stdlib-only ``key_rules`` (the range rule of
+every live key, which the buffer shard and the admin API read too). ``streamrl validate``
+imports nothing else.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any, Literal
 
 import msgspec
 import yaml
+
+from streamrl.key_rules import KEY_RULES, Overflow, Sampling, cross_key_problems
 
 
 class ConfigError(ValueError):
@@ -117,9 +121,9 @@ class BufferConfig(_Section):
     shards: int = 1
     capacity: int = 256
     max_staleness: int = 2
-    sampling: Literal["fifo", "random", "freshest"] = "fifo"
+    sampling: Sampling = "fifo"
     max_reuse: int = 1
-    overflow: Literal["drop-oldest", "block"] = "drop-oldest"
+    overflow: Overflow = "drop-oldest"
     # ZeroMQ receive high-water mark on a shard's ingest socket (messages).
     ingest_hwm: int = 1000
     max_message_bytes: int = 256 * 1024 * 1024
@@ -325,7 +329,8 @@ def _fields_of(template: str) -> set[str] | None:
 
 
 def _finalize(config: Config) -> Config:
-    """Apply the settings one choice implies, then check what the types cannot express."""
+    """Apply the settings one choice implies, then check what the types cannot express: each
+    key alone (live keys by their ``KEY_RULES`` row), then the rules between keys."""
     if config.learner.gpus > 0 and config.learner.device == "cpu":
         config.learner.device, config.learner.backend = "cuda", "nccl"
     if config.generator.gpus > 0 and config.generator.device == "cpu":
@@ -340,10 +345,7 @@ def _finalize(config: Config) -> Config:
         (config.run.max_restarts >= 0, "run.max_restarts must be >= 0"),
         (config.run.heartbeat_timeout_s > 0, "run.heartbeat_timeout_s must be > 0"),
         (config.learner.count >= 1, "learner.count must be >= 1"),
-        (config.generator.count >= 1, "generator.count must be >= 1"),
         (config.buffer.shards >= 1, "buffer.shards must be >= 1"),
-        (config.buffer.capacity >= 1, "buffer.capacity must be >= 1"),
-        (config.buffer.max_staleness >= 0, "buffer.max_staleness must be >= 0"),
         (config.eval.every >= 0, "eval.every must be >= 0"),
         (config.weights.verify_every >= 0, "weights.verify_every must be >= 0 (0 = off)"),
         (config.placement.learner_cores >= 0, "placement.learner_cores must be >= 0"),
@@ -357,20 +359,12 @@ def _finalize(config: Config) -> Config:
             _fields_of(config.data.question_template) == {"a", "op", "b"},
             "data.question_template must use exactly the fields {a}, {op} and {b}",
         ),
-        (config.buffer.max_reuse >= 1, "buffer.max_reuse must be >= 1"),
         (config.buffer.compact_every_s >= 0, "buffer.compact_every_s must be >= 0"),
         (config.generator.group_size >= 1, "generator.group_size must be >= 1"),
-        (config.generator.prompts_per_call >= 1, "generator.prompts_per_call must be >= 1"),
         (config.generator.max_new_tokens >= 1, "generator.max_new_tokens must be >= 1"),
         (config.generator.kv_cache_mb >= 1, "generator.kv_cache_mb must be >= 1"),
-        (config.generator.temperature > 0, "generator.temperature must be > 0"),
         (0 < config.generator.top_p <= 1, "generator.top_p must be in (0, 1]"),
         (config.learner.lr > 0, "learner.lr must be > 0"),
-        (
-            config.learner.groups_per_step % config.learner.count == 0,
-            f"learner.groups_per_step ({config.learner.groups_per_step}) must be divisible by "
-            f"learner.count ({config.learner.count})",
-        ),
         (config.learner.micro_batch_size >= 1, "learner.micro_batch_size must be >= 1"),
         (
             config.learner.micro_batch_tokens >= 0,
@@ -378,23 +372,8 @@ def _finalize(config: Config) -> Config:
         ),
         (config.learner.mini_batches >= 1, "learner.mini_batches must be >= 1"),
         (config.learner.ppo_epochs >= 1, "learner.ppo_epochs must be >= 1"),
-        (
-            (config.learner.groups_per_step // config.learner.count) % config.learner.mini_batches
-            == 0,
-            f"learner.groups_per_step / learner.count ({config.learner.groups_per_step} / "
-            f"{config.learner.count}) must be divisible by learner.mini_batches "
-            f"({config.learner.mini_batches}): mini-batches hold whole groups",
-        ),
         (config.learner.warmup_steps >= 0, "learner.warmup_steps must be >= 0"),
         (0 <= config.learner.min_lr_ratio <= 1, "learner.min_lr_ratio must be in [0, 1]"),
-        (
-            config.buffer.capacity_tokens is None or config.buffer.capacity_tokens >= 1,
-            "buffer.capacity_tokens must be >= 1 (or null)",
-        ),
-        (
-            0 <= config.algorithm.overlong_buffer.length <= config.generator.max_new_tokens,
-            "algorithm.overlong_buffer.length must be in [0, generator.max_new_tokens]",
-        ),
         (
             config.generator.top_p == 1.0 and config.generator.top_k == 0,
             "generator.top_p/top_k truncate the sampling distribution, which the learner does not "
@@ -407,21 +386,25 @@ def _finalize(config: Config) -> Config:
             config.algorithm.dual_clip is None or config.algorithm.dual_clip > 1,
             "algorithm.dual_clip must be > 1",
         ),
-        (
-            not (
-                config.buffer.max_staleness > 0
-                and config.algorithm.correction == "none"
-                and not config.algorithm.allow_uncorrected
-            ),
-            "an asynchronous run (buffer.max_staleness > 0) with algorithm.correction=none trains "
-            "on stale data without correction; pick a correction or set "
-            "algorithm.allow_uncorrected=true",
-        ),
     ]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    # The live keys' rules: one row each, which the admin API and the buffer shard read too.
+    for key, rule in KEY_RULES.items():
+        problem = rule.problem(_value(config, key))
+        if problem is not None:
+            raise ConfigError(f"{key} {problem}")
+    for conflict in cross_key_problems(lambda key: _value(config, key)):
+        raise ConfigError(conflict.message)
     return config
+
+
+def _value(config: Config, dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
 
 
 def default_config_path() -> str | None:

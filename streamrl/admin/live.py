@@ -8,9 +8,11 @@ A patch is a flat JSON object of dotted keys, ``{"buffer.capacity": 128, "buffer
   naming it; so is ``buffer.max_staleness`` in a ``run.mode=sync`` run, where it is fixed at 0.
 
 Types come from the config Structs themselves (``msgspec.convert`` against the field's
-annotation), so the table only adds the range rules that ``config._finalize`` also enforces.
-Values are converted strictly: ``"128"`` is not an int (the CLI parses ``KEY=VALUE`` as YAML
-before sending, as ``streamrl launch`` overrides do).
+annotation); ranges from each key's row in ``streamrl.key_rules`` and the rules between keys
+from ``key_rules.cross_key_problems``: the rules ``config._finalize`` checks, so a patch is held
+to the rules the run's config was loaded under. Values are converted
+strictly: ``"128"`` is not an int (the CLI parses ``KEY=VALUE`` as YAML before sending, as
+``streamrl launch`` overrides do).
 
 Example: with ``buffer.max_staleness = 2``, ``{"buffer.max_staleness": 0, "learner.lr": 1}``
 changes nothing and answers 409 ``learner.lr``; ``{"buffer.max_staleness": 0}`` then applies.
@@ -27,6 +29,7 @@ import msgspec
 
 from streamrl.config import Config
 from streamrl.controller.knobs import LIVE_KEYS, LiveKey
+from streamrl.key_rules import cross_key_problems
 
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
@@ -58,7 +61,7 @@ def config_key_types() -> dict[str, Any]:
 def describe(key: str) -> dict[str, str]:
     """A live key's type, rule and where it takes effect (served by ``GET /config/live``)."""
     live, tp = LIVE_KEYS[key], config_key_types()[key]
-    return {"type": _type_name(tp), "rule": live.rule or _type_name(tp), "applies": live.where}
+    return {"type": _type_name(tp), "rule": live.rule.wants, "applies": live.where}
 
 
 def live_values(config: dict[str, Any]) -> dict[str, Any]:
@@ -114,32 +117,21 @@ def _convert(live: LiveKey, tp: Any, value: Any) -> Any:
         raise ValueError(f"must fit in 64 bits, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"must be finite, got {value!r}")
-    if not live.check(value):
-        raise ValueError(f"must be {live.rule}, got {value!r}")
+    problem = live.rule.problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
 def _cross_checks(changes: dict[str, Any], config: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """What one key cannot say alone; mirrors ``config._finalize``. Returns (frozen, bad)."""
-    frozen: list[str] = []
-    bad: list[str] = []
+    """The rules between keys (``key_rules.cross_key_problems``) on the run's config with the
+    patch applied. Returns (pinned, bad): messages for 409 and for 422."""
 
     def after(key: str) -> Any:
         return changes[key] if key in changes else _lookup(config, key)
 
-    staleness = after("buffer.max_staleness")
-    if _lookup(config, "run.mode") == "sync" and staleness != 0:
-        frozen.append("buffer.max_staleness is fixed at 0 in a run.mode=sync run")
-    elif (
-        staleness > 0
-        and _lookup(config, "algorithm.correction") == "none"
-        and not _lookup(config, "algorithm.allow_uncorrected")
-    ):
-        bad.append(
-            "buffer.max_staleness: > 0 with algorithm.correction=none trains on stale data "
-            "without correction (the run was not started with algorithm.allow_uncorrected)"
-        )
-    return frozen, bad
+    problems = cross_key_problems(after)
+    return [p.message for p in problems if p.pinned], [p.message for p in problems if not p.pinned]
 
 
 def _lookup(config: dict[str, Any], dotted: str) -> Any:

@@ -1,7 +1,9 @@
 """The live knobs: one row per config key that may change while a run goes on.
 
-A row names the key, its rule (range) and the roles it reaches; how a change reaches each role
-is derived from the row, never written per key:
+A row names the key and the roles it reaches. The key's rule (range) is its row in
+``streamrl.key_rules``, which the config and the torch-free buffer shard check as well
+(``LiveKey.rule`` returns it; a live key without one fails at import). How a change reaches
+each role is derived from the row, never written per key:
 
 | role         | how the new value gets there                                            |
 |--------------|-------------------------------------------------------------------------|
@@ -12,16 +14,17 @@ is derived from the row, never written per key:
 | `supervisor` | the run's config: ``GeneratorPool.check`` acts on it within a second     |
 
 ``<field>`` is the key's last part (``buffer.max_staleness`` -> ``max_staleness``). Adding a
-live knob is one row here (plus the field where its roles read it); ``tests/unit/
-test_live_knobs.py`` proves each row reaches every role it names. Types come from the config
-Structs; ``admin.live.validate_patch`` checks a patch against this table.
+live knob is one row here and its rule in ``key_rules`` (plus the field where its roles read
+it); ``tests/unit/test_live_knobs.py`` proves each row reaches every role it names. Types come
+from the config Structs; ``admin.live.validate_patch`` checks a patch against this table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from streamrl.key_rules import KEY_RULES, KeyRule
 
 ROLES = ("admission", "shards", "learners", "generators", "supervisor")
 
@@ -29,10 +32,17 @@ ROLES = ("admission", "shards", "learners", "generators", "supervisor")
 @dataclass(frozen=True)
 class LiveKey:
     key: str
-    check: Callable[[Any], bool]
-    rule: str  # what ``check`` demands, in words, for error messages and the docs
     reaches: tuple[str, ...]  # roles, from ROLES
     when: str  # when the change takes effect there, in words
+
+    def __post_init__(self) -> None:
+        if self.key not in KEY_RULES:
+            raise ValueError(f"live key {self.key} has no rule row in streamrl.key_rules")
+
+    @property
+    def rule(self) -> KeyRule:
+        """The key's range rule: the same row the config and the buffer shard check."""
+        return KEY_RULES[self.key]
 
     @property
     def field(self) -> str:
@@ -43,43 +53,27 @@ class LiveKey:
         return f"{', '.join(self.reaches)}: {self.when}"
 
 
-def _any(_: Any) -> bool:
-    return True
-
-
 LIVE_KEYS: dict[str, LiveKey] = {
     k.key: k
     for k in (
-        LiveKey("buffer.capacity", lambda v: v >= 1, ">= 1", ("shards",), "next ingest"),
+        LiveKey("buffer.capacity", ("shards",), "next ingest"),
         LiveKey(
             "buffer.max_staleness",
-            lambda v: v >= 0,
-            ">= 0",
             ("admission", "shards", "learners"),
             "next admission request, next batch (eviction and the learners' floor)",
         ),
-        LiveKey("buffer.sampling", _any, "", ("shards",), "next batch"),
-        LiveKey("buffer.max_reuse", lambda v: v >= 1, ">= 1", ("shards",), "next batch"),
-        LiveKey("buffer.overflow", _any, "", ("shards",), "next ingest"),
-        LiveKey(
-            "buffer.drop_zero_variance",
-            _any,
-            "",
-            ("shards",),
-            "next ingest (DAPO dynamic sampling)",
-        ),
-        LiveKey("generator.temperature", lambda v: v > 0, "> 0", ("generators",), "next call"),
+        LiveKey("buffer.sampling", ("shards",), "next batch"),
+        LiveKey("buffer.max_reuse", ("shards",), "next batch"),
+        LiveKey("buffer.overflow", ("shards",), "next ingest"),
+        LiveKey("buffer.drop_zero_variance", ("shards",), "next ingest (DAPO dynamic sampling)"),
+        LiveKey("generator.temperature", ("generators",), "next call"),
         LiveKey(
             "generator.prompts_per_call",
-            lambda v: v >= 1,
-            ">= 1",
             ("generators",),
             "next call (prompts decoded concurrently)",
         ),
         LiveKey(
             "generator.count",
-            lambda v: 1 <= v <= 1024,
-            "in [1, 1024]",
             ("supervisor",),
             "within a second: new generators start and anchor; the highest ids retire after "
             "pushing what they were granted",
