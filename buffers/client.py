@@ -114,7 +114,14 @@ class BufferClient:
         stop_grace_s: float = 10.0,
         retry_s: float = 2.0,
         take_timeout_s: float = 600.0,
+        epoch: int = 0,
+        forks: list[int] | None = None,
     ) -> None:
+        """``epoch``, ``forks``: the learner clock this client speaks for (``streamrl.clock``);
+        every request carries them, so shards follow a restarted learner group."""
+        self.epoch, self.forks = epoch, list(forks or [])
+        # The learners' newest checkpoint: shards keep take receipts only after it.
+        self.checkpointed = 0
         self.ctx = ctx or zmq.Context.instance()
         self.name, self.poll_ms, self.log_every_s = name, poll_ms, log_every_s
         self.reply_timeout_s, self.stop_grace_s = reply_timeout_s, stop_grace_s
@@ -156,7 +163,7 @@ class BufferClient:
                 stop_by = self._stop_by(stop_by, held=len(groups))
             missing = k - len(groups)
             requests = {
-                shard: Peek(self._next_id(), missing, floor, learner_version, wait_ms)
+                shard: self._peek(missing, floor, learner_version, wait_ms)
                 for shard in range(len(self.sockets))
             }
             # A quick peek waits for every shard (to order them all); a long poll returns
@@ -211,7 +218,17 @@ class BufferClient:
         should_stop: Callable[[], bool] | None = None,
     ) -> list[TrajectoryGroup]:
         requests = {
-            shard: BatchRequest(self._next_id(), count, floor, version, 0, self.client_name)
+            shard: BatchRequest(
+                self._next_id(),
+                count,
+                floor,
+                version,
+                0,
+                self.client_name,
+                self.epoch,
+                self.forks,
+                self.checkpointed,
+            )
             for shard, count in plan.items()
         }
         replies = self._take_replies(requests, should_stop)
@@ -285,6 +302,16 @@ class BufferClient:
         return [replies.get(shard) for shard in range(len(self.sockets))]
 
     # ------------------------------------------------------------------ plumbing
+
+    def announce(self, learner_version: int) -> list[int]:
+        """Tell every shard this client's learner clock now (an empty peek), before any
+        learner of its epoch asks: shards drop what the epoch took back and cancel the
+        replaced group's parked takes. Returns the shards that answered."""
+        requests = {s: self._peek(0, 0, learner_version, 0) for s in range(len(self.sockets))}
+        return sorted(self._exchange(requests))
+
+    def _peek(self, k: int, floor: int, learner_version: int, wait_ms: int) -> Peek:
+        return Peek(self._next_id(), k, floor, learner_version, wait_ms, self.epoch, self.forks)
 
     def _next_id(self) -> int:
         self._request_id += 1

@@ -36,6 +36,8 @@ class StoredGroup:
     nbytes: int
     rewards: list[float]
     frame: bytes
+    weights_epoch: int = 0
+    prompt_index: int = -1
 
     @classmethod
     def of(cls, group: TrajectoryGroup, frame: bytes) -> StoredGroup:
@@ -52,6 +54,8 @@ class StoredGroup:
             group.nbytes,
             group.rewards,
             frame,
+            group.weights_epoch,
+            group.prompt_index,
         )
 
 

@@ -36,7 +36,16 @@ from streamrl.algorithms.group_filter import has_reward_variance
 from streamrl.key_rules import KEY_RULES, Overflow, Sampling
 
 # Every reason a group can leave the store (or be refused) other than being used up.
-DROP_REASONS = ("stale", "duplicate", "zero_variance", "too_large", "overflow", "capacity")
+# ``dead_timeline``: sampled from weights a learner restart took back (``streamrl.clock``).
+DROP_REASONS = (
+    "stale",
+    "duplicate",
+    "zero_variance",
+    "too_large",
+    "overflow",
+    "capacity",
+    "dead_timeline",
+)
 
 
 class Group(Protocol):
@@ -47,6 +56,10 @@ class Group(Protocol):
     def group_id(self) -> str: ...
     @property
     def min_version(self) -> int: ...
+    @property
+    def max_version(self) -> int: ...
+    @property
+    def weights_epoch(self) -> int: ...
     @property
     def num_tokens(self) -> int: ...
     @property
@@ -61,22 +74,16 @@ G = TypeVar("G", bound=Group)
 
 
 class VersionProvider(Protocol):
+    """The learner's clock as the store reads it (``streamrl.clock.LearnerClock`` is one)."""
+
     def current_version(self) -> int:
         """The learner version: optimizer steps completed (initial weights are 0)."""
         ...
 
-
-class LearnerVersion:
-    """The newest learner version a shard has heard of (from batch requests and peeks)."""
-
-    def __init__(self) -> None:
-        self.version = 0
-
-    def current_version(self) -> int:
-        return self.version
-
-    def observe(self, version: int) -> None:
-        self.version = max(self.version, version)
+    def on_timeline(self, epoch: int, max_version: int) -> bool:
+        """Whether weights of ``epoch`` up to ``max_version`` still exist (no learner restart
+        took them back)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,7 @@ class Offer(enum.StrEnum):
     DUPLICATE = "duplicate"
     ZERO_VARIANCE = "zero_variance"
     TOO_LARGE = "too_large"  # more tokens than capacity_tokens: could never fit
+    DEAD_TIMELINE = "dead_timeline"  # sampled from weights a learner restart took back
 
 
 @dataclass(slots=True)
@@ -202,6 +210,8 @@ class ReplayStore(Generic[G]):
         gid = group.group_id
         if gid in self._seq_of or gid in self._recent_ids:
             return self._refuse(Offer.DUPLICATE)
+        if not self._versions.on_timeline(group.weights_epoch, group.max_version):
+            return self._refuse(Offer.DEAD_TIMELINE)
         min_version = group.min_version
         if self._versions.current_version() - min_version > policy.max_staleness:
             return self._refuse(Offer.STALE)
@@ -278,6 +288,18 @@ class ReplayStore(Generic[G]):
                 self._remove(seq, "stale")
                 evicted += 1
         return evicted
+
+    def evict_off_timeline(self) -> int:
+        """Drop every group sampled from weights no longer on the learner's timeline (call
+        when the learner's epoch rose; O(n)); return how many."""
+        dead = [
+            seq
+            for seq, e in self._entries.items()
+            if not self._versions.on_timeline(e.group.weights_epoch, e.group.max_version)
+        ]
+        for seq in dead:
+            self._remove(seq, "dead_timeline")
+        return len(dead)
 
     def take(self, k: int, floor: int | None = None) -> list[G]:
         """Up to ``k`` distinct groups with ``min_version >= floor``, in the policy's order.

@@ -48,6 +48,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from streamrl.clock import LearnerClock
 from streamrl.config import BufferConfig
 from streamrl.protocol import (
     Ack,
@@ -61,13 +62,14 @@ from streamrl.protocol import (
     ShardRequest,
     ShardStats,
     StatsRequest,
+    TakeReceipt,
 )
 from streamrl.transport import Codec, bind_random, make_socket
 
 from .delivery import Delivered
 from .durable_log import DurableLog
 from .frames import GroupDecoder, StoredGroup
-from .replay import LearnerVersion, Offer, ReplayPolicy, ReplayStore
+from .replay import Offer, ReplayPolicy, ReplayStore
 from .takes import LastTakes
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,9 @@ MAX_WAIT_MS = 600_000  # a longer long poll is cut to this
 # and timers, and every poll is still answered exactly once. A learner rank parks one.
 MAX_PARKED_PER_PEER = 16
 MAX_PARKED = 1024
+# Take receipts kept (``ShardStats.receipts``): takes since the learners' newest checkpoint;
+# a learner that never checkpoints would grow them without this cap.
+MAX_RECEIPTS = 4096
 # The request loop's longest sleep without a wakeup from the socket: a backstop for a lost edge
 # (see _reply); an idle shard wakes this often to find nothing.
 REQUEST_POLL_MS = 100
@@ -134,7 +139,10 @@ class BufferShard:
         self.shard_id = shard_id
         self.config = config
         self.name = f"shard[{shard_id}]"
-        self.versions = LearnerVersion()
+        self.versions = LearnerClock()
+        # What each take since the learners' newest checkpoint handed out: a learner restart
+        # hands exactly those prompts out again (docs/design.md §6).
+        self.receipts: list[TakeReceipt] = []
         self._to_mark: list[tuple[str, str]] = []  # (group id, why it left), to log
         self._refused: list[tuple[str, str]] = []  # dropped on arrival, to log
         policy = {k: getattr(config, k) for k in POLICY_KNOBS}
@@ -369,7 +377,7 @@ class BufferShard:
             identity, request = routed
             match request:
                 case BatchRequest() | Peek() as req:
-                    self.versions.observe(req.learner_version)
+                    self._observe_clock(req)
                     self._park(identity, req)
                 case StatsRequest():
                     self._reply(identity, self.stats())
@@ -377,6 +385,33 @@ class BufferShard:
                     self._reply(identity, self.reconfigure(req))
                 case Checkpoint():
                     self._reply(identity, self.checkpoint())
+
+    def _observe_clock(self, req: BatchRequest | Peek) -> None:
+        """Follow the learner clock (``streamrl.clock``). When its epoch rises the learner
+        group restarted: groups sampled from weights it took back leave, and long polls of
+        the replaced group are dropped unanswered (an answer would go to a dead peer and
+        take groups with it)."""
+        if self.versions.observe(req.learner_epoch, req.learner_version, req.forks):
+            dead = self.store.evict_off_timeline()
+            stale = [w for w in self.waiting if w.request.learner_epoch < req.learner_epoch]
+            for waiting in stale:
+                if waiting.timer is not None:
+                    waiting.timer.cancel()
+                self.waiting.remove(waiting)
+            log.info(
+                "%s: learner epoch %d at version %d: %d groups off its timeline dropped, "
+                "%d parked requests of the replaced group cancelled",
+                self.name,
+                req.learner_epoch,
+                req.learner_version,
+                dead,
+                len(stale),
+            )
+            self._flush_marks()
+        if isinstance(req, BatchRequest) and req.learner_epoch == self.versions.epoch:
+            # Receipts of steps the newest checkpoint holds can never be needed again.
+            keep = [r for r in self.receipts if r.epoch == req.learner_epoch]
+            self.receipts = [r for r in keep if r.step > req.checkpointed]
 
     def _park(self, identity: bytes, req: BatchRequest | Peek) -> None:
         if self._try_answer(identity, req, expired=req.wait_ms <= 0):
@@ -423,11 +458,20 @@ class BufferShard:
             case BatchRequest():
                 if req.client and self._answer_repeat(identity, req):
                     return True
+                if req.learner_epoch < self.versions.epoch:
+                    # A replaced learner group's: its reply would be lost with what it took.
+                    self._reply(identity, RawBatch(req.request_id, []))
+                    return True
                 if not expired and (
                     len(self.store) < req.k or len(self.peek(req.k, req.floor)) < req.k
                 ):
                     return False
                 groups = self.store.take(req.k, req.floor)
+                if groups:
+                    indices = [g.prompt_index for g in groups]
+                    step = req.learner_version + 1  # the step this batch trains
+                    self.receipts.append(TakeReceipt(req.learner_epoch, step, indices))
+                    del self.receipts[:-MAX_RECEIPTS]
                 if req.client and groups:
                     self.takes.put(req.client, req.request_id, [g.frame for g in groups])
                     if self.log is not None:
@@ -521,6 +565,9 @@ class BufferShard:
             delivered=self.delivered.floors(),
             resent_duplicates=self.resent_duplicates,
             retried_takes=self.retried_takes,
+            learner_epoch=self.versions.epoch,
+            learner_version=self.versions.version,
+            receipts=list(self.receipts),
             **self._log_totals(),
         )
 
@@ -536,7 +583,9 @@ class BufferShard:
         if self.reporter is None:
             return
         with contextlib.suppress(zmq.Again):
-            report = ShardReport(self.stats(), time.time())
+            # Receipts only on request (the controller reads them at a learner restart).
+            stats = msgspec.structs.replace(self.stats(), receipts=[])
+            report = ShardReport(stats, time.time())
             self.reporter.send(self.report_encoder.encode(report), zmq.NOBLOCK)
 
     def close(self) -> None:

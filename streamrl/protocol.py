@@ -21,6 +21,7 @@ import msgspec
 # --------------------------------------------------------------------------- trajectories
 
 MAX_CLIENT_NAME = 128  # a learner client's name in ``BatchRequest.client``
+MAX_FORKS = 1024  # learner restarts a request may list (``BatchRequest.forks``)
 
 # Dtypes of the trajectory arrays: raw little-endian bytes, 4 bytes per element, one element
 # per token. Token ids and versions are int32 (``array`` typecode ``i``), behaviour logprobs
@@ -187,6 +188,9 @@ class TrajectoryGroup(msgspec.Struct):
     # The prompt's index in the run's stream (``data.PromptStream``; -1: not from one): a
     # learner restart puts the prompts of the steps it lost back into the stream.
     prompt_index: int = -1
+    # The learner epoch of the weights the group started on (``streamrl.clock``): with its
+    # versions it says whether those weights are still on the learner's timeline.
+    weights_epoch: int = 0
 
     @property
     def min_version(self) -> int:
@@ -255,6 +259,11 @@ class BatchRequest(msgspec.Struct, tag="batch_request"):
     learner_version: int
     wait_ms: int = 0
     client: Annotated[str, msgspec.Meta(max_length=MAX_CLIENT_NAME)] = ""
+    # The learner clock (``streamrl.clock``): the group's epoch, the versions its epochs
+    # resumed at, and its newest checkpoint (the shard keeps take receipts after it).
+    learner_epoch: int = 0
+    forks: Annotated[list[int], msgspec.Meta(max_length=MAX_FORKS)] = []
+    checkpointed: int = 0
 
 
 class Batch(msgspec.Struct, tag="batch"):
@@ -264,6 +273,15 @@ class Batch(msgspec.Struct, tag="batch"):
 
 class StatsRequest(msgspec.Struct, tag="stats_request"):
     pass
+
+
+class TakeReceipt(msgspec.Struct, array_like=True):
+    """One take a shard handed out: for learner step ``step`` of epoch ``epoch``, the groups
+    of these prompt indices (-1: a group from no stream)."""
+
+    epoch: int
+    step: int
+    prompt_indices: list[int]
 
 
 class ShardStats(msgspec.Struct, tag="shard_stats"):
@@ -296,6 +314,12 @@ class ShardStats(msgspec.Struct, tag="shard_stats"):
     # Batch requests that repeated a client's last take (its reply was lost or late): answered
     # again with the same groups, nothing taken (``buffers.takes``).
     retried_takes: int = 0
+    # The learner clock the shard follows (``streamrl.clock``), and what each take since the
+    # learners' newest checkpoint handed out: (epoch, step, prompt indices). A learner
+    # restart hands exactly those prompts out again (``TakeReceipt``).
+    learner_epoch: int = 0
+    learner_version: int = 0
+    receipts: list[TakeReceipt] = []
 
 
 class Reconfigure(msgspec.Struct, tag="reconfigure"):
@@ -326,6 +350,8 @@ class Peek(msgspec.Struct, tag="peek"):
     floor: int
     learner_version: int
     wait_ms: int = 0
+    learner_epoch: int = 0  # as ``BatchRequest``'s
+    forks: Annotated[list[int], msgspec.Meta(max_length=MAX_FORKS)] = []
 
 
 class PeekReply(msgspec.Struct, tag="peek_reply"):

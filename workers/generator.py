@@ -165,6 +165,9 @@ class Generator:
             image = load_bf16_image(Path(model_dir))
         self._weight_endpoints = (publisher_endpoints, anchor_endpoints)
         self.weights_epoch = 0
+        # The learner epoch of the weights the engine holds: behind ``weights_epoch`` from a
+        # learner restart until the new group's anchors land (``streamrl.clock``).
+        self.held_epoch = 0
         self.subscriber = self._subscribe(image)
         # Acknowledged delivery (buffers.delivery): groups are kept per shard until its receipt
         # comes back on an admission reply, and sent again if the shard is restarted.
@@ -233,6 +236,8 @@ class Generator:
         # it; a repair anchor at the version held changes tensors without moving the version.
         # Version -1: a fresh subscriber after the learners restarted, anchors not in yet.
         moved = self.subscriber.version != self.engine.version or changed
+        if self.subscriber.version >= 0:
+            self.held_epoch = self.weights_epoch
         if self.subscriber.version >= 0 and moved:
             self.timers.weights_pause_s += time.perf_counter() - start  # decoding waited
             start = time.perf_counter()
@@ -367,6 +372,10 @@ class Generator:
         ]
         batch = [ids for ids in prompt_ids for _ in range(gen.group_size)]
         on_step = self.poll_weights if gen.in_flight_updates else None
+        # Tagged with the epoch the call starts on: tokens sampled after an in-flight switch
+        # to a restarted group's weights count as the old epoch's (the shard may drop the
+        # group: a regeneration, never a group trained on weights no learner has).
+        epoch = self.held_epoch
         outputs = self.engine.generate(batch, self.sampling, on_step)
         finished = time.time()
         groups = []
@@ -401,6 +410,7 @@ class Generator:
                     finished_at=finished,
                     data_source=prompt.data_source,
                     ground_truth=prompt.ground_truth,
+                    weights_epoch=epoch,
                 )
             )
         return groups

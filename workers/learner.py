@@ -138,7 +138,10 @@ class Learner:
         publisher_ports: tuple[int, int] = (0, 0),
         incarnation: int = 0,
         encoder_cores: list[int] | None = None,
+        forks: list[int] | None = None,
     ) -> None:
+        """``incarnation`` and ``forks``: the learner clock's epoch and the versions its
+        epochs resumed at (``streamrl.clock``); every report and buffer request carries them."""
         lc = config.learner
         self.incarnation = incarnation  # restarts of the group so far: on every report
         # The controller resolves threads (0 = auto); a role built directly resolves its own.
@@ -164,6 +167,10 @@ class Learner:
         self._checkpoint_requested = False
         self.checkpoint_dir = Path(checkpoint_dir)
         self.version = self._resume() if config.run.resume else 0
+        # The group owns its clock: a restarted group's fork is the version it resumed at.
+        self.forks = list(forks or [])
+        if len(self.forks) < incarnation:
+            self.forks.append(self.version)
         # Created after resuming: its first image (and anchors) are the resumed version.
         self.publisher = WeightPublisher(
             self.model,
@@ -176,8 +183,13 @@ class Learner:
             encoder_cores=encoder_cores,
         )
         self.buffer = BufferClient(
-            shard_endpoints, name=f"learner[{rank}]", log_every_s=lc.batch_wait_log_s
+            shard_endpoints,
+            name=f"learner[{rank}]",
+            log_every_s=lc.batch_wait_log_s,
+            epoch=incarnation,
+            forks=self.forks,
         )
+        self.buffer.checkpointed = self.version
         self.ctx = zmq.Context()
         self.reporter = make_socket(self.ctx, zmq.PUSH)
         self.reporter.connect(report_endpoint)
@@ -272,7 +284,9 @@ class Learner:
         """Collective: every rank saves its shards of the policy/critic and optimizers."""
         self._checkpoint_requested = False
         extra = {"kl_coef": self.kl_controller.value}
-        return checkpoint.save(self._modules(), self.checkpoint_dir, self.version, extra)
+        path = checkpoint.save(self._modules(), self.checkpoint_dir, self.version, extra)
+        self.buffer.checkpointed = self.version
+        return path
 
     def final_checkpoint(self) -> Path:
         """Collective: save unless the newest checkpoint already holds this version."""

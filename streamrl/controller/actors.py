@@ -99,6 +99,7 @@ class LearnerActor:
             publisher_ports=(spec.pub_port, spec.anchor_port),
             incarnation=spec.incarnation,
             encoder_cores=spec.encoder_cores,
+            forks=spec.forks,
         )
         return self.learner.endpoints()
 

@@ -74,6 +74,7 @@ from streamrl.protocol import (
     LearnerStep,
     Report,
     ShardReport,
+    TakeReceipt,
 )
 from streamrl.transport import Codec, bind_random, make_socket, resolve_host
 
@@ -272,6 +273,7 @@ class Controller:
             anchor_port=ports[1],
             incarnation=incarnation,
             encoder_cores=self.available_cores if self.cores else None,
+            forks=list(self.state.forks),
         )
 
     def generator_spec(self, generator_id: int, incarnation: int) -> GeneratorSpec:
@@ -621,15 +623,61 @@ class Controller:
         self.policy.give_back(lost)
 
     def _roll_back_budget(self, version: int) -> list[int]:
-        """The learners are back at ``version``: the groups consumed by steps after it are
-        gone with those steps, so their budget returns and generators make new ones, for the
-        same prompts (returned)."""
+        """The learners are back at ``version``, in a new epoch: the groups taken for steps
+        after it are gone with those steps, so their budget returns and generators make new
+        ones, for the same prompts (returned).
+
+        The shards' take receipts say exactly what those steps took, reports or not (a rank
+        may die before its ``BatchTaken`` leaves, or with a take parked at a shard). So the
+        shards hear the new epoch first (``BufferClient.announce``: they drop groups sampled
+        from weights it took back and cancel the dead group's parked takes, so no receipt
+        comes after), then their receipts are read."""
+        from streamrl.buffers.client import BufferClient
+
+        dead_epoch = self.state.weights_epoch
+        forks = [*self.state.forks, version]
+        endpoints = [req for _, req in self.shard_endpoints]
+        client = BufferClient(endpoints, name="controller", epoch=dead_epoch + 1, forks=forks)
+        try:
+            answered = client.announce(version)
+        finally:
+            client.close()
+        if len(answered) < len(endpoints):
+            log.warning("learner epoch %d: shards %s did not answer", dead_epoch + 1, answered)
         self._refresh_shard_stats()
+        receipts = [
+            r
+            for stats in self.state.shards.values()
+            for r in getattr(stats, "receipts", [])
+            if r.epoch == dead_epoch and r.step > version
+        ]
         with self.state.lock:
-            self._give_back_lost_steps(version)
             self.state.version = version
             self.state.weights_epoch += 1
-            return self.state.prompts.roll_back(version)  # handed out again, first
+            self.state.forks = forks
+            return self._give_back_taken(version, receipts)
+
+    def _give_back_taken(self, version: int, receipts: list[TakeReceipt]) -> list[int]:
+        """Return to the budget every group the receipts name (taken by lost steps), and
+        their prompts to the stream, first; returns those prompts. Call with
+        ``state.lock`` held. Steps whose receipts a restarted shard lost are still known from
+        the learners' ``BatchTaken`` reports (the ledger) and the durable log's counts."""
+        taken = sum(len(r.prompt_indices) for r in receipts)
+        from_receipts = [i for r in receipts for i in r.prompt_indices if i >= 0]
+        before = self._rolled_back
+        self._give_back_lost_steps(version)  # the durable log's count, if it sees more
+        counted = self._rolled_back - before
+        if taken > counted:
+            self.policy.give_back(taken - counted)
+            self._rolled_back += taken - counted
+        elif counted > taken:
+            log.warning(
+                "learner restart: the logs count %d groups taken by lost steps, the "
+                "receipts %d (a shard restarted meanwhile?)",
+                counted,
+                taken,
+            )
+        return self.state.prompts.roll_back(version, extra=from_receipts)
 
     def _restart_shard(self, shard_id: int, exc: Exception) -> Any:
         """A new process for a dead shard, on its durable log and its predecessor's ports

@@ -49,6 +49,7 @@ class LearnerSpec(RoleSpec):
     pub_port: int = 0
     anchor_port: int = 0
     incarnation: int = 0  # the group's restarts so far; its reports carry it
+    forks: list[int] = []  # the version each restart resumed at (``streamrl.clock``)
     # Cores the weight publisher's encoder thread may run on: every core of the run when the
     # rank is pinned, so that encoding a version overlaps the next step on idle cores instead
     # of taking turns with it on the rank's own. None: the rank's cores.

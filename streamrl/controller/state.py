@@ -52,10 +52,12 @@ class PromptLedger:
         """The model at ``version`` is saved: earlier steps' prompts need no record."""
         self.trained = {v: ids for v, ids in self.trained.items() if v > version}
 
-    def roll_back(self, version: int) -> list[int]:
-        """The model is back at ``version``: the prompts of later steps are handed out again,
-        before any other. Returns them."""
-        lost = sorted(i for v, ids in self.trained.items() if v > version for i in ids)
+    def roll_back(self, version: int, extra: list[int] | None = None) -> list[int]:
+        """The model is back at ``version``: the prompts of later steps (and ``extra``: those
+        the shards' take receipts name) are handed out again, before any other, once each.
+        Returns them."""
+        reported = (i for v, ids in self.trained.items() if v > version for i in ids)
+        lost = sorted({*reported, *(extra or [])})
         self.trained = {v: ids for v, ids in self.trained.items() if v <= version}
         self.retry = deque(sorted({*self.retry, *lost}))
         return lost
@@ -109,6 +111,8 @@ class RunState:
 
     version: int = 0
     weights_epoch: int = 0  # learner-group restarts so far (AdmissionReply.weights_epoch)
+    # The version each learner-group restart resumed at, in epoch order (``streamrl.clock``).
+    forks: list[int] = field(default_factory=list)
     # Restarts of each buffer shard so far (AdmissionReply.shard_epochs): generators resend it
     # what it has not acknowledged.
     shard_epochs: dict[int, int] = field(default_factory=dict)

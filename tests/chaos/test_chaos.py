@@ -8,6 +8,7 @@ The step is drawn from ``CHAOS_SEED`` (printed; set it to replay a failure).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -125,6 +126,40 @@ def test_a_killed_learner_rank_restarts_the_group_from_its_checkpoint(tmp_path: 
     twice = {index for index, n in seen.items() if n > 1}
     assert twice <= again and max(seen.values()) <= 2, (twice, again)
     print(f"restart: {restart}; rolled back: {summary['groups_rolled_back']}; twice: {twice}")
+
+
+def test_a_restart_far_past_its_checkpoint_does_not_livelock(tmp_path: Path) -> None:
+    """Issue 27's reproduction: checkpoints every 6 steps with η = 1, a learner rank killed at
+    step 9 or later (checkpoint + η + 2), so the group resumes 3+ versions back. Shards follow
+    the version down (a new epoch replaces the clock), drop what was sampled on the dead
+    timeline, and the run finishes; staleness is never negative and every group the lost
+    steps took is handed out again, exactly once."""
+    run_dir = tmp_path / "run"
+    steps = 16
+    proc = launch_tiny(
+        run_dir,
+        f"run.max_steps={steps}",
+        "run.heartbeat_timeout_s=5",
+        "run.checkpoint_every=6",
+        "buffer.max_staleness=1",
+    )
+    with killed_on_error(proc):
+        at = random.Random(f"{SEED}-livelock").randrange(9, 12)
+        print(f"CHAOS_SEED={SEED}: SIGKILL learner rank 1 at step {at}")
+        wait_for(lambda: proc.poll() is not None or steps_done(run_dir) >= at, 240, f"step {at}")
+        assert proc.poll() is None, "the run ended before the fault"
+        os.kill(pid_of(run_dir, "learner rank 1"), signal.SIGKILL)
+    out, summary = finish_run(proc, run_dir)
+    assert summary["version"] == steps
+    (restart,) = events(run_dir, "restart")
+    assert restart["version"] == 6, restart
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    staleness = [r["staleness/mean"] for r in records if "staleness/mean" in r]
+    assert staleness and min(staleness) >= 0, staleness
+    assert min(r["staleness/max"] for r in records if "staleness/max" in r) >= 0
+    again = restart["prompts_again"]
+    assert len(set(again)) == len(again) == summary["groups_rolled_back"] > 0, (restart, summary)
+    print(f"restart: {restart}; rolled back: {summary['groups_rolled_back']}")
 
 
 def test_a_learner_rank_lost_without_a_checkpoint_fails_fast_naming_it(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from streamrl.protocol import (
     PeekReply,
     RawBatch,
     ShardReport,
+    ShardStats,
     Trajectory,
     TrajectoryGroup,
 )
@@ -517,3 +518,68 @@ def test_the_client_asks_again_for_a_take_whose_reply_was_lost(ctx, start_shard,
     assert lost_ids == ["g0", "g1"]
     stats = client.stats()[0]
     assert (stats.size, stats.consumed, stats.retried_takes) == (2, 2, 1)
+
+
+# --------------------------------------------------------------------------- the learner clock
+
+
+def test_a_new_learner_epoch_cancels_the_dead_groups_takes_and_its_timeline(ctx, start_shard):
+    """A learner group restarted from step 8 after reaching 11 (``streamrl.clock``): the
+    shard follows its version down, drops groups sampled after the fork on the dead
+    timeline, cancels the dead group's parked take (an answer would go to a dead peer with
+    the groups it took), and its take receipts name the prompts each step took."""
+    shard = start_shard(0, max_staleness=4)
+    sock = pusher(ctx, shard)
+    dead = ctx.socket(zmq.DEALER)
+    dead.connect(shard.request_endpoint)
+    observer = client_for(ctx, shard)
+
+    def stats() -> ShardStats:
+        (figures,) = observer.stats()
+        return figures
+
+    # Epoch 0 reaches version 10 and takes a batch for step 11.
+    push(sock, [make_group("g10", 10)])
+    push(
+        sock,
+        [TrajectoryGroup(**{**msgspec.structs.asdict(make_group("p", 10)), "prompt_index": 7})],
+    )
+    wait_until(lambda: stats().ingested == 2)
+    assert ask(dead, BatchRequest(1, 2, 9, 10, 0, "dead.rank0")) == ["g10", "p"]
+    # ... and parks a take for step 12 that nothing answers yet.
+    dead.send(msgspec.msgpack.encode(BatchRequest(2, 1, 10, 11, 60_000, "dead.rank0")))
+    push(sock, [make_group("v11", 11)])  # sampled on the dead timeline
+    assert dead.poll(5000)  # v11 answered the parked take
+    assert [g.group_id for g in msgspec.msgpack.decode(dead.recv(), type=Batch).groups] == ["v11"]
+    assert len(stats().receipts) == 2
+    push(sock, [make_group("v11b", 11), make_group("v8", 8)])
+    wait_until(lambda: stats().ingested == 5)
+    # A parked take the shard would answer with what there is after 1.5 s, were it kept.
+    dead.send(msgspec.msgpack.encode(BatchRequest(3, 5, 0, 11, 1500, "dead.rank0")))
+    time.sleep(0.2)
+
+    announcer = client_for(ctx, shard, epoch=1, forks=[8])
+    assert announcer.announce(8) == [0]
+    now = stats()
+    assert (now.learner_epoch, now.learner_version) == (1, 8)
+    assert now.dropped["dead_timeline"] == 1 and now.size == 1  # v11b gone, v8 kept
+    receipts = [(r.epoch, r.step, r.prompt_indices) for r in now.receipts]
+    assert receipts == [(0, 11, [-1, 7]), (0, 12, [-1])]
+    # The dead group's parked take was cancelled: nothing answers it, even when groups come.
+    push(sock, [make_group("late", 11)])  # the dead timeline, arriving late: refused
+    fresh = TrajectoryGroup(**{**msgspec.structs.asdict(make_group("new", 9)), "weights_epoch": 1})
+    push(sock, [fresh])
+    wait_until(lambda: stats().ingested == 6)
+    assert not dead.poll(2500)
+    assert stats().dropped["dead_timeline"] == 2
+    # A request of the replaced group is answered empty, taking nothing.
+    assert ask(dead, BatchRequest(4, 2, 0, 11, 0, "dead.rank0")) == []
+    # The new group takes what is on its timeline; its first take prunes old receipts.
+    learner = client_for(ctx, shard, epoch=1, forks=[8])
+    taken = learner.fetch(2, 7, 8, timeout_s=5)
+    assert sorted(g.group_id for g in taken) == ["new", "v8"]
+    assert [(r.epoch, r.step) for r in stats().receipts] == [(1, 9)]
+    for s in (dead, sock):
+        s.close(linger=0)
+    for client in (announcer, learner, observer):
+        client.close()

@@ -18,6 +18,9 @@ class FakeVersions:
     def current_version(self) -> int:
         return self.version
 
+    def on_timeline(self, epoch: int, max_version: int) -> bool:
+        return True
+
 
 def make_group(
     gid: str, version: int = 0, *, rewards: tuple[float, ...] = (0.0, 1.0), tokens: int = 4
@@ -309,6 +312,7 @@ def test_stats_reports_size_bytes_and_every_drop_reason():
         "too_large": 0,
         "overflow": 1,
         "capacity": 1,
+        "dead_timeline": 0,
     }
     assert stats["size"] == 1 and stats["ingested"] == 3 and stats["offered"] == 6
     # one group, two trajectories of 2 prompt + 2 response tokens, 4 bytes per element of
