@@ -26,9 +26,11 @@ logprob (``mismatch/*``). At max_staleness 0 it is numerical noise (docs/algorit
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -129,6 +131,34 @@ class StepMetrics:
 def _all_reduce(t: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
     dist.all_reduce(t, op=op)
     return t
+
+
+def at_sampling_temperature(
+    per_token: Callable[..., torch.Tensor],
+    batch: MicroBatch,
+    logits: torch.Tensor,
+    *per_row: torch.Tensor,
+) -> torch.Tensor:
+    """``per_token(logits, *per_row, temperature=t)`` -> [B, T], each row at the temperature
+    ``t`` it was sampled at (``losses.token_logprobs``, ``losses.token_entropy``).
+
+    A micro-batch holds rows of several temperatures after a live temperature change. The
+    division by ``t`` stays inside ``losses``' chunked kernel, in float32: dividing the
+    [B, T, V] logits first, in their compute dtype, rounds both the temperature and the
+    quotient to bf16 under a bf16 forward (0.7 becomes 0.69921875), and a float32 copy of the
+    logits would take twice their memory until backward. So the rows are cut into runs of one temperature (views, no
+    copy) and ``per_token`` runs once per run; a uniform micro-batch is a single call. A row's
+    result is then the one it has in a micro-batch of its own.
+    """
+    # Temperatures stay on the host (``batching``): reading them costs no device sync.
+    runs = [(t, len(list(rows))) for t, rows in itertools.groupby(batch.temperatures.tolist())]
+    if len(runs) == 1:
+        return per_token(logits, *per_row, temperature=runs[0][0])
+    sizes = [n for _, n in runs]
+    parts = zip(logits.split(sizes), *(x.split(sizes) for x in per_row), strict=True)
+    return torch.cat(
+        [per_token(*part, temperature=t) for part, (t, _) in zip(parts, runs, strict=True)]
+    )
 
 
 class TrainStep:
@@ -396,7 +426,7 @@ class TrainStep:
             loss = loss + self.kl_controller.value * aggregate(kl)
             metrics.mean("kl/ref", losses.aggregate(kl.detach(), mask, "token-mean"), tokens)
         if alg.entropy_coef > 0:
-            entropy = losses.token_entropy(logits, temperature=self._temperature(batch))
+            entropy = at_sampling_temperature(losses.token_entropy, batch, logits)
             loss = loss - alg.entropy_coef * aggregate(entropy)
             metrics.mean(
                 "policy/entropy", losses.aggregate(entropy.detach(), mask, "token-mean"), tokens
@@ -417,25 +447,16 @@ class TrainStep:
         (loss * self.world_size).backward()
         metrics.add("loss/total", loss)
 
-    def _temperature(self, batch: MicroBatch) -> float:
-        """The temperature to divide the logits by: the batch's one sampling temperature, or
-        1.0 when rows differ (``_logprobs`` then divides row by row)."""
-        return 1.0 if batch.temperature is None else batch.temperature
-
     def _logprobs(
         self, model: torch.nn.Module, batch: MicroBatch
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits [B, T, V], logprobs [B, T]) over the batch's window, at each response's
-        sampling temperature. No attention mask: right padding (``batching``)."""
+        """(logits [B, T, V], logprobs [B, T]) over the batch's window; the logprobs at each
+        response's sampling temperature, the logits unscaled. No attention mask: right padding
+        (``batching``)."""
         ids = batch.input_ids.to(self.device)
         logits = model(input_ids=ids, logits_to_keep=batch.keep).logits[:, :-1]
-        if batch.temperature is None:
-            # Rows sampled at different temperatures: scale row by row (a copy of the logits).
-            logits = logits / batch.temperatures.to(logits)[:, None, None]
-        logprobs = losses.token_logprobs(
-            logits, batch.targets.to(self.device), temperature=self._temperature(batch)
-        )
-        return logits, logprobs
+        targets = batch.targets.to(self.device)
+        return logits, at_sampling_temperature(losses.token_logprobs, batch, logits, targets)
 
     def _values(self, batch: MicroBatch) -> torch.Tensor:
         return self.critic.values(batch.input_ids.to(self.device))[:, batch.start :]
