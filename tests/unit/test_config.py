@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,20 @@ def test_weights_verify_every_is_validated() -> None:
     with pytest.raises(ConfigError, match=r"weights.verify_every") as info:
         load_config(None, ["weights.verify_every=often"])
     assert "\n" not in str(info.value)
+
+
+def test_bf16_master_weights_warn_once_and_float32_stays_quiet(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="streamrl.config"):
+        assert load_config(None).model.learner_dtype == "float32"  # the default, unchanged
+        assert not caplog.records
+        load_config(None, ["model.learner_dtype=bfloat16", "learner.lr=1e-5"])
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert record.levelno == logging.WARNING and "\n" not in message
+    assert "model.learner_dtype=bfloat16" in message and "model.learner_dtype=float32" in message
+    assert "learner.lr=1e-05" in message and "(0.0051)" in message
 
 
 def test_missing_and_malformed_files(tmp_path: Path) -> None:
