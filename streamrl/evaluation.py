@@ -16,6 +16,9 @@ answer among their ``k = samples`` responses. In a run, generator 0 evaluates be
 generation calls on the version the controller names (or newer: ``eval/version`` says which);
 the responses never reach the buffer.
 
+This module says what is evaluated and how it is scored, without torch; running it on an
+engine (the generator's, or ``streamrl eval``'s) is ``workers.evaluator``'s.
+
 Example: ground truth ``"7"``; ``"7"`` and ``" 7.\\nbecause 3 + 4"`` are exact;
 ``"3 + 4 = 7"`` is not (its first number is 3), though ``numeric_match`` with ``partial`` may
 give it partial reward.
@@ -62,41 +65,29 @@ class EvalResult(msgspec.Struct):
     samples: list[dict[str, Any]] = []
 
 
-def evaluate(engine, tokenizer, config: Config, prompts: list[Prompt] | None = None) -> EvalResult:
-    """Decode the held-out prompts with ``engine`` (its current weights) and score them."""
-    from streamrl.models import stop_token_ids
+def score(
+    config: Config, prompts: list[Prompt], responses: list[tuple[str, list[int]]], version: int
+) -> EvalResult:
+    """Score ``responses`` (text and token ids; ``eval.samples`` per prompt, in prompt order)
+    by the run's verifiers and by ``first_line_answer``; ``version``: the weights that wrote
+    them."""
     from streamrl.rewards import CombinedReward, RewardInput
-    from streamrl.workers.engines.base import SamplingParams
-    from streamrl.workers.generator import encode_prompt
 
-    ev = config.eval
-    prompts = eval_prompts(config) if prompts is None else prompts
-    params = SamplingParams(
-        temperature=ev.temperature,
-        max_new_tokens=ev.max_new_tokens or config.generator.max_new_tokens,
-        stop_token_ids=stop_token_ids(tokenizer),
-    )
-    ids = [encode_prompt(tokenizer, p, config.data.max_prompt_tokens) for p in prompts]
-    batch = [prompt_ids for prompt_ids in ids for _ in range(ev.samples)]
-    outputs = engine.generate(batch, params)
     reward = CombinedReward(config.rewards)
     samples = []
-    for i, out in enumerate(outputs):
-        prompt = prompts[i // ev.samples]
-        text = tokenizer.decode(out.response_ids, skip_special_tokens=True)
-        score = reward(RewardInput(text, out.response_ids, prompt.ground_truth, prompt.data_source))
+    for i, (text, response_ids) in enumerate(responses):
+        prompt = prompts[i // config.eval.samples]
+        value = reward(RewardInput(text, response_ids, prompt.ground_truth, prompt.data_source))
         samples.append(
             {
                 "prompt_id": prompt.prompt_id,
                 "response": text,
                 "ground_truth": prompt.ground_truth,
-                "reward": score,
+                "reward": value,
                 "exact": first_line_answer(text, prompt.ground_truth),
             }
         )
-    return EvalResult(
-        engine.version, _figures(samples, config, len(prompts), engine.version), samples
-    )
+    return EvalResult(version, _figures(samples, config, len(prompts), version), samples)
 
 
 def _figures(samples: list[dict[str, Any]], config: Config, prompts: int, version: int) -> dict:
@@ -135,7 +126,7 @@ class EvalError(ValueError):
     """A model, run or data source that cannot be evaluated; the message is one line."""
 
 
-def _resolve_target(target: str, overrides: list[str]) -> tuple[str, Config, Any]:
+def resolve_target(target: str, overrides: list[str]) -> tuple[str, Config, Any]:
     """(label, config, model directory) for a run directory, an HF directory or a name."""
     from pathlib import Path
 
@@ -152,35 +143,3 @@ def _resolve_target(target: str, overrides: list[str]) -> tuple[str, Config, Any
         return target, config, resolve_model(target)
     except (ConfigError, ModelNotFoundError) as exc:
         raise EvalError(str(exc)) from None
-
-
-def run_cli_eval(
-    targets: list[str], data: str | None, max_prompts: int | None, device: str, out: str
-) -> int:
-    """``streamrl eval``: evaluate each target greedily, print one table, write JSON."""
-    import json
-
-    from streamrl.data import DataError
-    from streamrl.hardware import resolve_compute_dtype
-    from streamrl.models import load_tokenizer
-    from streamrl.workers.engines.hf import HFEngine
-
-    overrides = [f"eval.source={data}"] if data else []
-    overrides += [f"eval.max_prompts={max_prompts}"] if max_prompts else []
-    rows, results = {}, {}
-    for target in targets:
-        label, config, model_dir = _resolve_target(target, overrides)
-        try:
-            prompts = eval_prompts(config)
-        except DataError as exc:
-            raise EvalError(str(exc)) from None
-        dtype = resolve_compute_dtype(config.model.compute_dtype, device)
-        engine = HFEngine(model_dir, device=device, dtype=dtype, seed=config.run.seed)
-        result = evaluate(engine, load_tokenizer(model_dir), config, prompts)
-        rows[label] = result.metrics
-        results[label] = msgspec.to_builtins(result)
-    print(format_table(rows))
-    with open(out, "w") as f:
-        json.dump(results, f, indent=1)
-    print(f"wrote {out}")
-    return 0

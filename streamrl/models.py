@@ -26,7 +26,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamrl.data import Prompt
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny-random-llama"
@@ -304,3 +307,12 @@ def stop_token_ids(tokenizer) -> tuple[int, ...]:
         if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
             ids.add(tid)
     return tuple(sorted(i for i in ids if i is not None))
+
+
+def encode_prompt(tokenizer, prompt: Prompt, max_tokens: int) -> list[int]:
+    """The token ids a model is prompted with: the chat template applied with the generation
+    prompt, cut to the last ``max_tokens``. Training and evaluation prompt alike through it."""
+    ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True)
+    if not isinstance(ids, list):  # newer transformers return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)[-max_tokens:]

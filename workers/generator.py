@@ -26,10 +26,10 @@ import zmq
 
 from streamrl.buffers.delivery import Outbox, new_sender, shard_sender
 from streamrl.config import Config
-from streamrl.controller.placement import role_threads
+from streamrl.cores import role_threads
 from streamrl.data import Prompt, PromptStream
 from streamrl.hardware import describe_choice, resolve_compute_dtype
-from streamrl.models import load_bf16_image, load_tokenizer, stop_token_ids
+from streamrl.models import encode_prompt, load_bf16_image, load_tokenizer, stop_token_ids
 from streamrl.protocol import (
     AdmissionReply,
     AdmissionRequest,
@@ -113,13 +113,6 @@ class HeartbeatThread:
         self._stop.set()
         self.thread.join(timeout=2)
         self.sock.close()
-
-
-def encode_prompt(tokenizer, prompt: Prompt, max_tokens: int) -> list[int]:
-    ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True)
-    if not isinstance(ids, list):  # newer transformers return a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)[-max_tokens:]
 
 
 class Generator:
@@ -339,7 +332,8 @@ class Generator:
     def evaluate(self, version: int) -> None:
         """Held-out evaluation on weights >= ``version`` (``streamrl.evaluation``); its
         responses go to the controller as figures, never to the buffer."""
-        from streamrl.evaluation import eval_prompts, evaluate
+        from streamrl.evaluation import eval_prompts
+        from streamrl.workers.evaluator import evaluate
 
         if self.eval_set is None:
             self.eval_set = eval_prompts(self.config)

@@ -27,7 +27,7 @@ import zmq
 from streamrl.algorithms import kl as kl_lib
 from streamrl.buffers.client import BufferClient, FetchStopped
 from streamrl.config import Config
-from streamrl.controller.placement import role_threads
+from streamrl.cores import role_threads
 from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_causal_lm, load_tokenizer
 from streamrl.protocol import BatchTaken, LearnerStep, TrajectoryGroup

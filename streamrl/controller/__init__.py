@@ -8,5 +8,6 @@
 - ``supervisor``: role health, restarts and elastic generators.
 - ``placement``/``rundir``/``actors``: Ray placement and cores, the run directory, actor shells.
 
-Importing this package imports nothing heavy; workers import ``placement.role_threads``.
+Importing this package imports nothing heavy. Workers and buffers never import it
+(docs/design.md §2); what they share with it lives below both (``streamrl.cores``).
 """

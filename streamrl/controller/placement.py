@@ -14,6 +14,10 @@ from typing import Any
 from streamrl.config import Config
 from streamrl.controller.rundir import RunError
 
+# Threads per role are ``streamrl.cores``' (the workers read them too); the controller takes
+# them from here with the rest of its placement.
+from streamrl.cores import role_threads  # noqa: F401
+
 
 def check_port_free(host: str, port: int, what: str) -> None:
     """Fail before anything starts when a fixed port is taken (port 0 means any free one)."""
@@ -160,15 +164,3 @@ def describe_split(split: dict[str, list[list[int]]]) -> str:
         for role, sets in split.items()
         for i in range(len(sets))
     )
-
-
-def role_threads(config: Config, role: str, cores: list[int] | None, available: int) -> int:
-    """torch threads for one ``role`` process: its configured ``threads`` if set, else the
-    cores it is pinned to, else an even share of ``available`` cores among the CPU roles."""
-    section = getattr(config, role)
-    if section.threads > 0:
-        return section.threads
-    if cores:
-        return len(cores)
-    cpu_processes = sum(s.count for s in (config.learner, config.generator) if s.device == "cpu")
-    return max(1, available // max(cpu_processes, 1))

@@ -1,0 +1,26 @@
+"""How many torch threads a role process runs.
+
+Two readers need the same answer: the controller, which pins roles to cores
+(``controller.placement``) and hands each its share, and the generator and learner, which set
+their own thread count when they start. The rule lives here, below both, so the workers do
+not import the controller (docs/design.md §2). Stdlib and the config leaf only.
+
+Example: 8 cores, 2 CPU learner ranks and 2 CPU generators, no ``threads`` set, not pinned:
+``role_threads(config, "learner", None, 8) == 2``; pinned to cores [2, 3, 4]: 3.
+"""
+
+from __future__ import annotations
+
+from streamrl.config import Config
+
+
+def role_threads(config: Config, role: str, cores: list[int] | None, available: int) -> int:
+    """torch threads for one ``role`` process: its configured ``threads`` if set, else the
+    cores it is pinned to, else an even share of ``available`` cores among the CPU roles."""
+    section = getattr(config, role)
+    if section.threads > 0:
+        return section.threads
+    if cores:
+        return len(cores)
+    cpu_processes = sum(s.count for s in (config.learner, config.generator) if s.device == "cpu")
+    return max(1, available // max(cpu_processes, 1))

@@ -1,0 +1,75 @@
+"""Held-out evaluation on an engine: generator 0's between its calls, and ``streamrl eval``'s.
+
+What is evaluated and how it is scored is ``streamrl.evaluation``'s (torch-free, and below the
+workers, so the generator and this module import it and it imports neither). This module
+drives an engine: it prompts the held-out set exactly as training prompts
+(``models.encode_prompt``), decodes it ``eval.samples`` times per prompt with the engine's
+current weights, and hands the responses to ``evaluation.score``.
+
+Example: ``evaluate(engine, tokenizer, config).metrics["eval/exact_match"]`` is the share of
+responses whose first line states the ground truth.
+"""
+
+from __future__ import annotations
+
+from streamrl.config import Config
+from streamrl.data import Prompt
+from streamrl.evaluation import EvalResult, eval_prompts, score
+from streamrl.models import encode_prompt, stop_token_ids
+from streamrl.workers.engines.base import Engine, SamplingParams
+
+
+def evaluate(
+    engine: Engine, tokenizer, config: Config, prompts: list[Prompt] | None = None
+) -> EvalResult:
+    """Decode the held-out prompts with ``engine`` (its current weights) and score them."""
+    ev = config.eval
+    prompts = eval_prompts(config) if prompts is None else prompts
+    params = SamplingParams(
+        temperature=ev.temperature,
+        max_new_tokens=ev.max_new_tokens or config.generator.max_new_tokens,
+        stop_token_ids=stop_token_ids(tokenizer),
+    )
+    ids = [encode_prompt(tokenizer, p, config.data.max_prompt_tokens) for p in prompts]
+    batch = [prompt_ids for prompt_ids in ids for _ in range(ev.samples)]
+    outputs = engine.generate(batch, params)
+    responses = [
+        (tokenizer.decode(out.response_ids, skip_special_tokens=True), out.response_ids)
+        for out in outputs
+    ]
+    return score(config, prompts, responses, engine.version)
+
+
+def run_cli_eval(
+    targets: list[str], data: str | None, max_prompts: int | None, device: str, out: str
+) -> int:
+    """``streamrl eval``: evaluate each target greedily, print one table, write JSON."""
+    import json
+
+    import msgspec
+
+    from streamrl.data import DataError
+    from streamrl.evaluation import EvalError, format_table, resolve_target
+    from streamrl.hardware import resolve_compute_dtype
+    from streamrl.models import load_tokenizer
+    from streamrl.workers.engines.hf import HFEngine
+
+    overrides = [f"eval.source={data}"] if data else []
+    overrides += [f"eval.max_prompts={max_prompts}"] if max_prompts else []
+    rows, results = {}, {}
+    for target in targets:
+        label, config, model_dir = resolve_target(target, overrides)
+        try:
+            prompts = eval_prompts(config)
+        except DataError as exc:
+            raise EvalError(str(exc)) from None
+        dtype = resolve_compute_dtype(config.model.compute_dtype, device)
+        engine = HFEngine(model_dir, device=device, dtype=dtype, seed=config.run.seed)
+        result = evaluate(engine, load_tokenizer(model_dir), config, prompts)
+        rows[label] = result.metrics
+        results[label] = msgspec.to_builtins(result)
+    print(format_table(rows))
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"wrote {out}")
+    return 0
