@@ -45,6 +45,7 @@ DROP_REASONS = (
     "overflow",
     "capacity",
     "dead_timeline",
+    "invalid",  # refused at the shard's door (``frames.refusal``): would poison a learner
 )
 
 
@@ -228,6 +229,12 @@ class ReplayStore(Generic[G]):
                 self._remove(next(iter(self._entries)), "overflow")
         self._insert(group, min_version, num_tokens)
         return Offer.ACCEPTED
+
+    def refuse_invalid(self) -> None:
+        """Count a group the caller refused before offering it (``frames.refusal``) as
+        offered and dropped ``"invalid"``, so the store's totals balance."""
+        self._offered += 1
+        self._dropped["invalid"] += 1
 
     def _refuse(self, reason: Offer) -> Offer:
         self._dropped[reason.value] += 1

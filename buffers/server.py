@@ -133,9 +133,11 @@ class BufferShard:
         report_endpoint: str | None = None,
         host: str = "127.0.0.1",
         ports: tuple[int, int] = (0, 0),
+        vocab_size: int = 0,
     ) -> None:
         """``ports``: (ingest, requests) to bind; 0 picks a free one. A restarted shard
-        passes its predecessor's, so peers reconnect to it unchanged."""
+        passes its predecessor's, so peers reconnect to it unchanged. ``vocab_size``: the
+        model's; a group with a token id outside it is refused (0: not checked)."""
         self.shard_id = shard_id
         self.config = config
         self.name = f"shard[{shard_id}]"
@@ -152,7 +154,8 @@ class BufferShard:
             seed=shard_id,
             on_remove=lambda gid, reason: self._to_mark.append((gid, reason)),
         )
-        self.decoder = GroupDecoder(f"{self.name} ingest")
+        self.decoder = GroupDecoder(f"{self.name} ingest", vocab_size)
+        self.invalid: dict[str, int] = {}  # groups refused at the door, by reason
         self.request_codec: Codec[ShardRequest] = Codec(ShardRequest, f"{self.name} requests")
         # overflow=block: groups refused as full, oldest first; on the log already (a held
         # group is in the shard's keeping: a restart must not lose it).
@@ -307,6 +310,9 @@ class BufferShard:
             if not self.delivered.add(group.group_id):  # a resend of a group this shard has
                 self.resent_duplicates += 1
                 continue
+            if group.refused:  # acknowledged (never resent), counted, dropped
+                self._refuse_invalid(group)
+                continue
             result = self.store.offer(group)
             if result is Offer.ACCEPTED:
                 accepted.append(group)
@@ -320,6 +326,14 @@ class BufferShard:
         self._log_accepted(accepted)
         if accepted and self.waiting:
             self._answer_waiting()
+
+    def _refuse_invalid(self, group: StoredGroup) -> None:
+        reason = group.refused
+        if reason not in self.invalid:
+            log.warning("%s: refused group %r: %s", self.name, group.group_id, reason)
+        self.invalid[reason] = self.invalid.get(reason, 0) + 1
+        self.store.refuse_invalid()
+        self._refused.append((group.group_id, "invalid"))
 
     def _log_accepted(self, groups: list[StoredGroup]) -> None:
         """Append, then flush marks: a group's mark must never precede its append."""
@@ -565,6 +579,7 @@ class BufferShard:
             delivered=self.delivered.floors(),
             resent_duplicates=self.resent_duplicates,
             retried_takes=self.retried_takes,
+            invalid=dict(self.invalid),
             learner_epoch=self.versions.epoch,
             learner_version=self.versions.version,
             receipts=list(self.receipts),

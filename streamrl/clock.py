@@ -62,5 +62,5 @@ class LearnerClock:
         that no learner has."""
         if epoch >= self.epoch:
             return True
-        fork = self.forks[epoch] if epoch < len(self.forks) else -1
+        fork = self.forks[epoch] if 0 <= epoch < len(self.forks) else -1
         return max_version <= fork

@@ -194,15 +194,17 @@ class TrajectoryGroup(msgspec.Struct):
 
     @property
     def min_version(self) -> int:
-        return min((t.min_version for t in self.trajectories), default=0)
+        return self.version_range()[0]
 
     @property
     def max_version(self) -> int:
-        return max((t.max_version for t in self.trajectories), default=0)
+        return self.version_range()[1]
 
     def version_range(self) -> tuple[int, int]:
-        """``(min_version, max_version)`` in one pass over the trajectories."""
-        ranges = [t.version_range() for t in self.trajectories]
+        """``(min_version, max_version)`` in one pass over the trajectories with tokens (an
+        empty response has no version: it must not make its group look version 0, i.e.
+        maximally stale); ``(0, 0)`` if none has."""
+        ranges = [t.version_range() for t in self.trajectories if t.token_versions]
         if not ranges:
             return 0, 0
         return min(lo for lo, _ in ranges), max(hi for _, hi in ranges)
@@ -320,6 +322,9 @@ class ShardStats(msgspec.Struct, tag="shard_stats"):
     learner_epoch: int = 0
     learner_version: int = 0
     receipts: list[TakeReceipt] = []
+    # Groups refused at the door (would poison a learner), by reason; also in ``dropped``
+    # as "invalid" (``buffers.frames.refusal``).
+    invalid: dict[str, int] = {}
 
 
 class Reconfigure(msgspec.Struct, tag="reconfigure"):
@@ -562,6 +567,8 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     # failure repaired by an anchor of that rank).
     images_verified: int = 0
     image_mismatches: int = 0
+    # Reward function calls that raised (scored 0; the first is logged with its traceback).
+    reward_errors: int = 0
 
 
 class ShardReport(msgspec.Struct, tag="shard_report"):

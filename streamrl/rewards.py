@@ -8,12 +8,15 @@ resolved when the config loads, so a typo fails before any process starts.
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from streamrl.config import ConfigError, RewardSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,8 @@ class CombinedReward:
             try:
                 total += weight * float(fn(sample, **kwargs))
             except Exception:  # a user plugin bug must not kill the generator
+                if not self.errors:  # once: the counts are on every report
+                    log.exception("reward %r raised; scored 0 (counted in reward_errors)", fn)
                 self.errors += 1
         return total
 

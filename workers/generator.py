@@ -482,6 +482,7 @@ class Generator:
                 weights_latency_s=sub.last_latency_s,
                 images_verified=sub.images_verified,
                 image_mismatches=sub.image_mismatches,
+                reward_errors=self.reward.errors,
                 activity=msgspec.structs.replace(self.timers),  # a copy: the timers go on
                 incarnation=self.incarnation,
             )

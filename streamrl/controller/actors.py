@@ -49,6 +49,7 @@ class BufferShardActor:
             report_endpoint=spec.report_endpoint,
             host=resolve_host(spec.bind_host),
             ports=(spec.ingest_port, spec.request_port),
+            vocab_size=spec.vocab_size,
         )
 
     def endpoints(self) -> tuple[str, str]:

@@ -104,12 +104,17 @@ class LiveRun:
                     "dropped": s.dropped,
                     "ingested": s.ingested,
                     "consumed": s.consumed,
+                    "invalid": s.invalid,
                 }
                 for s in sorted(state.shards.values(), key=lambda s: s.shard_id)
             ],
             "staleness_hist": hist,
             "generators": [
-                {"generator_id": g.generator_id, "applied_version": g.applied_version}
+                {
+                    "generator_id": g.generator_id,
+                    "applied_version": g.applied_version,
+                    "reward_errors": g.reward_errors,
+                }
                 for g in sorted(state.generators.values(), key=lambda g: g.generator_id)
             ],
             "admission": {

@@ -38,6 +38,7 @@ def step_record(state: RunState, step: LearnerStep, tokens_per_s: float) -> dict
         # Cumulative over generators, for rates over any window (`streamrl bench`).
         "generators/count": len(gens),
         "generators/restarts": sum(h.restarts for h in state.health.values()),
+        "generators/reward_errors_total": sum(g.reward_errors for g in every),
         "generators/tokens_total": sum(g.tokens_generated for g in every),
         "generators/groups_total": sum(g.groups_pushed for g in every),
         "generators/weights_bytes_total": sum(g.weights_bytes_received for g in every),
@@ -67,6 +68,7 @@ def run_summary(
             "images_verified": g.images_verified,
             "image_mismatches": g.image_mismatches,
             "anchors_applied": g.anchors_applied,
+            "reward_errors": g.reward_errors,
         }
         for g in state.generators.values()
     }
@@ -93,6 +95,8 @@ def run_summary(
                 "resent_duplicates": s.resent_duplicates,
                 # Batch requests answered again with the same groups (a lost reply).
                 "retried_takes": s.retried_takes,
+                # Refused at the door (would poison a learner), by reason.
+                "invalid": dict(s.invalid),
             }
             for s in shards
         ],

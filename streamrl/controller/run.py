@@ -45,6 +45,7 @@ import zmq
 
 from streamrl.config import Config
 from streamrl.controller.admission import AdmissionServer
+from streamrl.controller.drops import DropWatch
 from streamrl.controller.placement import (
     Placement,
     check_port_free,
@@ -111,6 +112,7 @@ class Controller:
         self._watched: list[Any] = []
         self.learner_refs: list[Any] = []
         self._rolled_back = 0  # groups given back by learner restarts (trained, then lost)
+        self.drop_watch = DropWatch()
         self.ignored_reports: dict[str, int] = {}  # learner reports not taken, by why
         self.admin = self.live = None
         self.placement = Placement(config, address)
@@ -248,6 +250,7 @@ class Controller:
             report_endpoint=self.report_endpoint,
             ingest_port=ports[0],
             request_port=ports[1],
+            vocab_size=_vocab_size(Path(self.model_dir)),
         )
 
     def learner_spec(
@@ -467,6 +470,29 @@ class Controller:
                 self.metrics.write(self.last_record)
             self._save_prompts()
         self._steps = []
+        self._watch_drops()
+
+    def _watch_drops(self) -> None:
+        """One console line when groups keep arriving and none is accepted (``DropWatch``)."""
+        shards = list(self.state.shards.values())
+        dropped: dict[str, int] = collections.Counter()
+        accepted = 0
+        for s in shards:
+            by_reason = (
+                {k: n for k, n in s.removed_total.items() if k != "consumed"}
+                if s.received_total
+                else dict(s.dropped)
+            )
+            accepted += (s.received_total or s.ingested) - sum(by_reason.values())
+            by_reason.pop("invalid", None)  # said by reason instead
+            dropped.update(by_reason)
+            dropped.update({f"invalid ({k})": n for k, n in s.invalid.items()})
+        errors = sum(g.reward_errors for g in self.state.all_generator_reports())
+        line = self.drop_watch.observe(
+            time.monotonic(), accepted=accepted, dropped=dropped, reward_errors=errors
+        )
+        if line is not None:
+            self.note(line)
 
     def _save_prompts(self) -> None:
         """``prompts.json``: where a resumed run's prompt stream goes on (``PromptLedger``)."""
@@ -878,6 +904,14 @@ def _reap(pids: set[int], timeout_s: float = 10.0) -> None:
                     os.kill(pid, signal.SIGKILL)
             return
         time.sleep(0.1)
+
+
+def _vocab_size(model_dir: Path) -> int:
+    """The model's vocabulary (its embedding rows), from its config.json; 0 if unknown."""
+    try:
+        return int(json.loads((model_dir / "config.json").read_text()).get("vocab_size", 0))
+    except (OSError, ValueError, TypeError):
+        return 0
 
 
 def _check_engine(config: Config, model_dir: Path) -> None:

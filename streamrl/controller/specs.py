@@ -35,6 +35,7 @@ class ShardSpec(RoleSpec):
     # socket reconnects to it by itself (libzmq retries the same endpoint).
     ingest_port: int = 0
     request_port: int = 0
+    vocab_size: int = 0  # the model's: groups with token ids outside it are refused
 
 
 class LearnerSpec(RoleSpec):

@@ -126,13 +126,28 @@ def ingest_junk(rng: random.Random) -> list[bytes | list[bytes]]:
     junk.append(encode(make_group("AAAA")).replace(b"\xa4AAAA", b"\xa4\xff\xfe\xfd\xfc", 1))
     with_truth = msgspec.structs.replace(make_group("t"), ground_truth="BBBB")
     junk.append(encode(with_truth).replace(b"\xa4BBBB", b"\xa4\xc3\x28\xa0\xa1"))
-    junk += [b"\x91" * 50_000, encode(group_dict("deep"))[:-60] + b"\x91" * 30_000]
+    junk += [b"\x91" * 50_000, too_deep()]
     # valid messages of the wrong kind
     junk += [encode(BatchRequest(1, 2, 0, 0)), encode(StatsRequest()), encode([1, 2, 3])]
     junk += [encode(Batch(1, [make_group("inner")])), encode("a string"), b"\xc1"]
     # multipart: even with a valid group inside, the message is not one frame
     junk += [[b"junk", valid], [valid, valid]]
     return junk
+
+
+def too_deep() -> bytes:
+    """A group frame cut where a value may be an array, then arrays nested deeper than msgspec
+    recurses: the first cut (from the end) whose decode raises ``RecursionError``."""
+    frame = encode(group_dict("deep"))
+    for cut in range(40, len(frame)):
+        candidate = frame[:-cut] + b"\x91" * 30_000
+        try:
+            msgspec.msgpack.decode(candidate, type=TrajectoryGroup)
+        except RecursionError:
+            return candidate
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+    raise AssertionError("no cut nests deep enough")
 
 
 def request_junk(rng: random.Random) -> list[bytes | list[bytes]]:
@@ -296,14 +311,16 @@ def tame_long_polls(inputs: list, decoded: list) -> int:
     """Cap, in place, the well-typed long polls the corpus made absurd: ``wait_ms`` to 1 s
     (a shard parks up to 10 minutes) and ``learner_version`` into int32 (a shard that heard of
     version 2**63 drops every group as stale, for good: versions are trusted). The other
-    fields (``k``, ``floor``, ``request_id``) stay as fuzzed. Returns how many."""
+    fields (``k``, ``floor``, ``request_id``) stay as fuzzed. Returns how many. The learner
+    epoch is trusted too (a shard told of epoch 5 without its forks drops every older
+    group, as it must): it goes back to 0."""
     tamed = 0
     for i, d in enumerate(decoded):
         if isinstance(d, BatchRequest | Peek):
             version = d.learner_version if 0 <= d.learner_version < 2**31 else 0
-            if d.wait_ms > 1_000 or version != d.learner_version:
+            if d.wait_ms > 1_000 or version != d.learner_version or d.learner_epoch:
                 decoded[i] = msgspec.structs.replace(
-                    d, wait_ms=min(d.wait_ms, 1_000), learner_version=version
+                    d, wait_ms=min(d.wait_ms, 1_000), learner_version=version, learner_epoch=0
                 )
                 inputs[i] = encode(decoded[i])
                 tamed += 1

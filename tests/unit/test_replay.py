@@ -313,6 +313,7 @@ def test_stats_reports_size_bytes_and_every_drop_reason():
         "overflow": 1,
         "capacity": 1,
         "dead_timeline": 0,
+        "invalid": 0,
     }
     assert stats["size"] == 1 and stats["ingested"] == 3 and stats["offered"] == 6
     # one group, two trajectories of 2 prompt + 2 response tokens, 4 bytes per element of
