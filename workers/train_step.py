@@ -146,9 +146,9 @@ def at_sampling_temperature(
     division by ``t`` stays inside ``losses``' chunked kernel, in float32: dividing the
     [B, T, V] logits first, in their compute dtype, rounds both the temperature and the
     quotient to bf16 under a bf16 forward (0.7 becomes 0.69921875), and a float32 copy of the
-    logits would take twice their memory until backward. So the rows are cut into runs of one temperature (views, no
-    copy) and ``per_token`` runs once per run; a uniform micro-batch is a single call. A row's
-    result is then the one it has in a micro-batch of its own.
+    logits would take twice their memory until backward. So the rows are cut into runs of one
+    temperature (views, no copy) and ``per_token`` runs once per run; a uniform micro-batch is
+    a single call. A row's result is then the one it has in a micro-batch of its own.
     """
     # Temperatures stay on the host (``batching``): reading them costs no device sync.
     runs = [(t, len(list(rows))) for t, rows in itertools.groupby(batch.temperatures.tolist())]
