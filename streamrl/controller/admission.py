@@ -66,6 +66,8 @@ class AdmissionServer:
             # A generator being retired, or a replaced one's predecessor, gets nothing more.
             leaving = health is None or health.retiring or request.incarnation != health.incarnation
             closed = state.stop or state.paused or leaving
+            if not leaving and request.sender:  # whose groups the shards' receipts name
+                health.sender = request.sender
             grant = Grant(0, 0) if closed else self.policy.request(request.n_groups)
             # Nothing granted, nothing recorded: the ledger must not grow an entry per id asked.
             indices = (

@@ -103,6 +103,9 @@ class GeneratorHealth:
     last_heartbeat: float | None = None
     last_failure: str = ""
     retiring: bool = False
+    # The incarnation's delivery sender base (``buffers.delivery``): the shards' receipts of
+    # its groups are under ``shard_sender(sender, shard_id)``.
+    sender: str = ""
 
 
 @dataclass
