@@ -58,7 +58,11 @@ def init_ray(address: str | None) -> None:
         namespace="streamrl",
     )
     if address is None:
-        kwargs.update(num_cpus=os.cpu_count() or 2, _node_ip_address="127.0.0.1")
+        # "local": always a fresh embedded instance. Without it ray.init joins any cluster
+        # `ray start` left running on this machine (and refuses num_cpus there).
+        kwargs.update(
+            address="local", num_cpus=os.cpu_count() or 2, _node_ip_address="127.0.0.1"
+        )
     else:
         _check_reachable(address)
         kwargs["address"] = address
