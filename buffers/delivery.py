@@ -1,12 +1,19 @@
 """Acknowledged delivery from generators to a buffer shard: no group lost in transit, none twice.
 
 A PUSH socket gives no receipt: groups in a shard's socket buffers when its process dies are
-gone, and the generator cannot tell. So each generator process names its groups
-``<sender>-<seq>``: ``sender`` is unique to the process and the shard (``shard_sender``: a
+gone, and the generator cannot tell. So each group carries its delivery identity as typed
+fields, ``TrajectoryGroup.sender`` and ``.seq``, given when the generator assigns it to a shard
+(``Outbox.address``): ``sender`` is unique to the process and the shard (``shard_sender``: a
 random base plus the shard id), ``seq`` counts the groups it sent to that shard (0, 1, ...).
 One TCP connection delivers in order, so what a shard logged of a sender is nearly a prefix;
 ``Delivered`` keeps, per sender, the floor (every seq up to it logged) and the few seqs
 logged above it.
+
+The group's id is ``<sender>-<seq>`` of that identity (``group_id``), because the durable log
+keeps only ids (a refused group's row has no payload) and reads the identity back from them
+(``parse_group_id``) when a shard restarts. So the shard refuses a frame whose fields and id
+disagree (``identity_error``), and a frame from before the fields (sender "") is read by its
+id alone (``identity``), as the log reads every row.
 
 The receipt travels back through the controller: shard stats carry the floors
 (``ShardStats.delivered``), the admission reply hands each generator its own
@@ -27,6 +34,8 @@ import re
 import uuid
 from collections import OrderedDict
 from typing import Any
+
+from streamrl.protocol import TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +66,20 @@ def parse_group_id(gid: str) -> tuple[str, int] | None:
     return (match.group(1), int(match.group(2))) if match else None
 
 
+def identity(gid: str, sender: str = "", seq: int = -1) -> tuple[str, int] | None:
+    """A group's ``(sender, seq)``: its typed fields, or, for a frame from before them or a
+    log row (``sender`` ""), what its id says (``parse_group_id``). None: not tracked."""
+    return (sender, seq) if sender else parse_group_id(gid)
+
+
+def identity_error(gid: str, sender: str, seq: int) -> str | None:
+    """Why a group's typed identity cannot be trusted, or None: its id must name the same
+    identity, since the durable log keeps only the id and reads the identity back from it."""
+    if not sender or parse_group_id(gid) == (sender, seq):
+        return None
+    return f"sender {sender!r} and seq {seq} do not match id {gid!r}"
+
+
 class Delivered:
     """Per sender: every seq ``<= floor`` is logged, and so is each seq in ``above``."""
 
@@ -64,20 +87,21 @@ class Delivered:
         self.floor: dict[str, int] = {}
         self.above: dict[str, set[int]] = {}
 
-    def seen(self, gid: str) -> bool:
-        parsed = parse_group_id(gid)
-        if parsed is None:
+    def seen(self, gid: str, sender: str = "", seq: int = -1) -> bool:
+        """Whether the group of this ``identity`` has arrived (an untracked one: never)."""
+        key = identity(gid, sender, seq)
+        if key is None:
             return False
-        sender, seq = parsed
+        sender, seq = key
         return seq <= self.floor.get(sender, -1) or seq in self.above.get(sender, ())
 
-    def add(self, gid: str) -> bool:
-        """Record ``gid``'s arrival; False if it had arrived already (an id not made by
-        ``group_id`` is not tracked: always True)."""
-        parsed = parse_group_id(gid)
-        if parsed is None:
+    def add(self, gid: str, sender: str = "", seq: int = -1) -> bool:
+        """Record the arrival of the group of this ``identity`` (the typed fields; without
+        them, the id's); False if it had arrived already (an untracked group: always True)."""
+        key = identity(gid, sender, seq)
+        if key is None:
             return True
-        sender, seq = parsed
+        sender, seq = key
         floor = self.floor.get(sender, -1)
         if seq <= floor or seq in self.above.get(sender, ()):
             return False
@@ -113,7 +137,7 @@ class Outbox:
     Example::
 
         box = Outbox(shard_sender(base, 0))
-        seq, group.group_id = box.take_id()
+        seq = box.address(group)         # group.sender, .seq and .group_id set
         box.keep(seq, frame)             # the encoded group, just sent
         box.acknowledge(reply.delivered.get(0, -1))
         for frame in box.resend_for(reply.shard_epochs.get(0, 0)): sock.send(frame)
@@ -127,10 +151,12 @@ class Outbox:
         self.resent = 0
         self.forgotten = 0
 
-    def take_id(self) -> tuple[int, str]:
-        """The next seq and its group id."""
+    def address(self, group: TrajectoryGroup) -> int:
+        """Give ``group`` its delivery identity, once, as it is assigned to this outbox's shard:
+        this sender, the next seq, and the id made of them. Returns the seq."""
         seq, self.next_seq = self.next_seq, self.next_seq + 1
-        return seq, group_id(self.sender, seq)
+        group.sender, group.seq, group.group_id = self.sender, seq, group_id(self.sender, seq)
+        return seq
 
     def keep(self, seq: int, frame: bytes) -> None:
         """Keep the frame of group ``seq`` (just sent) until the shard acknowledges it."""

@@ -8,8 +8,8 @@ stores the frame as the group's payload, and replies forward it unchanged (``Raw
 with no re-encoding.
 
 Malformed input (garbage, truncated msgpack, invalid UTF-8, nesting too deep, wrong types or
-kinds, inconsistent array lengths, negative versions, wrong frame counts) is counted by kind,
-logged once per kind and dropped. Nothing is unpickled.
+kinds, inconsistent array lengths, negative versions, a delivery identity its id contradicts,
+wrong frame counts) is counted by kind, logged once per kind and dropped. Nothing is unpickled.
 
 A group that decodes but would poison a learner (``refusal``: no trajectories, an empty prompt,
 responses all empty, a reward or logprob that is NaN or infinite, a temperature <= 0, a token
@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from streamrl.protocol import TrajectoryGroup
 from streamrl.transport import Codec
+
+from .delivery import identity_error
 
 
 @dataclass(slots=True, eq=False)
@@ -45,6 +47,9 @@ class StoredGroup:
     weights_epoch: int = 0
     prompt_index: int = -1
     refused: str = ""  # why the door refuses it (``refusal``); "" if it may pass
+    # Its delivery identity (``buffers.delivery``; sender "": a frame from before it).
+    sender: str = ""
+    seq: int = -1
 
     @classmethod
     def of(cls, group: TrajectoryGroup, frame: bytes) -> StoredGroup:
@@ -63,6 +68,8 @@ class StoredGroup:
             frame,
             group.weights_epoch,
             group.prompt_index,
+            sender=group.sender,
+            seq=group.seq,
         )
 
 
@@ -90,6 +97,9 @@ class GroupDecoder:
             lowest = min(stored.min_version, stored.weights_epoch)
             detail = f"group {group.group_id!r}: negative version or epoch {lowest}"
             return self.reject("ValidationError", detail)
+        mismatch = identity_error(group.group_id, group.sender, group.seq)
+        if mismatch is not None:
+            return self.reject("ValidationError", f"group {group.group_id!r}: {mismatch}")
         stored.refused = refusal(group, self.vocab_size) or ""
         return stored
 

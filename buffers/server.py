@@ -307,7 +307,8 @@ class BufferShard:
             group = self.decoder.decode(frames[0])
             if group is None:
                 continue
-            if not self.delivered.add(group.group_id):  # a resend of a group this shard has
+            # A resend of a group this shard has (by its typed identity; an old frame's id).
+            if not self.delivered.add(group.group_id, group.sender, group.seq):
                 self.resent_duplicates += 1
                 continue
             if group.refused:  # acknowledged (never resent), counted, dropped

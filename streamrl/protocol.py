@@ -22,6 +22,10 @@ import msgspec
 
 MAX_CLIENT_NAME = 128  # a learner client's name in ``BatchRequest.client``
 MAX_FORKS = 1024  # learner restarts a request may list (``BatchRequest.forks``)
+# A group's delivery sender (``TrajectoryGroup.sender``): a generator's are 14 to 18
+# characters (``buffers.delivery.shard_sender``).
+MAX_SENDER_NAME = 64
+MAX_SEQ = 10**18 - 1  # the largest ``TrajectoryGroup.seq`` a group id can carry (18 digits)
 
 # Dtypes of the trajectory arrays: raw little-endian bytes, 4 bytes per element, one element
 # per token. Token ids and versions are int32 (``array`` typecode ``i``), behaviour logprobs
@@ -191,6 +195,13 @@ class TrajectoryGroup(msgspec.Struct):
     # The learner epoch of the weights the group started on (``streamrl.clock``): with its
     # versions it says whether those weights are still on the learner's timeline.
     weights_epoch: int = 0
+    # Its delivery identity (``buffers.delivery``), given once, when the generator assigns it
+    # to a shard: the generator process's sender name for that shard, and the group's count
+    # among those it sent there. ``group_id`` is then ``<sender>-<seq>`` (the durable log and
+    # exports key on the id). A frame from before these fields (sender "", seq -1) carries its
+    # identity only in its id, which the shard parses.
+    sender: Annotated[str, msgspec.Meta(max_length=MAX_SENDER_NAME)] = ""
+    seq: Annotated[int, msgspec.Meta(ge=-1, le=MAX_SEQ)] = -1
 
     @property
     def min_version(self) -> int:

@@ -16,7 +16,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -397,7 +396,7 @@ class Generator:
                 self.tokens_generated += len(out.response_ids)
             groups.append(
                 TrajectoryGroup(
-                    group_id=uuid.uuid4().hex,
+                    group_id="",  # given with its delivery identity when pushed (``push``)
                     prompt_id=prompt.prompt_id,
                     trajectories=trajectories,
                     created_at=created,
@@ -410,10 +409,12 @@ class Generator:
         return groups
 
     def push(self, groups: list[TrajectoryGroup]) -> None:
+        """Send each group to the next shard, round-robin, with its delivery identity for that
+        shard (``Outbox.address``), and keep its frame until the shard's receipt."""
         for group in groups:
             shard = next(self._next_shard)
             outbox = self.outboxes[shard]
-            seq, group.group_id = outbox.take_id()
+            seq = outbox.address(group)
             frame = self.encoder.encode(group)
             self.pushers[shard].send(frame)
             outbox.keep(seq, frame)

@@ -185,7 +185,7 @@ def test_acknowledged_delivery_resends_what_a_killed_shard_lost_and_nothing_twic
     groups = [make_group(i) for i in range(6_000)]
     frames = []
     for group in groups:
-        seq, group.group_id = box.take_id()
+        seq = box.address(group)
         frames.append(msgspec.msgpack.encode(group))
         if seq < 4_000:
             box.keep(seq, frames[-1])  # sent before the kill

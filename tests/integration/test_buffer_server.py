@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 from streamrl.buffers.client import BufferClient, FetchStopped, plan_takes
+from streamrl.buffers.delivery import Outbox, new_sender, shard_sender
 from streamrl.buffers.durable_log import DurableLog, scan_shard
 from streamrl.buffers.server import MAX_PARKED_PER_PEER, BufferShard
 from streamrl.config import BufferConfig
@@ -411,6 +412,49 @@ def test_checkpoint_compacts_the_durable_log(ctx, start_shard, tmp_path):
         ("g4", False),
         ("g5", False),
     ]
+
+
+def test_typed_identities_and_old_ids_are_one_delivery_record_across_a_restart(
+    ctx, start_shard, tmp_path
+):
+    """A group's delivery identity is its typed fields (sender, seq); a frame from before them
+    names it in its id only. To a shard both are the same group, before and after it restarts
+    on its log (which keeps only ids); a frame whose fields and id disagree is malformed."""
+    box = Outbox(shard_sender(new_sender(), 0))
+    groups = [make_group("") for _ in range(4)]
+    for group in groups:
+        box.address(group)
+
+    def old_frame(group: TrajectoryGroup) -> bytes:  # as generators sent groups before
+        fields = msgspec.to_builtins(group, builtin_types=(bytes,))
+        del fields["sender"], fields["seq"]
+        return msgspec.msgpack.encode(fields)
+
+    new = [msgspec.msgpack.encode(g) for g in groups]
+    old = [old_frame(g) for g in groups]
+    liar = msgspec.msgpack.encode(msgspec.structs.replace(groups[0], seq=9))  # its id says 0
+    shard = start_shard(0, log_dir=tmp_path)
+    sock = pusher(ctx, shard)
+    for frame in (new[0], old[1], new[2], old[0], new[1], liar, new[3]):
+        sock.send(frame)
+    client = client_for(ctx, shard)
+    wait_until(lambda: client.stats()[0].delivered == {box.sender: 3})
+    stats = client.stats()[0]
+    assert (stats.ingested, stats.resent_duplicates) == (4, 2)
+    assert stats.malformed_by_kind == {"ingest/ValidationError": 1}
+    shard.stop()
+    time.sleep(0.2)
+    shard.close()
+
+    restarted = start_shard(0, log_dir=tmp_path)
+    sock = pusher(ctx, restarted)
+    for frame in old + new:  # every one of them arrived before the restart
+        sock.send(frame)
+    client = client_for(ctx, restarted)
+    wait_until(lambda: client.stats()[0].resent_duplicates == 8)
+    stats = client.stats()[0]
+    assert stats.delivered == {box.sender: 3} and (stats.received_total, stats.size) == (4, 4)
+    assert sorted(g.group_id for g in client.fetch(4, 0, 0)) == sorted(g.group_id for g in groups)
 
 
 def test_periodic_compaction_runs_after_consumption(ctx, start_shard, tmp_path):

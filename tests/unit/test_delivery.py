@@ -6,6 +6,8 @@ from streamrl.buffers.delivery import (
     Delivered,
     Outbox,
     group_id,
+    identity,
+    identity_error,
     new_sender,
     parse_group_id,
     shard_sender,
@@ -36,10 +38,39 @@ def test_ids_not_made_by_a_sender_are_not_tracked():
     assert seen.floors() == {}
 
 
+def test_typed_identity_and_an_old_frames_id_name_the_same_group():
+    sender = shard_sender(new_sender(), 1)
+    seen = Delivered()
+    assert seen.add("", sender, 0)  # typed fields: the id is not read
+    assert not seen.add(group_id(sender, 0))  # the same group as an old frame (or a log row)
+    assert seen.add(group_id(sender, 1)) and not seen.add("ignored", sender, 1)
+    assert seen.floors() == {sender: 1} and seen.seen("", sender, 1)
+    assert identity("g1") is None and identity(group_id(sender, 7)) == (sender, 7)
+
+
+def test_typed_identity_must_agree_with_the_id_the_log_keeps():
+    sender = shard_sender(new_sender(), 0)
+    assert identity_error(group_id(sender, 3), sender, 3) is None
+    assert identity_error("anything", "", -1) is None  # an old frame: its id is all there is
+    assert "do not match" in identity_error(group_id(sender, 3), sender, 4)
+    assert "do not match" in identity_error("g1", sender, 3)
+    assert "do not match" in identity_error("x-3", "x", 3)  # the log could not parse it back
+
+
+def test_outbox_gives_each_group_its_identity_once():
+    box = Outbox(shard_sender(new_sender(), 2))
+    groups = [make_group(i) for i in range(3)]
+    assert [box.address(g) for g in groups] == [0, 1, 2]
+    last = groups[-1]
+    assert (last.sender, last.seq) == (box.sender, 2)
+    assert last.group_id == group_id(box.sender, 2)
+    assert parse_group_id(last.group_id) == (last.sender, last.seq)
+
+
 def test_outbox_forgets_acknowledged_groups_and_resends_the_rest_once_per_restart():
     box = Outbox(shard_sender(new_sender(), 0))
-    for _ in range(5):
-        seq, _gid = box.take_id()
+    for i in range(5):
+        seq = box.address(make_group(i))
         box.keep(seq, f"frame {seq}".encode())
     box.acknowledge(1)
     assert list(box.unacked) == [2, 3, 4]

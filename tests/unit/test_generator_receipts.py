@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from streamrl.buffers.delivery import Outbox
 from streamrl.protocol import AdmissionReply
 from streamrl.workers.generator import Generator
+from tests.unit.test_durable_log import make_group
 
 
 class Admission:
@@ -31,7 +32,7 @@ class Pusher:
 def leaving_generator(replies: list[AdmissionReply]) -> SimpleNamespace:
     box = Outbox("abcdefabcdef.0")
     for i in range(3):  # pushed seqs 0, 1, 2
-        seq, _ = box.take_id()
+        seq = box.address(make_group(i))
         box.keep(seq, f"frame{i}".encode())
     gen = SimpleNamespace(
         outboxes=[box], pushers=[Pusher()], admission=Admission(replies), generator_id=1

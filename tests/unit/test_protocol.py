@@ -1,4 +1,5 @@
-"""Trajectory arrays as raw bytes: packing, accessors, version ranges and ``check``."""
+"""Trajectory arrays as raw bytes: packing, accessors, version ranges and ``check``; old
+group frames still read."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import struct
 import msgspec
 import pytest
 
-from streamrl.protocol import Trajectory, TrajectoryGroup, pack_float32, pack_int32
+from streamrl.protocol import (
+    MAX_SENDER_NAME,
+    Trajectory,
+    TrajectoryGroup,
+    pack_float32,
+    pack_int32,
+)
 
 
 def make(versions: list[int], n_prompt: int = 2) -> Trajectory:
@@ -75,3 +82,20 @@ def test_check_names_what_is_inconsistent() -> None:
     t.token_versions = pack_int32([0, 0, 0])
     group = TrajectoryGroup("g", "p", [make([1]), t], 0.0, 0.0)
     assert group.check() == "trajectory 1: 2 response tokens, 2 logprobs, 3 versions"
+
+
+def test_a_group_frame_from_before_the_delivery_identity_still_reads() -> None:
+    group = TrajectoryGroup("0123456789ab.0-4", "p", [make([1])], 0.0, 1.0)
+    old = msgspec.to_builtins(group, builtin_types=(bytes,))
+    del old["sender"], old["seq"]
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(old), type=TrajectoryGroup)
+    assert decoded == group and (decoded.sender, decoded.seq) == ("", -1)
+
+
+@pytest.mark.parametrize(
+    "field, value", [("sender", "s" * (MAX_SENDER_NAME + 1)), ("seq", -2), ("seq", 10**18)]
+)
+def test_a_group_identity_out_of_bounds_is_refused(field: str, value: object) -> None:
+    frame = {**msgspec.to_builtins(TrajectoryGroup("g", "p", [], 0.0, 0.0)), field: value}
+    with pytest.raises(msgspec.ValidationError, match=field):
+        msgspec.msgpack.decode(msgspec.msgpack.encode(frame), type=TrajectoryGroup)
