@@ -16,9 +16,9 @@ disagree (``identity_error``), and a frame from before the fields (sender "") is
 id alone (``identity``), as the log reads every row.
 
 The receipt travels back through the controller: shard stats carry the floors
-(``ShardStats.delivered``), the admission reply hands each generator its own
-(``AdmissionReply.delivered``), and the generator forgets the groups up to them (``Outbox``).
-When the controller restarts a shard on its log, the reply's ``shard_epochs`` rises and the
+(``ShardStats.delivered``), the admission reply hands each generator its own (its ``Receipts``
+part), and the generator forgets the groups up to them (``Outbox``). When the controller
+restarts a shard on its log, the receipts' ``shard_epochs`` rises and the
 generator sends every group that shard has not acknowledged again; the restarted shard,
 whose ``Delivered`` comes back from its log, drops those it has logged already (counted as
 ``resent_duplicates``). So a shard's log holds every group sent to it exactly once.
@@ -139,8 +139,9 @@ class Outbox:
         box = Outbox(shard_sender(base, 0))
         seq = box.address(group)         # group.sender, .seq and .group_id set
         box.keep(seq, frame)             # the encoded group, just sent
-        box.acknowledge(reply.delivered.get(0, -1))
-        for frame in box.resend_for(reply.shard_epochs.get(0, 0)): sock.send(frame)
+        receipts = reply.parts().receipts  # an AdmissionReply's
+        box.acknowledge(receipts.delivered.get(0, -1))
+        for frame in box.resend_for(receipts.shard_epochs.get(0, 0)): sock.send(frame)
     """
 
     def __init__(self, sender: str) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 import msgspec
 
@@ -409,35 +409,124 @@ class AdmissionRequest(msgspec.Struct, tag="admission_request"):
     sender: str = ""  # its group ids' sender name (``buffers.delivery``): the reply's receipts
 
 
-class AdmissionReply(msgspec.Struct, tag="admission_reply"):
-    """``granted`` groups may start now, on weights of version ``>= min_version`` (the oldest
-    that keeps them within the staleness bound when the learner consumes them; docs/design.md §3).
-    ``stop`` tells the generator to finish: drain to ``learner_version`` and exit."""
+class Grant(msgspec.Struct, omit_defaults=True):
+    """Groups a generator may start now: ``granted`` of them, for the run's prompts
+    ``prompt_indices`` in order (``data.PromptStream``), on weights of version
+    ``>= min_version`` (the oldest that keeps them within the staleness bound when the learner
+    consumes them; docs/design.md §3)."""
 
-    granted: int
-    min_version: int
-    learner_version: int
-    max_staleness: int
+    granted: int = 0
+    min_version: int = 0
+    prompt_indices: list[int] = []
+
+
+class Directives(msgspec.Struct, omit_defaults=True):
+    """What the controller tells a generator to do besides generating."""
+
+    # Finish: drain to the learner's version (``LearnerClockInfo``) and exit.
     stop: bool = False
-    # Live generator knobs (PATCH /config): applied from the next call on; None = unchanged.
+    # Leave the run (``generator.count`` lowered, or a replaced generator's predecessor): finish
+    # now, without draining to the end.
+    retire: bool = False
+    # Evaluate the held-out prompts on weights of at least this version before the next call,
+    # then send an ``EvalReport`` (-1: no evaluation asked; only generator 0 is asked: a
+    # replaced generator keeps its id and scaling down retires the highest ids).
+    eval_version: int = -1
+    # Live generator knobs (PATCH /config, ``controller.knobs``): applied from the next call
+    # on; None = unchanged.
     temperature: float | None = None
     prompts_per_call: int | None = None
-    # Evaluate the held-out prompts on weights of at least this version before the next
-    # call, then send an ``EvalReport`` (-1: no evaluation asked; only generator 0 is asked:
-    # a replaced generator keeps its id and scaling down retires the highest ids).
-    eval_version: int = -1
-    # The run's prompt indices for the granted groups, in order (``data.PromptStream``).
-    prompt_indices: list[int] = []
-    # Leave the run (``generator.count`` lowered): finish now, without draining to the end.
-    retire: bool = False
+
+
+class LearnerClockInfo(msgspec.Struct, omit_defaults=True):
+    """The learner clock as the controller last heard it (``streamrl.clock``)."""
+
+    learner_version: int = 0
     # The learner group's incarnation: it rises when the group restarts from a checkpoint, whose
     # versions repeat numbers a generator may hold already, so it re-anchors every rank.
     weights_epoch: int = 0
-    # Acknowledged delivery (``buffers.delivery``): per shard id, the floor of this generator's
-    # groups that shard has (the generator forgets them), and how often the shard was
-    # restarted (a rise: send it every group it has not acknowledged again).
+    max_staleness: int = 0
+
+
+class Receipts(msgspec.Struct, omit_defaults=True):
+    """Acknowledged delivery (``buffers.delivery``): per shard id, the floor of the asking
+    generator's groups that shard has (the generator forgets them), and how often the shard was
+    restarted (a rise: send it every group it has not acknowledged again)."""
+
     delivered: dict[int, int] = {}
     shard_epochs: dict[int, int] = {}
+
+
+class ReplyParts(NamedTuple):
+    """An ``AdmissionReply``'s four parts, whichever form its frame had."""
+
+    grant: Grant
+    directives: Directives
+    clock: LearnerClockInfo
+    receipts: Receipts
+
+
+class AdmissionReply(msgspec.Struct, tag="admission_reply", omit_defaults=True):
+    """The controller's answer to an ``AdmissionRequest``, in four parts that a generator
+    handles one method each: the ``grant``, the ``directives``, the learner ``clock`` and the
+    delivery ``receipts``. Read them with ``parts()``.
+
+    Example::
+
+        reply = AdmissionReply(grant=Grant(2, 5, [40, 41]), clock=LearnerClockInfo(6))
+        grant, directives, clock, receipts = reply.parts()
+        grant.granted, directives.stop, receipts.delivered   # (2, False, {})
+
+    Old frames: the reply used to be flat (``granted``, ``min_version``, ... at the top). Those
+    keys still decode, into the ``old_*`` fields (renamed so that no reader mistakes them for
+    the reply's values), and are never written (``omit_defaults``: a new frame carries the
+    parts only); ``parts()`` builds each part a frame lacks from them, so an old frame gives
+    the same parts.
+    """
+
+    # The flat form (before the parts), under its wire names: read by ``parts()`` alone.
+    old_granted: int = msgspec.field(default=0, name="granted")
+    old_min_version: int = msgspec.field(default=0, name="min_version")
+    old_learner_version: int = msgspec.field(default=0, name="learner_version")
+    old_max_staleness: int = msgspec.field(default=0, name="max_staleness")
+    old_stop: bool = msgspec.field(default=False, name="stop")
+    old_temperature: float | None = msgspec.field(default=None, name="temperature")
+    old_prompts_per_call: int | None = msgspec.field(default=None, name="prompts_per_call")
+    old_eval_version: int = msgspec.field(default=-1, name="eval_version")
+    old_prompt_indices: list[int] = msgspec.field(default_factory=list, name="prompt_indices")
+    old_retire: bool = msgspec.field(default=False, name="retire")
+    old_weights_epoch: int = msgspec.field(default=0, name="weights_epoch")
+    old_delivered: dict[int, int] = msgspec.field(default_factory=dict, name="delivered")
+    old_shard_epochs: dict[int, int] = msgspec.field(default_factory=dict, name="shard_epochs")
+    # The parts; None: a frame from before them.
+    grant: Grant | None = None
+    directives: Directives | None = None
+    clock: LearnerClockInfo | None = None
+    receipts: Receipts | None = None
+
+    def parts(self) -> ReplyParts:
+        """The four parts: those the frame carries, the others from its flat fields."""
+        grant = self.grant
+        if grant is None:
+            grant = Grant(self.old_granted, self.old_min_version, self.old_prompt_indices)
+        directives = self.directives
+        if directives is None:
+            directives = Directives(
+                self.old_stop,
+                self.old_retire,
+                self.old_eval_version,
+                self.old_temperature,
+                self.old_prompts_per_call,
+            )
+        clock = self.clock
+        if clock is None:
+            clock = LearnerClockInfo(
+                self.old_learner_version, self.old_weights_epoch, self.old_max_staleness
+            )
+        receipts = self.receipts
+        if receipts is None:
+            receipts = Receipts(self.old_delivered, self.old_shard_epochs)
+        return ReplyParts(grant, directives, clock, receipts)
 
 
 # --------------------------------------------------------------------------- weights

@@ -5,6 +5,10 @@ Loop (waits for -> unblocked by):
   2. weights fresh enough for them  -> the subscriber applying the next version
   3. generate (weights applied between decode steps when in-flight updates are on)
   4. reward, push to a shard        -> PUSH blocks only at the shard's high-water mark
+
+Each admission reply has four parts, each handled by one method (``Generator.run``): the
+learner clock (``follow_clock``), the delivery receipts (``take_receipts``), the directives
+(``obey``: knobs, evaluation, stop or retire) and the grant (``generate_granted``: steps 2-4).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 import torch
@@ -32,10 +37,14 @@ from streamrl.models import encode_prompt, load_bf16_image, load_tokenizer, stop
 from streamrl.protocol import (
     AdmissionReply,
     AdmissionRequest,
+    Directives,
     EvalReport,
     GeneratorActivity,
     GeneratorReport,
+    Grant,
     Heartbeat,
+    LearnerClockInfo,
+    Receipts,
     Trajectory,
     TrajectoryGroup,
     pack_int32,
@@ -51,6 +60,9 @@ log = logging.getLogger(__name__)
 # (normally under a second: shards report twice a second, admission relays the floors).
 RECEIPT_WAIT_S = 10.0
 RECEIPT_POLL_S = 0.1
+
+# How a generator's run ends: ``stop`` drains to the learner's final version, ``retire`` not.
+Ending = Literal["stop", "retire"]
 
 
 class AdmissionClient:
@@ -218,6 +230,9 @@ class Generator:
         self.subscriber = self._subscribe(old.image, version=-1)
         old.close()
         self.weights_epoch = epoch
+        self._request_anchors()
+
+    def _request_anchors(self) -> None:
         for rank in range(len(self.subscriber.ranks)):
             self.subscriber.request_anchor(rank)
 
@@ -252,67 +267,90 @@ class Generator:
             self.subscriber.wait(0.01)
             if watch_stop and time.monotonic() > next_check:
                 next_check = time.monotonic() + 1.0
-                reply = self.admission.request(0)
-                self.take_receipts(reply)
-                self.learner_version = reply.learner_version
-                if reply.stop:
+                _, directives, clock, receipts = self.admission.request(0).parts()
+                self.take_receipts(receipts)
+                self.learner_version = clock.learner_version
+                if directives.stop:
                     return False
         return self.engine.version >= version
 
     # ------------------------------------------------------------------ loop
 
     def run(self) -> dict[str, int]:
+        """Ask for groups and handle the reply's parts until told to stop or retire."""
         # Again on this thread: a Ray actor runs its methods on other threads than __init__,
         # and where libgomp is preloaded OpenMP's thread count does not follow them there.
         torch.set_num_threads(self.threads)
         while True:
             with self._timing("wait_admission_s"):
                 reply = self.admission.request(self.prompts_per_call)
-            if self.learner_version == 0 and reply.learner_version > self.engine.version:
-                # A fresh generator behind the learner (late join, resumed run): anchor now.
-                for rank in range(len(self.subscriber.ranks)):
-                    self.subscriber.request_anchor(rank)
-            if reply.weights_epoch > self.weights_epoch:
-                self._follow_restarted_learners(reply.weights_epoch)
-            self.take_receipts(reply)
-            self.learner_version = reply.learner_version
-            self._apply_live_knobs(reply)
-            if reply.retire:  # generator.count lowered: every granted group is pushed
-                log.info("generator[%d]: retiring", self.generator_id)
-                self.await_receipts()
-                self.report(force=True)
-                return {"version": self.engine.version, "groups": self.groups_pushed}
-            if reply.stop:
-                break
-            if reply.eval_version > self.evaluated:
-                with self._timing("eval_s"):
-                    self.evaluate(reply.eval_version)
-            if reply.granted == 0:
-                with self._timing("wait_admission_s"):
-                    self.poll_weights()
-                    self.report()
-                    time.sleep(0.02)
-                continue
-            with self._timing("wait_weights_s"):
-                held = self.wait_for_version(reply.min_version, watch_stop=True)
-            if not held:
-                break
-            with self._timing("busy_s"):
-                prompts = [self.prompts[i] for i in reply.prompt_indices]
-                groups = self.generate_groups(prompts)
-                for group, index in zip(groups, reply.prompt_indices, strict=True):
-                    group.prompt_index = index
-                self.push(groups)
-            self.timers.calls += 1
-            # After every call: the controller's per-step figures count the groups just pushed.
-            self.report(force=True)
-        # Drain: keep applying versions until we hold the learner's final one.
-        self.wait_for_version(
-            self.learner_version, time.monotonic() + self.config.run.drain_timeout_s
-        )
-        evaluator = self.generator_id == 0 and self.config.eval.every > 0
-        if evaluator and self.engine.version > self.evaluated:
-            self.evaluate(self.engine.version)  # the final weights: what the run produced
+            grant, directives, clock, receipts = reply.parts()
+            self.follow_clock(clock)
+            self.take_receipts(receipts)
+            ending = self.obey(directives)
+            if ending is None and not self.generate_granted(grant):
+                ending = "stop"  # the run stopped while this generator waited for weights
+            if ending is not None:
+                return self.finish(drain=ending == "stop")
+
+    def follow_clock(self, clock: LearnerClockInfo) -> None:
+        """Keep up with the learner: anchor a fresh generator that is behind it (late join,
+        resumed run), follow a learner restart, and note the version to drain to."""
+        if self.learner_version == 0 and clock.learner_version > self.engine.version:
+            self._request_anchors()
+        if clock.weights_epoch > self.weights_epoch:
+            self._follow_restarted_learners(clock.weights_epoch)
+        self.learner_version = clock.learner_version
+
+    def obey(self, directives: Directives) -> Ending | None:
+        """Apply the live knobs and run an evaluation asked for; how the run ends, if it
+        does."""
+        self._apply_live_knobs(directives)
+        if directives.retire:  # generator.count lowered: every granted group is pushed
+            log.info("generator[%d]: retiring", self.generator_id)
+            return "retire"
+        if directives.stop:
+            return "stop"
+        if directives.eval_version > self.evaluated:
+            with self._timing("eval_s"):
+                self.evaluate(directives.eval_version)
+        return None
+
+    def generate_granted(self, grant: Grant) -> bool:
+        """Wait for weights fresh enough, generate the granted prompts' groups and push them;
+        with nothing granted, apply weights and report meanwhile. False if the run stopped
+        while waiting for the weights."""
+        if grant.granted == 0:
+            with self._timing("wait_admission_s"):
+                self.poll_weights()
+                self.report()
+                time.sleep(0.02)
+            return True
+        with self._timing("wait_weights_s"):
+            held = self.wait_for_version(grant.min_version, watch_stop=True)
+        if not held:
+            return False
+        with self._timing("busy_s"):
+            groups = self.generate_groups([self.prompts[i] for i in grant.prompt_indices])
+            for group, index in zip(groups, grant.prompt_indices, strict=True):
+                group.prompt_index = index
+            self.push(groups)
+        self.timers.calls += 1
+        # After every call: the controller's per-step figures count the groups just pushed.
+        self.report(force=True)
+        return True
+
+    def finish(self, drain: bool) -> dict[str, int]:
+        """Leave the run. ``drain`` (it stopped): first apply versions up to the learner's
+        final one and evaluate those final weights (the evaluator only). Then wait for the
+        shards' receipts of every group pushed."""
+        if drain:
+            self.wait_for_version(
+                self.learner_version, time.monotonic() + self.config.run.drain_timeout_s
+            )
+            evaluator = self.generator_id == 0 and self.config.eval.every > 0
+            if evaluator and self.engine.version > self.evaluated:
+                self.evaluate(self.engine.version)  # the final weights: what the run produced
         self.await_receipts()
         self.report(force=True)
         return {"version": self.engine.version, "groups": self.groups_pushed}
@@ -350,12 +388,13 @@ class Generator:
             result.metrics,
         )
 
-    def _apply_live_knobs(self, reply: AdmissionReply) -> None:
-        if reply.prompts_per_call is not None:
-            self.prompts_per_call = reply.prompts_per_call
-        if reply.temperature is not None and reply.temperature != self.sampling.temperature:
-            self.sampling = dataclasses.replace(self.sampling, temperature=reply.temperature)
-            log.info("generator[%d]: temperature -> %s", self.generator_id, reply.temperature)
+    def _apply_live_knobs(self, directives: Directives) -> None:
+        if directives.prompts_per_call is not None:
+            self.prompts_per_call = directives.prompts_per_call
+        temperature = directives.temperature
+        if temperature is not None and temperature != self.sampling.temperature:
+            self.sampling = dataclasses.replace(self.sampling, temperature=temperature)
+            log.info("generator[%d]: temperature -> %s", self.generator_id, temperature)
 
     def generate_groups(self, prompts: list[Prompt]) -> list[TrajectoryGroup]:
         gen = self.config.generator
@@ -420,11 +459,11 @@ class Generator:
             outbox.keep(seq, frame)
             self.groups_pushed += 1
 
-    def take_receipts(self, reply: AdmissionReply) -> None:
+    def take_receipts(self, receipts: Receipts) -> None:
         """Forget the groups each shard acknowledged; send a restarted shard the rest again."""
         for shard, outbox in enumerate(self.outboxes):
-            outbox.acknowledge(reply.delivered.get(shard, -1))
-            frames = outbox.resend_for(reply.shard_epochs.get(shard, 0))
+            outbox.acknowledge(receipts.delivered.get(shard, -1))
+            frames = outbox.resend_for(receipts.shard_epochs.get(shard, 0))
             if frames:
                 log.info(
                     "generator[%d]: shard %d restarted; sending %d unacknowledged groups again",
@@ -448,7 +487,8 @@ class Generator:
                 break
             time.sleep(min(RECEIPT_POLL_S, left))
             try:
-                self.take_receipts(self.admission.request(0, timeout_s=max(left, 0.1)))
+                reply = self.admission.request(0, timeout_s=max(left, 0.1))
+                self.take_receipts(reply.parts().receipts)
             except TimeoutError:
                 break  # the controller is gone: nobody to relay receipts
         unacked = sum(len(box.unacked) for box in self.outboxes)

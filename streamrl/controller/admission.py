@@ -2,7 +2,9 @@
 
 Generators ask the controller, over one ROUTER socket served by a thread, before they start
 prompt groups; the policy (``staleness.AdmissionPolicy``) is the one global count of groups
-started. Pause and stop close admission; live generator knobs ride on the replies.
+started. Pause and stop close admission. A reply has four parts (``protocol.AdmissionReply``):
+the grant, the directives (stop, retire, evaluate, live generator knobs), the learner clock and
+the asking generator's delivery receipts.
 """
 
 from __future__ import annotations
@@ -13,9 +15,16 @@ import threading
 import zmq
 
 from streamrl.buffers.delivery import shard_sender
-from streamrl.controller.staleness import AdmissionPolicy, Grant
+from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import RunState
-from streamrl.protocol import AdmissionReply, AdmissionRequest
+from streamrl.protocol import (
+    AdmissionReply,
+    AdmissionRequest,
+    Directives,
+    Grant,
+    LearnerClockInfo,
+    Receipts,
+)
 from streamrl.transport import LOOPBACK, Codec, bind_random, make_socket
 
 log = logging.getLogger(__name__)
@@ -68,26 +77,36 @@ class AdmissionServer:
             closed = state.stop or state.paused or leaving
             if not leaving and request.sender:  # whose groups the shards' receipts name
                 health.sender = request.sender
-            grant = Grant(0, 0) if closed else self.policy.request(request.n_groups)
-            # Nothing granted, nothing recorded: the ledger must not grow an entry per id asked.
-            indices = (
-                state.prompts.grant(request.generator_id, grant.granted) if grant.granted else []
-            )
             return AdmissionReply(
-                granted=grant.granted,
-                min_version=grant.min_version,
-                learner_version=state.version,
-                max_staleness=self.policy.max_staleness,
-                stop=state.stop,
-                temperature=state.temperature,
-                prompts_per_call=state.prompts_per_call,
-                eval_version=self._eval_for(request.generator_id),
-                prompt_indices=indices,
-                retire=leaving,
-                weights_epoch=state.weights_epoch,
-                delivered=_receipts(state, request.sender),
-                shard_epochs=dict(state.shard_epochs),
+                grant=Grant() if closed else self._grant(request),
+                directives=Directives(
+                    stop=state.stop,
+                    retire=leaving,
+                    eval_version=self._eval_for(request.generator_id),
+                    temperature=state.temperature,
+                    prompts_per_call=state.prompts_per_call,
+                ),
+                clock=LearnerClockInfo(
+                    learner_version=state.version,
+                    weights_epoch=state.weights_epoch,
+                    max_staleness=self.policy.max_staleness,
+                ),
+                receipts=Receipts(
+                    delivered=_receipts(state, request.sender),
+                    shard_epochs=dict(state.shard_epochs),
+                ),
             )
+
+    def _grant(self, request: AdmissionRequest) -> Grant:
+        """The policy's grant and the prompts for it (call under ``state.lock``)."""
+        decision = self.policy.request(request.n_groups)
+        # Nothing granted, nothing recorded: the ledger must not grow an entry per id asked.
+        indices = (
+            self.state.prompts.grant(request.generator_id, decision.granted)
+            if decision.granted
+            else []
+        )
+        return Grant(decision.granted, decision.min_version, indices)
 
     def _eval_for(self, generator_id: int) -> int:
         """Generator 0 evaluates (between its calls); the others are never asked."""

@@ -23,7 +23,9 @@ from streamrl.protocol import (
     AnchorRequest,
     BatchRequest,
     GeneratorReport,
+    Grant,
     Heartbeat,
+    LearnerClockInfo,
     StatsRequest,
 )
 from streamrl.transport import make_socket
@@ -62,7 +64,7 @@ def test_admission_survives_fuzz_and_keeps_granting(ctx: zmq.Context) -> None:
         StatsRequest(),
         Heartbeat("generator", 0, 0, 1.0),
         GeneratorReport(0, 1, 2, 3, 0, 0, 1.0),
-        AdmissionReply(1, 0, 0, 1),
+        AdmissionReply(grant=Grant(1), clock=LearnerClockInfo(max_staleness=1)),
     ]
     tags = ["admission_request", "admission_reply", "heartbeat", "anchor_request", ""]
     inputs = msgpack_corpus(random.Random(13_001), seeds, N_INPUTS, other_kinds=other, tags=tags)
@@ -95,10 +97,10 @@ def test_admission_survives_fuzz_and_keeps_granting(ctx: zmq.Context) -> None:
         with state.lock:
             state.version = 1_000
         good = dealer(ctx, server.endpoint)
-        reply = ask(good, AdmissionRequest(0, 3, 0))
-        assert (reply.granted, reply.learner_version, reply.retire) == (3, 1_000, False)
-        assert len(reply.prompt_indices) == 3
-        assert ask(good, AdmissionRequest(5, 3, 0)).retire  # an id nobody started
+        grant, directives, clock, _ = ask(good, AdmissionRequest(0, 3, 0)).parts()
+        assert (grant.granted, clock.learner_version, directives.retire) == (3, 1_000, False)
+        assert len(grant.prompt_indices) == 3
+        assert ask(good, AdmissionRequest(5, 3, 0)).parts().directives.retire  # nobody's id
         # Refusals leave no trace in the prompt ledger (it used to grow an entry per id).
         assert set(state.prompts.outstanding) <= {0, 1}
         assert server.codec.malformed_total == sum(expected.values())  # big frame: not decoded
@@ -131,7 +133,7 @@ def test_an_unencodable_reply_does_not_end_admission(ctx: zmq.Context) -> None:
         assert not sock.poll(200) and server.thread.is_alive()
         with state.lock:
             state.prompts_per_call = 3
-        assert ask(sock, AdmissionRequest(0, 1, 0)).prompts_per_call == 3
+        assert ask(sock, AdmissionRequest(0, 1, 0)).parts().directives.prompts_per_call == 3
     finally:
         sock.close()
         server.close()

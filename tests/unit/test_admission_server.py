@@ -7,16 +7,22 @@ import zmq
 from streamrl.controller.admission import AdmissionServer
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import GeneratorHealth, PromptLedger, RunState
-from streamrl.protocol import AdmissionReply, AdmissionRequest, GeneratorReport
+from streamrl.protocol import (
+    AdmissionReply,
+    AdmissionRequest,
+    GeneratorReport,
+    Grant,
+    ReplyParts,
+)
 from streamrl.transport import Codec, make_socket
 
 
 def _ask(
     sock: zmq.Socket, codec: Codec, n: int, generator_id: int = 0, incarnation: int = 0
-) -> AdmissionReply:
+) -> ReplyParts:
     sock.send(codec.encode(AdmissionRequest(generator_id, n, incarnation)))
     assert sock.poll(5000), "no admission reply"
-    return codec.decode(sock.recv())
+    return codec.decode(sock.recv()).parts()
 
 
 def test_grants_pause_stop_and_live_knobs(ctx: zmq.Context) -> None:
@@ -28,17 +34,18 @@ def test_grants_pause_stop_and_live_knobs(ctx: zmq.Context) -> None:
     codec: Codec[AdmissionReply] = Codec(AdmissionReply, "test")
     try:
         first = _ask(sock, codec, 5)
-        assert (first.granted, first.min_version, first.temperature) == (2, 0, None)
+        assert (first.grant.granted, first.grant.min_version) == (2, 0)
+        assert first.directives.temperature is None
         state.paused = True
-        assert _ask(sock, codec, 1).granted == 0
+        assert _ask(sock, codec, 1).grant.granted == 0
         state.paused, state.version = False, 1
         state.temperature, state.prompts_per_call = 0.7, 3
         live = _ask(sock, codec, 2)
-        assert (live.granted, live.min_version) == (2, 1)
+        assert (live.grant.granted, live.grant.min_version, live.clock.learner_version) == (2, 1, 1)
         # Live generator knobs (PATCH /config) ride on every reply.
-        assert (live.temperature, live.prompts_per_call) == (0.7, 3)
+        assert (live.directives.temperature, live.directives.prompts_per_call) == (0.7, 3)
         state.stop = True
-        assert _ask(sock, codec, 1).stop
+        assert _ask(sock, codec, 1).directives.stop
     finally:
         sock.close()
         server.close()
@@ -56,19 +63,20 @@ def test_prompts_return_when_a_generator_goes_and_stale_incarnations_get_nothing
     sock.connect(server.endpoint)
     codec: Codec[AdmissionReply] = Codec(AdmissionReply, "test")
     try:
-        assert _ask(sock, codec, 2, generator_id=0).prompt_indices == [0, 1]
-        assert _ask(sock, codec, 2, generator_id=1).prompt_indices == [2, 3]
-        assert _ask(sock, codec, 1, generator_id=0).granted == 0  # 4 in flight = (1 + 0 + 1) * 2
+        assert _ask(sock, codec, 2, generator_id=0).grant.prompt_indices == [0, 1]
+        assert _ask(sock, codec, 2, generator_id=1).grant.prompt_indices == [2, 3]
+        # 4 in flight = (1 + 0 + 1) * 2
+        assert _ask(sock, codec, 1, generator_id=0).grant.granted == 0
         state.generator_report(GeneratorReport(1, 0, 10, 1, 0, 0, 1.0))
         assert state.release_generator(1) == 1 and server.policy.in_flight() == 3
         state.health[1].incarnation = 1  # replaced
         old = _ask(sock, codec, 1, generator_id=1, incarnation=0)
-        assert old.retire and old.granted == 0 and old.prompt_indices == []
+        assert old.directives.retire and old.grant == Grant()
         again = _ask(sock, codec, 2, generator_id=1, incarnation=1)
-        assert again.prompt_indices == [3] and not again.retire
+        assert again.grant.prompt_indices == [3] and not again.directives.retire
         state.health[1].retiring = True
-        assert _ask(sock, codec, 1, generator_id=1, incarnation=1).retire
-        assert _ask(sock, codec, 1, generator_id=7).granted == 0  # an id nobody started
+        assert _ask(sock, codec, 1, generator_id=1, incarnation=1).directives.retire
+        assert _ask(sock, codec, 1, generator_id=7).grant.granted == 0  # an id nobody started
     finally:
         sock.close()
         server.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from streamrl.buffers.delivery import Outbox
-from streamrl.protocol import AdmissionReply
+from streamrl.protocol import AdmissionReply, Directives, LearnerClockInfo, Receipts
 from streamrl.workers.generator import Generator
 from tests.unit.test_durable_log import make_group
 
@@ -37,12 +37,16 @@ def leaving_generator(replies: list[AdmissionReply]) -> SimpleNamespace:
     gen = SimpleNamespace(
         outboxes=[box], pushers=[Pusher()], admission=Admission(replies), generator_id=1
     )
-    gen.take_receipts = lambda reply: Generator.take_receipts(gen, reply)
+    gen.take_receipts = lambda receipts: Generator.take_receipts(gen, receipts)
     return gen
 
 
 def reply(floor: int, epoch: int = 0) -> AdmissionReply:
-    return AdmissionReply(0, 0, 5, 1, retire=True, delivered={0: floor}, shard_epochs={0: epoch})
+    return AdmissionReply(
+        directives=Directives(retire=True),
+        clock=LearnerClockInfo(learner_version=5, max_staleness=1),
+        receipts=Receipts(delivered={0: floor}, shard_epochs={0: epoch}),
+    )
 
 
 def test_waits_for_receipts_and_resends_to_a_restarted_shard():

@@ -21,7 +21,7 @@ from streamrl.controller.live import LiveRun
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import GeneratorHealth, RunState
 from streamrl.controller.supervisor import GeneratorPool
-from streamrl.protocol import AdmissionReply, AdmissionRequest, Reconfigure
+from streamrl.protocol import AdmissionReply, AdmissionRequest, Directives, Reconfigure
 from streamrl.transport import Codec, make_socket
 
 
@@ -48,7 +48,7 @@ def test_every_row_names_known_roles_and_fields() -> None:
         if "shards" in row.reaches:
             assert row.field in Reconfigure.__struct_fields__, row.key
         if "generators" in row.reaches:
-            assert row.field in AdmissionReply.__struct_fields__, row.key
+            assert row.field in Directives.__struct_fields__, row.key
             assert hasattr(RunState(), row.field), row.key
         if "admission" in row.reaches:
             assert hasattr(AdmissionPolicy(1, 0, RunState()), row.field), row.key
@@ -113,14 +113,15 @@ def test_a_live_key_reaches_every_role_it_names(key: str, tmp_path: Path) -> Non
         ctx.destroy(linger=0)
 
 
-def _ask(ctx: zmq.Context, endpoint: str) -> AdmissionReply:
+def _ask(ctx: zmq.Context, endpoint: str) -> Directives:
+    """The directives of an admission reply: where the live generator knobs ride."""
     sock = make_socket(ctx, zmq.DEALER)
     sock.connect(endpoint)
     codec: Codec[AdmissionReply] = Codec(AdmissionReply, "test")
     try:
         sock.send(codec.encode(AdmissionRequest(0, 0)))
         assert sock.poll(5000)
-        return codec.decode(sock.recv())
+        return codec.decode(sock.recv()).parts().directives
     finally:
         sock.close()
 
