@@ -16,7 +16,8 @@ Example::
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
+from typing import Any
 
 
 class DropWatch:
@@ -48,3 +49,23 @@ class DropWatch:
         if errors:
             line += f" (reward errors: {errors}; see the generators' logs)"
         return line
+
+    def observe_state(self, now: float, state: Any) -> str | None:
+        """``observe`` with the totals of a ``RunState``: what the shards accepted and dropped
+        (from their durable logs when they have them: those count over restarts), refusals at
+        the door by reason, and the generators' reward errors."""
+        dropped: Counter[str] = Counter()
+        accepted = 0
+        with state.lock:
+            shards = list(state.shards.values())
+            errors = sum(g.reward_errors for g in state.all_generator_reports())
+        for s in shards:
+            if s.received_total:
+                by_reason = {k: n for k, n in s.removed_total.items() if k != "consumed"}
+            else:
+                by_reason = dict(s.dropped)
+            accepted += (s.received_total or s.ingested) - sum(by_reason.values())
+            by_reason.pop("invalid", None)  # said by reason instead
+            dropped.update(by_reason)
+            dropped.update({f"invalid ({k})": n for k, n in s.invalid.items()})
+        return self.observe(now, accepted=accepted, dropped=dict(dropped), reward_errors=errors)

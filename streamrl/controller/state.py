@@ -20,14 +20,30 @@ skipped or trained twice.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamrl.buffers.delivery import shard_sender
 from streamrl.controller.staleness import AdmissionPolicy
-from streamrl.protocol import GeneratorReport, Heartbeat, ShardStats
+from streamrl.protocol import (
+    BatchTaken,
+    GeneratorReport,
+    Heartbeat,
+    LearnerStep,
+    ShardReport,
+    ShardStats,
+    TakeReceipt,
+)
+
+log = logging.getLogger("streamrl")
+
+
+# Indices kept per generator of those reported pushed: enough for the groups in flight.
+MAX_REPORTED = 4096
 
 
 class PromptLedger:
@@ -41,6 +57,8 @@ class PromptLedger:
         self.retry: deque[int] = deque(retry or [])
         self.outstanding: dict[int, deque[int]] = {}  # generator id -> granted, not pushed
         self.pushed: dict[int, int] = {}  # generator id -> groups pushed by this incarnation
+        # Generator id -> its newest indices reported pushed, in order (``release``).
+        self.reported: dict[int, deque[int]] = {}
         # Version -> prompt indices its step trained on, for steps after the newest checkpoint.
         self.trained: dict[int, list[int]] = dict(trained or {})
 
@@ -77,16 +95,30 @@ class PromptLedger:
         """A report: this incarnation has pushed ``groups_pushed`` groups in all (in grant
         order), so that many of its oldest indices are delivered."""
         queue = self.outstanding.setdefault(generator_id, deque())
+        reported = self.reported.setdefault(generator_id, deque(maxlen=MAX_REPORTED))
         for _ in range(max(0, groups_pushed - self.pushed.get(generator_id, 0))):
             if queue:
-                queue.popleft()
+                reported.append(queue.popleft())
         self.pushed[generator_id] = max(self.pushed.get(generator_id, 0), groups_pushed)
 
-    def release(self, generator_id: int) -> int:
-        """The generator is gone: its outstanding indices go back to be granted first.
-        Returns how many (their admission budget returns too)."""
+    def release(self, generator_id: int, arrived: int | None = None) -> int:
+        """The generator is gone: its undelivered indices go back to be granted first.
+        Returns how many (their admission budget returns too).
+
+        ``arrived``: how many of this incarnation's groups the shards acknowledge (their
+        delivery receipts), when known. It overrides the reports, which a generator killed
+        between pushing and reporting never sent (its pushed groups would be generated
+        twice), and which count a group pushed into a socket that died with the process as
+        delivered (one missing group would hang a synchronous run)."""
         queue = self.outstanding.pop(generator_id, deque())
-        self.pushed.pop(generator_id, None)
+        reported = self.reported.pop(generator_id, deque())
+        pushed = self.pushed.pop(generator_id, 0)
+        if arrived is not None and arrived > pushed:
+            for _ in range(min(arrived - pushed, len(queue))):
+                queue.popleft()
+        elif arrived is not None and arrived < pushed:
+            missing = list(reported)[len(reported) - min(pushed - arrived, len(reported)) :]
+            queue.extendleft(reversed(missing))
         self.retry.extend(sorted(queue))
         return len(queue)
 
@@ -140,8 +172,129 @@ class RunState:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     policy: AdmissionPolicy | None = None  # set by the controller (it reads current_version)
 
+    # Groups consumed by learner steps that a restart took back (returned to the budget).
+    rolled_back: int = 0
+
     def current_version(self) -> int:
         return self.version
+
+    # ------------------------------------------------------------------ reports
+
+    def learner_stepped(self, step: LearnerStep, eval_every: int, max_steps: int) -> None:
+        """The current learner group finished step ``step.version``: the version moves, a
+        checkpoint step prunes the prompt record, and every ``eval_every`` versions (the last
+        is evaluated as generators drain) an evaluation is asked for."""
+        with self.lock:
+            self.version = step.version
+            if "checkpoint/version" in step.metrics:
+                self.prompts.checkpointed(step.version)
+            if eval_every > 0 and step.version % eval_every == 0 and step.version < max_steps:
+                self.eval_requested = max(self.eval_requested, step.version)
+            self.last_seen["learner rank 0"] = step.time
+
+    def batch_taken(self, taken: BatchTaken) -> None:
+        with self.lock:
+            self.prompts.taken(taken.version, taken.prompt_indices)
+
+    def shard_report(self, report: ShardReport) -> None:
+        stats = report.stats
+        with self.lock:
+            self.shards[stats.shard_id] = stats
+            self.last_seen[f"buffer shard {stats.shard_id}"] = report.time
+            if self.policy is not None:
+                self.policy.set_dropped(self.buffer_dropped())
+
+    # ------------------------------------------------------------------ budget rules
+
+    def give_back_lost_steps(self, version: int, groups_per_step: int, max_reuse: int = 1) -> int:
+        """From the durable logs' counts: groups retired by steps after ``version`` went with
+        those steps; counted as rolled back (once) and returned to the budget. Call with the
+        lock held and shard stats fresh. With ``max_reuse`` > 1 a step uses groups
+        ``groups_per_step / max_reuse`` at a time (an estimate: reuse counts are not logged)."""
+        consumed = sum(s.removed_total.get("consumed", 0) for s in self.shards.values())
+        kept = -(-version * groups_per_step // max_reuse)
+        lost = max(0, consumed - kept - self.rolled_back)
+        self.rolled_back += lost
+        if self.policy is not None:
+            self.policy.give_back(lost)
+        return lost
+
+    def restore_admission(self, version: int, groups_per_step: int, max_reuse: int = 1) -> None:
+        """A resumed run's admission count, exact from the shards' durable logs: every group a
+        log received was started; those consumed by steps after the checkpoint went with those
+        steps and return to the budget, as drops do. Without a log: ``version`` full batches.
+        Shard stats must be fresh."""
+        assert self.policy is not None
+        received = sum(s.received_total for s in self.shards.values())
+        with self.lock:
+            if not received:
+                self.policy.started = version * groups_per_step
+                return
+            self.policy.started = received
+            self.policy.set_dropped(self.buffer_dropped())
+            self.give_back_lost_steps(version, groups_per_step, max_reuse)
+
+    def learners_restarted(
+        self,
+        version: int,
+        forks: list[int],
+        receipts: list[TakeReceipt],
+        groups_per_step: int,
+        max_reuse: int = 1,
+    ) -> list[int]:
+        """The learner group is back at ``version`` in a new epoch (``streamrl.clock``): every
+        group the shards' take receipts name for later steps of the dead epoch returns to the
+        budget (a step of ``max_reuse`` uses per group needs a group per ``max_reuse`` uses
+        lost), and their prompts to the stream, first. Returns those prompts.
+
+        The receipts are the truth: a rank may die before its ``BatchTaken`` report leaves,
+        or with a take parked at a shard. Steps whose receipts a restarted shard lost are
+        still known from the reports (the ledger) and the durable logs' counts."""
+        taken = sum(len(r.prompt_indices) for r in receipts)
+        owed = -(-taken // max_reuse)
+        from_receipts = [i for r in receipts for i in r.prompt_indices if i >= 0]
+        with self.lock:
+            counted = self.give_back_lost_steps(version, groups_per_step, max_reuse)
+            if owed > counted:
+                if self.policy is not None:
+                    self.policy.give_back(owed - counted)
+                self.rolled_back += owed - counted
+            elif counted > owed:
+                log.warning(
+                    "learner restart: the logs count %d groups taken by lost steps, the "
+                    "receipts %d (a shard restarted meanwhile?)",
+                    counted,
+                    owed,
+                )
+            self.version = version
+            self.weights_epoch += 1
+            self.forks = list(forks)
+            return self.prompts.roll_back(version, extra=from_receipts)
+
+    def release_generator(self, generator_id: int, arrived: int | None = None) -> int:
+        """A generator is gone: its admitted groups that no shard acknowledges return to the
+        budget and their prompts to the ledger (``PromptLedger.release``). Returns how
+        many."""
+        with self.lock:
+            report = self.generators.pop(generator_id, None)
+            if report is not None:
+                self.ended.append(report)
+            n = self.prompts.release(generator_id, arrived)
+            if self.policy is not None:
+                self.policy.give_back(n)
+            return n
+
+    def arrived_from(self, generator_id: int) -> int | None:
+        """How many groups of ``generator_id``'s current incarnation the shards acknowledge
+        (``buffers.delivery`` floors, from their newest stats); None if its sender is not
+        known yet (it never asked for admission)."""
+        health = self.health.get(generator_id)
+        if health is None or not health.sender:
+            return None
+        return sum(
+            stats.delivered.get(shard_sender(health.sender, shard_id), -1) + 1
+            for shard_id, stats in self.shards.items()
+        )
 
     def buffer_dropped(self) -> int:
         """Groups every shard dropped so far, all reasons (their admission budget returns)."""
@@ -175,18 +328,6 @@ class RunState:
             self.restarts[role] = self.restarts.get(role, 0) + 1
             self.failures[role] = failure
             return self.restarts[role]
-
-    def release_generator(self, generator_id: int) -> int:
-        """A generator is gone: its admitted, undelivered groups return to the budget and
-        their prompts to the ledger. Returns how many."""
-        with self.lock:
-            report = self.generators.pop(generator_id, None)
-            if report is not None:
-                self.ended.append(report)
-            n = self.prompts.release(generator_id)
-            if self.policy is not None:
-                self.policy.give_back(n)
-            return n
 
 
 def load_prompt_ledger(run_dir: Path, version: int) -> PromptLedger:

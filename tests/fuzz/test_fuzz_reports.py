@@ -1,9 +1,9 @@
 """Fuzzing the controller's report PULL socket, through the controller's own code.
 
-The socket is the one ``Controller._open_control_plane`` binds (PULL, rcvhwm unbounded) and
-the reports are read by ``Controller._drain_reports``, the controller loop's own method, with
-its ``Codec(Report)``, ``RunState.generator_report`` and ``RunState.heartbeat``. Nothing here
-needs Ray: the controller is built but never ``run()``.
+The socket is the one ``ReportIntake.open`` binds for the controller (PULL, rcvhwm unbounded)
+and the reports are read by ``ReportIntake.drain``, the controller loop's own intake, with its
+``Codec(Report)`` and the ``RunState`` methods each report becomes. Nothing here needs Ray or
+a ``Controller``.
 
 PULL reads frames, not messages: a multipart junk message is decoded frame by frame, so the
 prediction counts frames.
@@ -11,7 +11,6 @@ prediction counts frames.
 
 from __future__ import annotations
 
-import io
 import random
 from pathlib import Path
 
@@ -20,9 +19,8 @@ import pytest
 import zmq
 from fuzzgen import Tally, classify, msgpack_corpus, wait_until
 
-from streamrl.config import load_config
-from streamrl.controller.run import Controller
-from streamrl.controller.state import GeneratorHealth
+from streamrl.controller.intake import ReportIntake
+from streamrl.controller.state import GeneratorHealth, RunState
 from streamrl.metrics import MetricsLog
 from streamrl.protocol import (
     AdmissionRequest,
@@ -46,13 +44,13 @@ SENTINEL = 987_654_321  # EvalReport.requested of the last message of a burst
 pytestmark = pytest.mark.slow
 
 
-def drain_until_sentinel(controller: Controller, tally: Tally, timeout: float = 30.0) -> None:
-    """Run the controller's drain until the sentinel report went through it; an exception
-    out of ``_drain_reports`` (it would end the controller loop) counts as a crash."""
+def drain_until_sentinel(controller: ReportIntake, tally: Tally, timeout: float = 30.0) -> None:
+    """Run the intake's drain until the sentinel report went through it; an exception out of
+    ``drain`` (it would end the controller loop) counts as a crash."""
 
     def seen() -> bool:
         try:
-            controller._drain_reports(timeout_ms=50)
+            controller.drain(timeout_ms=50)
         except Exception:
             tally.crashes += 1
         return any(e.requested == SENTINEL for e in controller.evals[-2:])
@@ -64,13 +62,19 @@ def drain_until_sentinel(controller: Controller, tally: Tally, timeout: float = 
 def test_reports_survive_fuzz_and_valid_reports_are_still_taken(tmp_path: Path) -> None:
     tally = Tally("reports")
     # max_steps high enough that junk versions below it leave room for a valid next step.
-    controller = Controller(load_config(None, ["run.max_steps=1000000000"]), console=io.StringIO())
-    controller._open_control_plane()
-    controller.metrics = MetricsLog(tmp_path / "metrics.jsonl")  # EvalReports write here
-    state = controller.state
+    metrics = MetricsLog(tmp_path / "metrics.jsonl")  # EvalReports write here
+    state = RunState()
+    controller = ReportIntake(
+        state,
+        max_steps=1_000_000_000,
+        eval_every=0,
+        on_eval=lambda e: metrics.eval(e.requested, e.version, e.metrics),
+    )
+    context = zmq.Context()
+    endpoint = controller.open(context, "127.0.0.1")
     state.health[0] = GeneratorHealth()
-    push = make_socket(controller.ctx, zmq.PUSH)
-    push.connect(controller.report_endpoint)
+    push = make_socket(context, zmq.PUSH)
+    push.connect(endpoint)
     encode = msgspec.msgpack.encode
     try:
         seeds = [
@@ -101,27 +105,27 @@ def test_reports_survive_fuzz_and_valid_reports_are_still_taken(tmp_path: Path) 
         tally.inputs += len(inputs)
         # Over MAX_REPORT_BYTES (4 MiB): libzmq refuses the frame and drops that peer's
         # connection, unread and uncounted; the other peers go on.
-        big = make_socket(controller.ctx, zmq.PUSH)
-        big.connect(controller.report_endpoint)
+        big = make_socket(context, zmq.PUSH)
+        big.connect(endpoint)
         big.send(b"\xc1" * (8 << 20))
         tally.inputs += 1
         push.send(encode(EvalReport(0, SENTINEL, 0, {}, 0.0)))
         drain_until_sentinel(controller, tally)
         big.close(linger=0)
 
-        codec = controller.report_codec
+        codec = controller.codec
         assert codec.malformed_total == sum(expected.values())
         assert codec.malformed["DecodeError"] == expected["DecodeError"]
         # A LearnerStep is taken when it comes from the current learner group (incarnation
         # 0 here) and moves the version forward, up to max_steps; the others are counted.
-        taken, version, max_steps = 0, 0, controller.config.run.max_steps
+        taken, version, max_steps = 0, 0, controller.max_steps
         for d in decoded:
             if isinstance(d, LearnerStep) and d.incarnation == 0:
                 if version < d.version <= max_steps:
                     taken, version = taken + 1, d.version
         assert 0 < taken < want[LearnerStep]
-        assert len(controller._steps) == taken and state.version == version
-        ignored = controller.ignored_reports
+        assert len(controller.steps) == taken and state.version == version
+        ignored = controller.ignored
         assert sum(n for k, n in ignored.items() if k.startswith("LearnerStep")) == (
             want[LearnerStep] - taken
         )
@@ -144,21 +148,20 @@ def test_reports_survive_fuzz_and_valid_reports_are_still_taken(tmp_path: Path) 
         drain_until_sentinel(controller, tally)
         assert state.generators[0] == report
         assert state.health[0].last_heartbeat == 1e9 + 1
-        assert controller._steps[-1] == step and state.version == poisoned + 1
+        assert controller.steps[-1] == step and state.version == poisoned + 1
         assert codec.malformed_total == sum(expected.values())
     finally:
         tally.report(
             {
-                **{f"malformed/{k}": n for k, n in controller.report_codec.malformed.items()},
-                "learner_steps": len(controller._steps),
+                **{f"malformed/{k}": n for k, n in controller.codec.malformed.items()},
+                "learner_steps": len(controller.steps),
                 "evals": len(controller.evals),
                 "generators_known": len(state.health),
                 "run_version": state.version,
             }
         )
         push.close()
-        controller.admission.close()
-        controller.report_sock.close()
-        controller.metrics.close()
-        controller.ctx.destroy(linger=0)
+        controller.close()
+        metrics.close()
+        context.destroy(linger=0)
     assert tally.crashes == 0

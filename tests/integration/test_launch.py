@@ -31,7 +31,7 @@ def _run(tmp_path: Path, *overrides: str) -> tuple[dict, list[dict], list[int]]:
     summary = controller.run()
     lines = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
-    return summary, [r for r in records if "step" in r], controller.pids
+    return summary, [r for r in records if "step" in r], sorted(controller.ctx.roles.all_pids)
 
 
 def _assert_clean_finish(summary: dict, steps: list[dict], pids: list[int], n_steps: int) -> None:

@@ -95,39 +95,28 @@ def test_prompt_ledger_snapshot_holds_every_unfinished_prompt() -> None:
 
 def test_generated_tokens_per_s_spans_sparse_reports() -> None:
     """One report per 30 s call (sync mode) still gives a rate over the last two reports."""
-    import io
+    from streamrl.controller.intake import ReportIntake
 
-    from streamrl.config import load_config
-    from streamrl.controller.run import Controller
-
-    controller = Controller(load_config(None, []), console=io.StringIO())
-    try:
-        for t, n in [(0.0, 0), (30.0, 900), (60.0, 1800)]:
-            controller._token_samples.append((t, n))
-        assert controller.tokens_per_s() == 30.0
-        controller._token_samples.extend([(61.0, 1900), (62.0, 2000)])
-        assert controller.tokens_per_s() == (2000 - 900) / (62.0 - 30.0)
-    finally:
-        controller.ctx.destroy(linger=0)
+    intake = ReportIntake(RunState(), max_steps=10, eval_every=0)
+    for t, n in [(0.0, 0), (30.0, 900), (60.0, 1800)]:
+        intake.token_samples.append((t, n))
+    assert intake.tokens_per_s() == 30.0
+    intake.token_samples.extend([(61.0, 1900), (62.0, 2000)])
+    assert intake.tokens_per_s() == (2000 - 900) / (62.0 - 30.0)
 
 
 def test_step_tokens_per_s_covers_the_whole_step() -> None:
     """A sync step: 20 s generating 600 tokens, then 25 s training. The rolling 10 s window
     sees only training (0 tokens/s); the step's figure is its rate over all 45 s."""
-    import io
-
-    from streamrl.config import load_config
-    from streamrl.controller.run import Controller
+    from streamrl.controller.intake import ReportIntake
     from streamrl.protocol import GeneratorReport
 
-    controller = Controller(load_config(None, []), console=io.StringIO())
-    try:
-        for t, n in [(0.0, 0), (10.0, 300), (20.0, 600), (35.0, 600), (44.0, 600)]:
-            controller._token_samples.append((t, n))
-        controller.state.generators[0] = GeneratorReport(0, 0, 600, 8, 0, 0, 44.0)
-        assert controller.tokens_per_s() == 0.0
-        assert controller.step_tokens_per_s(45.0) == 600 / 45.0
-        controller.state.generators[0] = GeneratorReport(0, 1, 1500, 16, 0, 0, 80.0)
-        assert controller.step_tokens_per_s(90.0) == 900 / 45.0
-    finally:
-        controller.ctx.destroy(linger=0)
+    state = RunState()
+    intake = ReportIntake(state, max_steps=10, eval_every=0)
+    for t, n in [(0.0, 0), (10.0, 300), (20.0, 600), (35.0, 600), (44.0, 600)]:
+        intake.token_samples.append((t, n))
+    state.generators[0] = GeneratorReport(0, 0, 600, 8, 0, 0, 44.0)
+    assert intake.tokens_per_s() == 0.0
+    assert intake.step_tokens_per_s(45.0) == 600 / 45.0
+    state.generators[0] = GeneratorReport(0, 1, 1500, 16, 0, 0, 80.0)
+    assert intake.step_tokens_per_s(90.0) == 900 / 45.0

@@ -18,6 +18,7 @@ from streamrl.config import load_config, to_dict
 from streamrl.controller.admission import AdmissionServer
 from streamrl.controller.knobs import LIVE_KEYS, ROLES, get_key
 from streamrl.controller.live import LiveRun
+from streamrl.controller.roles import Roles
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import GeneratorHealth, RunState
 from streamrl.controller.supervisor import GeneratorPool
@@ -129,9 +130,11 @@ def _ask(ctx: zmq.Context, endpoint: str) -> Directives:
 def _pool_target(controller: SimpleNamespace) -> int:
     """The number of generators the pool converges to after one pass, from the live config
     (its start is recorded, not run: no Ray here)."""
-    pool = GeneratorPool(controller)
+    ctx = SimpleNamespace(
+        config=controller.config, state=controller.state, roles=Roles(), note=lambda m: None
+    )
+    pool = GeneratorPool(ctx)  # type: ignore[arg-type]
     started: list[int] = []
     pool.start = started.append  # type: ignore[method-assign]
-    controller.note = lambda message: None
     pool._scale(controller.config.generator.count)
     return len(started)

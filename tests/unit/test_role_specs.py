@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 
@@ -11,28 +10,31 @@ import pytest
 import zmq
 
 from streamrl.config import BufferConfig, load_config
-from streamrl.controller.run import Controller
-from streamrl.controller.specs import NODE, GeneratorSpec, LearnerSpec, ShardSpec
+from streamrl.controller.specs import (
+    NODE,
+    GeneratorSpec,
+    LearnerSpec,
+    ShardSpec,
+    SpecFactory,
+    bind_host_for,
+)
 from streamrl.transport import resolve_host
 
 NODE_IP = "127.0.0.2"  # stands in for another machine's address: not the loopback default
 
 
 def _specs(address: str | None, tmp_path: Path) -> list:
-    controller = Controller(load_config(None, []), address, console=io.StringIO())
-    controller.run_dir, controller.model_dir = tmp_path, str(tmp_path / "model")
-    controller.report_endpoint = "tcp://10.0.0.1:5000"
-    controller.shard_endpoints = [("tcp://10.0.0.2:1", "tcp://10.0.0.2:2")]
-    controller.weight_endpoints = [("tcp://10.0.0.3:1", "tcp://10.0.0.3:2")]
-    controller.admission = type("A", (), {"endpoint": "tcp://10.0.0.1:5001"})()
-    try:
-        return [
-            controller.shard_spec(0),
-            controller.learner_spec(0),
-            controller.generator_spec(0, 0),
-        ]
-    finally:
-        controller.ctx.destroy(linger=0)
+    factory = SpecFactory(
+        load_config(None, []),
+        tmp_path,
+        str(tmp_path / "model"),
+        bind_host_for(address),
+        report_endpoint="tcp://10.0.0.1:5000",
+        admission_endpoint="tcp://10.0.0.1:5001",
+        shard_endpoints=[("tcp://10.0.0.2:1", "tcp://10.0.0.2:2")],
+        weight_endpoints=[("tcp://10.0.0.3:1", "tcp://10.0.0.3:2")],
+    )
+    return [factory.shard(0), factory.learner(0), factory.generator(0, 0)]
 
 
 def test_local_specs_bind_loopback(tmp_path: Path) -> None:
@@ -82,17 +84,19 @@ def test_a_pinned_learner_lends_its_encoder_the_runs_cores(tmp_path: Path) -> No
 
     for pinned in (False, True):
         config = load_config(None, [f"placement.pin_cpus={str(pinned).lower()}"])
-        controller = Controller(config, None, console=io.StringIO())
-        controller.run_dir, controller.model_dir = tmp_path, str(tmp_path / "model")
-        controller.shard_endpoints = [("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")]
-        controller.report_endpoint = "tcp://127.0.0.1:3"
-        controller.available_cores = [0, 1, 2, 3]
-        if pinned:  # as the controller's start does in local mode
-            controller.cores = cpu_split(config, controller.available_cores)
-        try:
-            spec = controller.learner_spec(0)
-        finally:
-            controller.ctx.destroy(linger=0)
+        available = [0, 1, 2, 3]
+        factory = SpecFactory(
+            config,
+            tmp_path,
+            str(tmp_path / "model"),
+            "127.0.0.1",
+            report_endpoint="tcp://127.0.0.1:3",
+            # As the controller's start does in local mode.
+            cores=cpu_split(config, available) if pinned else {},
+            available_cores=available,
+            shard_endpoints=[("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")],
+        )
+        spec = factory.learner(0)
         if pinned:
             assert spec.cores == [0, 1] and spec.encoder_cores == [0, 1, 2, 3]
         else:

@@ -1,0 +1,203 @@
+"""Starting buffer shards and the learner group, and restarting them when one dies.
+
+| seen                          | done                                                        |
+|-------------------------------|-------------------------------------------------------------|
+| a buffer shard's loop failed  | a new process on its durable log and its ports; generators  |
+|                               | resend what it had not logged (``shard_epochs`` rises)      |
+| a learner rank's loop failed  | the whole group (the others hang in a collective) starts    |
+|                               | again from the newest checkpoint, in a new epoch            |
+
+A learner-group restart follows the clock's rule (``streamrl.clock``, docs/design.md §6): the
+new group resumes at the checkpoint's version ``v`` with epoch ``e + 1`` and fork ``v``. The
+shards hear the new epoch first (``BufferClient.announce``): they follow the version down,
+drop groups sampled on the dead timeline and cancel the dead group's parked takes, so no take
+happens after. Then their take receipts say exactly which groups the lost steps took: those
+return to the budget and their prompts are handed out again, once each.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from streamrl.controller.context import RunContext
+from streamrl.controller.roles import RoleId, RoleSlot
+from streamrl.controller.rundir import RunError, last_line, latest_checkpoint
+
+log = logging.getLogger("streamrl")
+
+
+def endpoint_ports(endpoints: tuple[str, ...] | list[str]) -> tuple[int, int]:
+    """The two ports of a role's endpoint pair (``tcp://host:port``), to bind again."""
+    first, second = (int(endpoint.rsplit(":", 1)[1]) for endpoint in endpoints)
+    return first, second
+
+
+def start_shard(ctx: RunContext, shard_id: int, ports: tuple[int, int] = (0, 0)) -> RoleSlot:
+    """A shard process, bound and serving; its slot (in ``ctx.roles``)."""
+    import ray
+
+    from streamrl.controller.actors import BufferShardActor
+
+    actor = BufferShardActor.options(**ctx.placement.options("buffer", 0)).remote(
+        ctx.specs.shard(shard_id, ports)
+    )
+    endpoints = tuple(ray.get(actor.endpoints.remote()))
+    slot = RoleSlot(actor, actor.serve.remote(), actor.pid.remote(), endpoints=endpoints)
+    ctx.roles.put(RoleId.shard(shard_id), slot)
+    return slot
+
+
+def start_learner_group(
+    ctx: RunContext, ports: list[tuple[int, int]] | None = None, epoch: int = 0
+) -> list[RoleSlot]:
+    """Every rank, the process group formed and each rank's weight endpoints bound; their
+    loops not started yet (``run_learners``)."""
+    import ray
+
+    from streamrl.controller.actors import LearnerActor
+
+    count, forks = ctx.config.learner.count, ctx.state.forks
+    actors = [
+        LearnerActor.options(**ctx.placement.options("learner", r)).remote(
+            ctx.specs.learner(r, ports[r] if ports else (0, 0), epoch, forks)
+        )
+        for r in range(count)
+    ]
+    master = ray.get(actors[0].rendezvous_address.remote())
+    endpoints = ray.get([actor.setup.remote(master) for actor in actors])
+    slots = []
+    for r, (actor, pair) in enumerate(zip(actors, endpoints, strict=True)):
+        slot = RoleSlot(actor, pid_ref=actor.pid.remote(), endpoints=tuple(pair), incarnation=epoch)
+        ctx.roles.put(RoleId.learner(r), slot)
+        slots.append(slot)
+    return slots
+
+
+def run_learners(ctx: RunContext) -> list[Any]:
+    """Start every rank's loop; their refs."""
+    max_steps = ctx.config.run.max_steps
+    for slot in ctx.roles.of_kind("learner rank").values():
+        slot.run_ref = slot.actor.run.remote(max_steps)
+    return ctx.roles.run_refs("learner rank")
+
+
+class Recovery:
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    def restart_shard(self, shard_id: int, exc: Exception) -> None:
+        """A new process for a dead shard, on its durable log and its predecessor's ports
+        (generators' and learners' sockets reconnect by themselves). What the log held is
+        recovered; a group in a reply that was on the wire is lost."""
+        ctx, role = self.ctx, RoleId.shard(shard_id)
+        failure, logs, limit = last_line(exc), ctx.run_dir / "logs", ctx.config.run.max_restarts
+        if not ctx.config.buffer.durable:
+            raise RunError(f"{role} failed: {failure} (buffer.durable is off; see {logs})")
+        restarts = ctx.count_restart(str(role), failure)
+        ctx.roles.kill(role)
+        before = ctx.specs.shard_endpoints[shard_id]
+        slot = start_shard(ctx, shard_id, endpoint_ports(before))
+        if slot.endpoints != tuple(before):
+            raise RunError(f"{role} restarted at {slot.endpoints}, not {before}")
+        with ctx.state.lock:  # generators resend what the dead process had not logged
+            ctx.state.shard_epochs[shard_id] = ctx.state.shard_epochs.get(shard_id, 0) + 1
+        ctx.write_pids()
+        ctx.note(f"{role}: {failure}; restarted on its log (restart {restarts}/{limit})")
+        ctx.metrics.event("restart", role=str(role), failure=failure, restarts=restarts)
+
+    def restart_learner_group(self, rank: int, exc: Exception) -> None:
+        """A learner rank died: the whole group starts again from the newest checkpoint, on
+        the same weight ports, in the next epoch (module docstring). Generators keep
+        generating meanwhile and re-anchor when admission tells them the new epoch. Without a
+        checkpoint the run fails at once, naming the rank."""
+        import ray
+
+        ctx = self.ctx
+        rank, failure = self._first_failed_rank(rank, exc)
+        role, limit, logs = "learner group", ctx.config.run.max_restarts, ctx.run_dir / "logs"
+        checkpoint = latest_checkpoint(ctx.run_dir / "checkpoints")
+        if checkpoint is None:
+            raise RunError(
+                f"learner rank {rank} failed: {failure}; no checkpoint to restart from "
+                f"(run.checkpoint_every={ctx.config.run.checkpoint_every}; see {logs})"
+            )
+        failure = f"learner rank {rank}: {failure}"
+        restarts = ctx.count_restart(role, failure)
+        lost_version = ctx.state.version
+        old = ctx.roles.of_kind("learner rank")
+        for r in old:
+            ctx.roles.kill(RoleId.learner(r))
+        # Their weight ports are free once the processes are gone.
+        old_refs = [slot.run_ref for slot in old.values() if slot.run_ref is not None]
+        ray.wait(old_refs, num_returns=len(old_refs), timeout=30)
+        ports = [endpoint_ports(pair) for pair in ctx.specs.weight_endpoints]
+        slots = start_learner_group(ctx, ports, ctx.state.weights_epoch + 1)
+        endpoints = [slot.endpoints for slot in slots]
+        if endpoints != [tuple(pair) for pair in ctx.specs.weight_endpoints]:
+            raise RunError(f"{role}: the restarted group bound {endpoints}")
+        version = ray.get(slots[0].actor.version.remote())
+        prompts_again = self._roll_back(version)
+        ctx.roles.refresh_pids(wait=True)
+        ctx.write_pids()
+        run_learners(ctx)
+        ctx.note(
+            f"{failure}; learner group restarted from {checkpoint.name} "
+            f"(version {version}, was {lost_version}; restart {restarts}/{limit})"
+        )
+        ctx.metrics.event(
+            "restart",
+            role=role,
+            failure=failure,
+            restarts=restarts,
+            version=version,
+            prompts_again=prompts_again,
+        )
+
+    def _roll_back(self, version: int) -> list[int]:
+        """Tell the shards the new epoch, then read their receipts and roll the budget and
+        the prompt ledger back to ``version`` (``RunState.learners_restarted``)."""
+        from streamrl.buffers.client import BufferClient
+
+        ctx = self.ctx
+        dead_epoch = ctx.state.weights_epoch
+        forks = [*ctx.state.forks, version]
+        endpoints = [req for _, req in ctx.specs.shard_endpoints]
+        client = BufferClient(endpoints, name="controller", epoch=dead_epoch + 1, forks=forks)
+        try:
+            answered = client.announce(version)
+        finally:
+            client.close()
+        if len(answered) < len(endpoints):
+            log.warning("learner epoch %d: only shards %s answered", dead_epoch + 1, answered)
+        ctx.refresh_shard_stats()
+        receipts = [
+            r
+            for stats in list(ctx.state.shards.values())
+            for r in stats.receipts
+            if r.epoch == dead_epoch and r.step > version
+        ]
+        return ctx.state.learners_restarted(
+            version,
+            forks,
+            receipts,
+            ctx.config.learner.groups_per_step,
+            ctx.config.buffer.max_reuse,
+        )
+
+    def _first_failed_rank(self, rank: int, exc: Exception) -> tuple[int, str]:
+        """The rank whose process died, rather than a survivor whose collective broke with it
+        (gloo's "connection reset" often ends first): waits up to 2 s for every rank."""
+        import ray
+
+        refs = self.ctx.roles.run_refs("learner rank")
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=2)
+        for r, ref in enumerate(refs):
+            if ref not in done:
+                continue
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as err:
+                if "process died" in last_line(err):
+                    return r, last_line(err)
+        return rank, last_line(exc)
