@@ -669,6 +669,8 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     image_mismatches: int = 0
     # Reward function calls that raised (scored 0; the first is logged with its traceback).
     reward_errors: int = 0
+    # The learner epoch of ``applied_version`` (``streamrl.clock``).
+    weights_epoch: int = 0
 
 
 class ShardReport(msgspec.Struct, tag="shard_report"):
@@ -677,14 +679,16 @@ class ShardReport(msgspec.Struct, tag="shard_report"):
 
 
 class EvalReport(msgspec.Struct, tag="eval_report"):
-    """Held-out evaluation figures (``evaluation.evaluate``) of weights ``version``, asked for
-    at ``requested`` (the generator may hold a newer version by then)."""
+    """Held-out evaluation figures (``workers.evaluator.evaluate``) of weights ``version`` of
+    learner epoch ``weights_epoch``, asked for at ``requested`` (the generator may hold a newer
+    version by then)."""
 
     generator_id: int
     requested: int
     version: int
     metrics: dict[str, float]
     time: float
+    weights_epoch: int = 0
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat"):

@@ -379,7 +379,14 @@ class Generator:
         result = evaluate(self.engine, self.tokenizer, self.config, self.eval_set)
         result.metrics["eval/seconds"] = time.monotonic() - start
         self.evaluated = version
-        report = EvalReport(self.generator_id, version, result.version, result.metrics, time.time())
+        report = EvalReport(
+            self.generator_id,
+            version,
+            result.version,
+            result.metrics,
+            time.time(),
+            self.held_epoch,
+        )
         self.reporter.send(self.encoder.encode(report))  # blocking: the controller waits for it
         log.info(
             "generator[%d]: evaluated version %d: %s",
@@ -524,6 +531,7 @@ class Generator:
                 images_verified=sub.images_verified,
                 image_mismatches=sub.image_mismatches,
                 reward_errors=self.reward.errors,
+                weights_epoch=self.held_epoch,
                 activity=msgspec.structs.replace(self.timers),  # a copy: the timers go on
                 incarnation=self.incarnation,
             )
