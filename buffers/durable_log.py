@@ -40,7 +40,6 @@ not thread-safe.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import logging
@@ -55,7 +54,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streamrl.files import atomic_writer
+from streamrl.files import atomic_writer, fsync_directory
 from streamrl.protocol import TrajectoryGroup
 from streamrl.transport import DECODE_ERRORS
 
@@ -297,7 +296,7 @@ class DurableLog:
         self._writer = pa.ipc.new_stream(self._file, SCHEMA)
         if self._fsync:
             os.fsync(self._file.fileno())
-            _fsync_dir(self.shard_dir)
+            fsync_directory(self.shard_dir)
 
     def _close_segment(self) -> None:
         if self._writer is not None:
@@ -412,7 +411,7 @@ class DurableLog:
         for _, _, path in _segments(self.shard_dir):
             if path not in live:
                 path.unlink()
-        _fsync_dir(self.shard_dir)
+        fsync_directory(self.shard_dir)
 
     def close(self) -> None:
         if self._closed:
@@ -672,12 +671,3 @@ def _live_segments(shard_dir: Path) -> list[Path]:
 def _mean_reward(group: LoggedGroup) -> float | None:
     rewards = group.rewards
     return sum(rewards) / len(rewards) if rewards else None
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -42,16 +42,10 @@ def resolve_token(configured: str | None = None) -> str:
     return token
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` to ``path`` with ``mode``, never showing a reader a half-written file
-    (``streamrl.files``: the mode is set before any byte is written, so a secret is never
-    readable by others, not even for an instant)."""
-    atomic_write_text(path, text, mode=mode)
-
-
 def write_token(run_dir: Path, token: str) -> Path:
     path = Path(run_dir) / TOKEN_FILE
-    write_atomic(path, token + "\n", mode=0o600)
+    # The mode is set before any byte is written: the secret is never readable by others.
+    atomic_write_text(path, token + "\n", mode=0o600)
     return path
 
 

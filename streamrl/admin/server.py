@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.admin.api import EventSink, RunControl, create_app
-from streamrl.admin.auth import URL_FILE, resolve_token, write_atomic, write_token
+from streamrl.admin.auth import URL_FILE, resolve_token, write_token
 from streamrl.config import AdminConfig, ConfigError
+from streamrl.files import atomic_write_text
 
 log = logging.getLogger("streamrl.admin")
 
@@ -179,7 +180,7 @@ def start_admin(
             admin.host,
             server.port,
         )
-    write_atomic(run_dir / URL_FILE, server.url + "\n")
+    atomic_write_text(run_dir / URL_FILE, server.url + "\n")
     return server
 
 

@@ -31,7 +31,7 @@ def _setup_process(log_file: str, cores: list[int] | None = None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     keep_freed_memory()
     if cores:
-        # Affinity only: the role sets its torch threads (placement.role_threads).
+        # Affinity only: the role sets its torch threads (cores.role_threads).
         os.sched_setaffinity(0, cores)
         logging.getLogger("streamrl").info("pinned to cores %s", cores)
 

@@ -16,7 +16,6 @@ from streamrl.controller.rundir import RunError
 
 # Threads per role are ``streamrl.cores``' (the workers read them too); the controller takes
 # them from here with the rest of its placement.
-from streamrl.cores import role_threads  # noqa: F401
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
@@ -60,9 +59,7 @@ def init_ray(address: str | None) -> None:
     if address is None:
         # "local": always a fresh embedded instance. Without it ray.init joins any cluster
         # `ray start` left running on this machine (and refuses num_cpus there).
-        kwargs.update(
-            address="local", num_cpus=os.cpu_count() or 2, _node_ip_address="127.0.0.1"
-        )
+        kwargs.update(address="local", num_cpus=os.cpu_count() or 2, _node_ip_address="127.0.0.1")
     else:
         _check_reachable(address)
         kwargs["address"] = address

@@ -20,9 +20,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from streamrl import checkpoint_layout
 from streamrl.controller.context import RunContext
 from streamrl.controller.roles import RoleId, RoleSlot
-from streamrl.controller.rundir import RunError, last_line, latest_checkpoint
+from streamrl.controller.rundir import RunError, last_line
 
 log = logging.getLogger("streamrl")
 
@@ -116,7 +117,7 @@ class Recovery:
         ctx = self.ctx
         rank, failure = self._first_failed_rank(rank, exc)
         role, limit, logs = "learner group", ctx.config.run.max_restarts, ctx.run_dir / "logs"
-        checkpoint = latest_checkpoint(ctx.run_dir / "checkpoints")
+        checkpoint = checkpoint_layout.latest(ctx.run_dir / "checkpoints")
         if checkpoint is None:
             raise RunError(
                 f"learner rank {rank} failed: {failure}; no checkpoint to restart from "

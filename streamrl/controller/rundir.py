@@ -7,9 +7,7 @@ from pathlib import Path
 
 import msgspec
 
-from streamrl import checkpoint_layout
 from streamrl.config import Config, to_yaml
-from streamrl.files import atomic_write_text
 
 
 class RunError(RuntimeError):
@@ -38,12 +36,6 @@ def prepare_run_dir(config: Config) -> Path:
     return run_dir
 
 
-def write_whole(path: Path, text: str) -> None:
-    """Replace a run file (``pids.json``, ``prompts.json``) in one step: a reader (or a crash)
-    sees the old file or the new one, never half of one (``streamrl.files``)."""
-    atomic_write_text(path, text)
-
-
 def last_line(exc: BaseException) -> str:
     """Ray wraps a role's traceback into the message; its last line is the actual error."""
     text = str(exc).strip()
@@ -52,9 +44,3 @@ def last_line(exc: BaseException) -> str:
     if "worker process has died" in line or "The actor died unexpectedly" in line:
         return "its process died (killed, out of memory, or crashed; see its log)"
     return line
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint under ``root``, the one a resumed run starts from
-    (``streamrl.checkpoint_layout``: read without importing torch)."""
-    return checkpoint_layout.latest(root)

@@ -184,7 +184,7 @@ def test_cpu_split_pins_pools_to_disjoint_cores() -> None:
 
 
 def test_threads_default_to_a_share_of_the_cores() -> None:
-    from streamrl.controller.placement import role_threads
+    from streamrl.cores import role_threads
 
     config = load_config(None, ["learner.count=1", "generator.count=3"])
     assert role_threads(config, "learner", None, 8) == 2  # 8 cores over 4 CPU processes

@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from streamrl import checkpoint_layout as layout
-from streamrl.controller.rundir import latest_checkpoint
 from streamrl.export import ExportError, checkpoint_dir
 
 
@@ -37,7 +36,7 @@ def test_latest_is_the_newest_complete_checkpoint(tmp_path) -> None:
     _save(root, 3)
     newest = _save(root, 12, {"kl_coef": 0.1})
     layout.path_for(root, 15).mkdir()  # a save that died before meta.json: not complete
-    assert layout.latest(root) == newest == latest_checkpoint(root)
+    assert layout.latest(root) == newest
     assert layout.complete_checkpoints(root) == [layout.path_for(root, 3), newest]
     assert layout.read_meta(newest) == (12, {"kl_coef": 0.1})
     (root / layout.LATEST_FILE).write_text("step-000015")  # names an incomplete one
@@ -60,7 +59,7 @@ def test_export_finds_checkpoints_through_the_layout(tmp_path) -> None:
 def test_reading_the_layout_imports_no_torch() -> None:
     code = (
         "import sys\n"
-        "from streamrl.controller.rundir import latest_checkpoint\n"
+        "from streamrl.checkpoint_layout import latest\n"
         "from streamrl.export import checkpoint_dir\n"
         "bad = [m for m in ('torch', 'zmq', 'ray') if m in sys.modules]\n"
         "assert not bad, bad\n"
