@@ -10,7 +10,7 @@ each role is derived from the row, never written per key:
 | `admission`  | ``policy.<field>`` set under ``state.lock``: the next admission decision |
 | `shards`     | ``Reconfigure(<field>=value)`` to every shard, all or nothing           |
 | `learners`   | ``LearnerActor.set_live(key, value)``: read at the next batch request    |
-| `generators` | ``state.<field>`` rides on every ``AdmissionReply.<field>``: next call   |
+| `generators` | ``state.<field>``, on ``AdmissionReply.directives.<field>``: next call   |
 | `supervisor` | the run's config: ``GeneratorPool.check`` acts on it within a second     |
 
 ``<field>`` is the key's last part (``buffer.max_staleness`` -> ``max_staleness``). Adding a

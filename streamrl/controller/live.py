@@ -152,7 +152,8 @@ class LiveRun:
                     if "admission" in row.reaches:
                         setattr(self.policy, row.field, value)
                     if "generators" in row.reaches:
-                        setattr(state, row.field, value)  # rides on AdmissionReply.<field>
+                        # Rides on AdmissionReply.directives.<field>.
+                        setattr(state, row.field, value)
             for row in rows:
                 if "learners" in row.reaches:
                     for learner in self.learners():

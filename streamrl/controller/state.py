@@ -145,11 +145,11 @@ class RunState:
     """What the controller knows; updated from reports, read by admission and the admin API."""
 
     version: int = 0
-    weights_epoch: int = 0  # learner-group restarts so far (AdmissionReply.weights_epoch)
+    weights_epoch: int = 0  # learner-group restarts so far (AdmissionReply.clock.weights_epoch)
     # The version each learner-group restart resumed at, in epoch order (``streamrl.clock``).
     forks: list[int] = field(default_factory=list)
-    # Restarts of each buffer shard so far (AdmissionReply.shard_epochs): generators resend it
-    # what it has not acknowledged.
+    # Restarts of each buffer shard so far (AdmissionReply.receipts.shard_epochs): generators
+    # resend it what it has not acknowledged.
     shard_epochs: dict[int, int] = field(default_factory=dict)
     stop: bool = False
     paused: bool = False
