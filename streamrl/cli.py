@@ -15,7 +15,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     launch = sub.add_parser("launch", help="run a training job")
-    launch.add_argument("config", nargs="?", help="YAML config (default: configs/default.yaml)")
+    launch.add_argument(
+        "config",
+        nargs="?",
+        help="YAML config, or the name of a shipped job (default: the shipped default.yaml)",
+    )
     launch.add_argument("overrides", nargs="*", help="section.key=value overrides")
     launch.add_argument("--learners", type=int, help="learner ranks (learner.count)")
     launch.add_argument("--generators", type=int, help="generator actors (generator.count)")

@@ -429,11 +429,28 @@ def _value(config: Config, dotted: str) -> Any:
     return node
 
 
+def shipped_config(name: str) -> Path | None:
+    """A job that ships with streamrl (``configs/<name>.yaml``, package data of
+    ``streamrl.configs``), by name (``tiny``, ``tiny.yaml`` or ``configs/tiny.yaml``); None if
+    there is no such job."""
+    from importlib import resources
+
+    stem = name.removeprefix("configs/").removesuffix(".yaml")
+    if not stem or "/" in stem or "\\" in stem:
+        return None
+    try:
+        path = resources.files("streamrl.configs").joinpath(f"{stem}.yaml")
+    except ModuleNotFoundError:  # an install without the shipped jobs
+        return None
+    return Path(str(path)) if path.is_file() else None
+
+
 def default_config_path() -> str | None:
-    """``configs/default.yaml`` when run from a checkout (what ``streamrl launch`` and
-    ``streamrl eval`` use without a config), else None (the built-in defaults)."""
-    path = Path("configs/default.yaml")
-    return str(path) if path.is_file() else None
+    """The default job (``configs/default.yaml``, shipped with the package): what ``streamrl
+    launch`` and ``streamrl eval`` run without a config, from any directory. None only if the
+    install lacks it (then the built-in defaults)."""
+    path = shipped_config("default")
+    return str(path) if path is not None else None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -442,7 +459,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+            shipped = shipped_config(str(path))
+            if shipped is None:
+                raise ConfigError(f"config file not found: {path}")
+            path = shipped  # a shipped job named from anywhere: `streamrl launch tiny`
         try:
             loaded = yaml.safe_load(path.read_text())
         except yaml.YAMLError as exc:

@@ -126,3 +126,28 @@ def test_help_and_validate_import_neither_torch_nor_ray() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_default_job_ships_with_the_package_and_runs_from_any_directory(
+    tmp_path, monkeypatch
+) -> None:
+    """From a directory that is not the checkout, `streamrl launch` ran the code's built-in
+    defaults (no format reward, group size 4, no dynamic sampling): a new user trained on
+    reward 0. The job now ships as package data and is found wherever streamrl runs."""
+    from pathlib import Path
+
+    from streamrl.config import default_config_path, shipped_config
+
+    checkout = Path(__file__).resolve().parents[2] / "configs"
+    monkeypatch.chdir(tmp_path)
+    path = default_config_path()
+    assert path is not None and Path(path).read_text() == (checkout / "default.yaml").read_text()
+    shipped = load_config(path)
+    assert shipped.generator.group_size == 8 and shipped.buffer.drop_zero_variance
+    assert load_config(None).generator.group_size != shipped.generator.group_size  # built-ins
+    # A shipped job by name, from anywhere; a name that is no job stays an error.
+    assert load_config("tiny").model.name == "tiny-random-llama"
+    assert shipped_config("configs/tiny.yaml") == shipped_config("tiny.yaml")
+    assert shipped_config("../pyproject") is None
+    with pytest.raises(ConfigError, match="config file not found: nosuchjob"):
+        load_config("nosuchjob")
