@@ -303,12 +303,18 @@ class BufferClient:
 
     # ------------------------------------------------------------------ plumbing
 
-    def announce(self, learner_version: int) -> list[int]:
-        """Tell every shard this client's learner clock now (an empty peek), before any
-        learner of its epoch asks: shards drop what the epoch took back and cancel the
-        replaced group's parked takes. Returns the shards that answered."""
-        requests = {s: self._peek(0, 0, learner_version, 0) for s in range(len(self.sockets))}
-        return sorted(self._exchange(requests))
+    def announce(
+        self,
+        learner_version: int,
+        shards: list[int] | None = None,
+        reply_timeout_s: float | None = None,
+    ) -> list[int]:
+        """Tell ``shards`` (default: every one) this client's learner clock now (an empty
+        peek), before any learner of its epoch asks: shards drop what the epoch took back and
+        cancel the replaced group's parked takes. Returns the shards that answered."""
+        targets = range(len(self.sockets)) if shards is None else shards
+        requests = {s: self._peek(0, 0, learner_version, 0) for s in targets}
+        return sorted(self._exchange(requests, reply_timeout_s=reply_timeout_s, quiet=True))
 
     def _peek(self, k: int, floor: int, learner_version: int, wait_ms: int) -> Peek:
         return Peek(self._next_id(), k, floor, learner_version, wait_ms, self.epoch, self.forks)

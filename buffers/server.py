@@ -69,6 +69,7 @@ from streamrl.transport import Codec, bind_random, make_socket
 from .delivery import Delivered
 from .durable_log import DurableLog
 from .frames import GroupDecoder, StoredGroup
+from .receipts import Receipts
 from .replay import Offer, ReplayPolicy, ReplayStore
 from .takes import LastTakes
 
@@ -142,9 +143,6 @@ class BufferShard:
         self.config = config
         self.name = f"shard[{shard_id}]"
         self.versions = LearnerClock()
-        # What each take since the learners' newest checkpoint handed out: a learner restart
-        # hands exactly those prompts out again (docs/design.md §6).
-        self.receipts: list[TakeReceipt] = []
         self._to_mark: list[tuple[str, str]] = []  # (group id, why it left), to log
         self._refused: list[tuple[str, str]] = []  # dropped on arrival, to log
         policy = {k: getattr(config, k) for k in POLICY_KNOBS}
@@ -163,6 +161,10 @@ class BufferShard:
         self.waiting: list[_Waiting] = []
         self.disconnects = 0
         self.log = DurableLog(log_dir, shard_id) if log_dir is not None and config.durable else None
+        # What each take since the learners' newest checkpoint handed out: a learner restart
+        # hands exactly those prompts out again (``buffers.receipts``); kept beside the log.
+        path = self.log.shard_dir / "receipts.jsonl" if self.log is not None else None
+        self.receipts = Receipts(path, MAX_RECEIPTS)
         # Each learner client's last take (frames), answered again if the client repeats it.
         self.takes: LastTakes[bytes] = self.log.recover_takes() if self.log else LastTakes()
         self.retried_takes = 0
@@ -424,9 +426,7 @@ class BufferShard:
             )
             self._flush_marks()
         if isinstance(req, BatchRequest) and req.learner_epoch == self.versions.epoch:
-            # Receipts of steps the newest checkpoint holds can never be needed again.
-            keep = [r for r in self.receipts if r.epoch == req.learner_epoch]
-            self.receipts = [r for r in keep if r.step > req.checkpointed]
+            self.receipts.prune(req.learner_epoch, req.checkpointed)
 
     def _park(self, identity: bytes, req: BatchRequest | Peek) -> None:
         if self._try_answer(identity, req, expired=req.wait_ms <= 0):
@@ -485,8 +485,7 @@ class BufferShard:
                 if groups:
                     indices = [g.prompt_index for g in groups]
                     step = req.learner_version + 1  # the step this batch trains
-                    self.receipts.append(TakeReceipt(req.learner_epoch, step, indices))
-                    del self.receipts[:-MAX_RECEIPTS]
+                    self.receipts.add(TakeReceipt(req.learner_epoch, step, indices))
                 if req.client and groups:
                     self.takes.put(req.client, req.request_id, [g.frame for g in groups])
                     if self.log is not None:
@@ -583,7 +582,7 @@ class BufferShard:
             invalid=dict(self.invalid),
             learner_epoch=self.versions.epoch,
             learner_version=self.versions.version,
-            receipts=list(self.receipts),
+            receipts=list(self.receipts.items),
             **self._log_totals(),
         )
 

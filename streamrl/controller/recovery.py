@@ -18,7 +18,9 @@ return to the budget and their prompts are handed out again, once each.
 from __future__ import annotations
 
 import logging
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from streamrl import checkpoint_layout
 from streamrl.controller.context import RunContext
@@ -26,6 +28,12 @@ from streamrl.controller.roles import RoleId, RoleSlot
 from streamrl.controller.rundir import RunError, last_line
 
 log = logging.getLogger("streamrl")
+T = TypeVar("T")
+# How long a restart keeps trying when the new process dies before it runs: Ray may place it
+# on a node that died moments ago and that its health checks (about 15 s) still call alive.
+START_RETRY_S = 60.0
+# How long a learner restart waits for every shard to hear the new epoch (restarting dead ones).
+ANNOUNCE_S = 60.0
 
 
 def endpoint_ports(endpoints: tuple[str, ...] | list[str]) -> tuple[int, int]:
@@ -43,7 +51,11 @@ def start_shard(ctx: RunContext, shard_id: int, ports: tuple[int, int] = (0, 0))
     actor = BufferShardActor.options(**ctx.placement.options("buffer", 0)).remote(
         ctx.specs.shard(shard_id, ports)
     )
-    endpoints = tuple(ray.get(actor.endpoints.remote()))
+    try:
+        endpoints = tuple(ray.get(actor.endpoints.remote()))
+    except ray.exceptions.RayError:
+        _kill_quietly([actor])  # never registered: nothing else would end it
+        raise
     slot = RoleSlot(actor, actor.serve.remote(), actor.pid.remote(), endpoints=endpoints)
     ctx.roles.put(RoleId.shard(shard_id), slot)
     return slot
@@ -65,8 +77,12 @@ def start_learner_group(
         )
         for r in range(count)
     ]
-    master = ray.get(actors[0].rendezvous_address.remote())
-    endpoints = ray.get([actor.setup.remote(master) for actor in actors])
+    try:
+        master = ray.get(actors[0].rendezvous_address.remote())
+        endpoints = ray.get([actor.setup.remote(master) for actor in actors])
+    except ray.exceptions.RayError:
+        _kill_quietly(actors)  # never registered: nothing else would end them
+        raise
     slots = []
     for r, (actor, pair) in enumerate(zip(actors, endpoints, strict=True)):
         slot = RoleSlot(actor, pid_ref=actor.pid.remote(), endpoints=tuple(pair), incarnation=epoch)
@@ -75,12 +91,41 @@ def start_learner_group(
     return slots
 
 
+def _kill_quietly(actors: list[Any]) -> None:
+    import ray
+
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # already gone
+            pass
+
+
 def run_learners(ctx: RunContext) -> list[Any]:
     """Start every rank's loop; their refs."""
     max_steps = ctx.config.run.max_steps
     for slot in ctx.roles.of_kind("learner rank").values():
         slot.run_ref = slot.actor.run.remote(max_steps)
     return ctx.roles.run_refs("learner rank")
+
+
+def retry_start(ctx: RunContext, what: str, start: Callable[[], T]) -> T:
+    """``start()``, again while the processes it starts die before they run (``start``
+    kills what it started when it fails), for up to ``START_RETRY_S``; the last error if it
+    never succeeds."""
+    import ray
+
+    deadline = time.monotonic() + START_RETRY_S
+    while True:
+        try:
+            return start()
+        except ray.exceptions.RayError as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.warning(
+                "%s: a new process died before it ran (%s); trying again", what, last_line(exc)
+            )
+            time.sleep(1.0)
 
 
 class Recovery:
@@ -98,7 +143,11 @@ class Recovery:
         restarts = ctx.count_restart(str(role), failure)
         ctx.roles.kill(role)
         before = ctx.specs.shard_endpoints[shard_id]
-        slot = start_shard(ctx, shard_id, endpoint_ports(before))
+
+        def start() -> RoleSlot:
+            return start_shard(ctx, shard_id, endpoint_ports(before))
+
+        slot = retry_start(ctx, str(role), start)
         if slot.endpoints != tuple(before):
             raise RunError(f"{role} restarted at {slot.endpoints}, not {before}")
         with ctx.state.lock:  # generators resend what the dead process had not logged
@@ -133,7 +182,11 @@ class Recovery:
         old_refs = [slot.run_ref for slot in old.values() if slot.run_ref is not None]
         ray.wait(old_refs, num_returns=len(old_refs), timeout=30)
         ports = [endpoint_ports(pair) for pair in ctx.specs.weight_endpoints]
-        slots = start_learner_group(ctx, ports, ctx.state.weights_epoch + 1)
+
+        def start() -> list[RoleSlot]:
+            return start_learner_group(ctx, ports, ctx.state.weights_epoch + 1)
+
+        slots = retry_start(ctx, role, start)
         endpoints = [slot.endpoints for slot in slots]
         if endpoints != [tuple(pair) for pair in ctx.specs.weight_endpoints]:
             raise RunError(f"{role}: the restarted group bound {endpoints}")
@@ -152,6 +205,7 @@ class Recovery:
             failure=failure,
             restarts=restarts,
             version=version,
+            was=lost_version,
             prompts_again=prompts_again,
         )
 
@@ -165,12 +219,18 @@ class Recovery:
         forks = [*ctx.state.forks, version]
         endpoints = [req for _, req in ctx.specs.shard_endpoints]
         client = BufferClient(endpoints, name="controller", epoch=dead_epoch + 1, forks=forks)
+        pending, deadline = list(range(len(endpoints))), time.monotonic() + ANNOUNCE_S
         try:
-            answered = client.announce(version)
+            # Every shard must hear the epoch before its receipts are read; one that died in
+            # the same incident (a lost node) is restarted first, on its log and receipts.
+            while pending and time.monotonic() < deadline:
+                self.restart_dead_shards()
+                answered = client.announce(version, pending, reply_timeout_s=5.0)
+                pending = [s for s in pending if s not in answered]
         finally:
             client.close()
-        if len(answered) < len(endpoints):
-            log.warning("learner epoch %d: only shards %s answered", dead_epoch + 1, answered)
+        if pending:
+            log.warning("learner epoch %d: shards %s did not answer", dead_epoch + 1, pending)
         ctx.refresh_shard_stats()
         receipts = [
             r
@@ -185,6 +245,19 @@ class Recovery:
             ctx.config.learner.groups_per_step,
             ctx.config.buffer.max_reuse,
         )
+
+    def restart_dead_shards(self) -> None:
+        """Restart every shard whose loop has ended with an error (now, not at the controller
+        loop's next turn)."""
+        import ray
+
+        for shard_id, slot in self.ctx.roles.of_kind("buffer shard").items():
+            if not ray.wait([slot.run_ref], timeout=0)[0]:
+                continue
+            try:
+                ray.get(slot.run_ref)
+            except ray.exceptions.RayError as exc:
+                self.restart_shard(shard_id, exc)
 
     def _first_failed_rank(self, rank: int, exc: Exception) -> tuple[int, str]:
         """The rank whose process died, rather than a survivor whose collective broke with it

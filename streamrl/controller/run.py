@@ -343,7 +343,8 @@ class Controller:
 
         refs = self.ctx.roles.run_refs("buffer shard", "learner rank")
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        for ref in done:
+        # Shards first (run_refs' order): a learner restart reads the shards' receipts.
+        for ref in sorted(done, key=refs.index):
             role = self.ctx.roles.role_of(ref)
             if role is None:  # a replaced role's, gone with its restart
                 continue
@@ -358,6 +359,9 @@ class Controller:
                 if role.kind == "buffer shard":
                     self.recovery.restart_shard(role.index, exc)
                 else:
+                    # The dead group's last reports are in the socket: their steps may be
+                    # kept (up to the checkpoint), so record them before the version moves.
+                    self._record_reports()
                     self.recovery.restart_learner_group(role.index, exc)
                 return True
         return False

@@ -39,8 +39,10 @@ def prepare_run_dir(config: Config) -> Path:
 def last_line(exc: BaseException) -> str:
     """Ray wraps a role's traceback into the message; its last line is the actual error."""
     text = str(exc).strip()
-    line = text.splitlines()[-1] if text else repr(exc)
+    line = text.splitlines()[-1].strip() if text else repr(exc)
     # Ray's paragraph for an actor whose process vanished (kill -9, OOM, segfault).
     if "worker process has died" in line or "The actor died unexpectedly" in line:
         return "its process died (killed, out of memory, or crashed; see its log)"
+    if "node was terminated unexpectedly" in line:
+        return "its node died (" + line.split(":", 1)[-1].strip() + ")"
     return line
