@@ -272,6 +272,6 @@ class Recovery:
             try:
                 ray.get(ref)
             except ray.exceptions.RayError as err:
-                if "process died" in last_line(err):
+                if "process died" in last_line(err) or "node died" in last_line(err):
                     return r, last_line(err)
         return rank, last_line(exc)

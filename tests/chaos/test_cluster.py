@@ -16,10 +16,12 @@ closing that pipe makes the reaper kill the helper's session, so nothing is left
 Everything binds 127.0.0.1 (checked: the nodes' addresses and every listening socket of the
 cluster's and the run's processes).
 
-Known failure (node-death-seen-at-once) when the buffer shard and a learner rank are lost
-together: the controller restarts the learner group first, its epoch announcement and receipt
-read wait out two 30 s timeouts on the dead shard, and the groups the lost steps took are
-under-counted (``groups_rolled_back``), so the accounting check fails.
+Two ways a node's death is seen: at once (health checks every 200 ms) and Ray's default
+(about 15 s), during which Ray may place a restarted role on the dead node; it then dies before
+it runs, and the controller starts it again (``recovery.retry_start``). When the buffer shard
+and a learner rank are lost together, the shard is restarted first (on its log and its take
+receipts) and hears the learner group's new epoch before its receipts are read, so the groups
+the lost steps took are counted exactly.
 """
 
 from __future__ import annotations
@@ -253,16 +255,6 @@ N_ROLES = 1 + 2 + 2  # buffer shard, learner ranks, generators (configs/tiny.yam
 # again, at most this many times (1/16 each).
 LAUNCHES = 4
 
-# The known gap the ray-default case shows (issue 27): the controller restarts a lost role at
-# once, while the GCS still lists the lost node alive (~15 s); a new zero-resource actor may be
-# sent there, and dies "never ran - cancelled" when the node is declared dead; the learner
-# group's and the buffer shard's restarts (controller/run.py) do not try again: the run fails.
-NODE_DEATH_RACE = pytest.mark.xfail(
-    strict=False,
-    reason="run.py restarts a role onto the lost node while Ray still lists it alive, and a "
-    "learner or shard restart that dies before it runs is not tried again",
-)
-
 
 def _launch(cluster: _Cluster, run_dir: Path, env: dict[str, str]) -> subprocess.Popen:
     """A run joined to the cluster, once every role has started."""
@@ -317,7 +309,7 @@ def _launch_on_both_nodes(
 
 @pytest.mark.parametrize(
     "health_checks",
-    [SEEN_AT_ONCE, pytest.param(RAY_DEFAULT, marks=NODE_DEATH_RACE)],
+    [SEEN_AT_ONCE, RAY_DEFAULT],
     ids=["node-death-seen-at-once", "ray-default-health-checks"],
 )
 def test_a_lost_worker_node_s_roles_restart_on_the_head(
