@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from streamrl.buffers.delivery import shard_sender
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.protocol import (
@@ -278,6 +280,9 @@ class RunState:
         with self.lock:
             report = self.generators.pop(generator_id, None)
             if report is not None:
+                if arrived is not None and arrived > report.groups_pushed:
+                    # Killed between pushing and reporting: the totals count what arrived.
+                    report = msgspec.structs.replace(report, groups_pushed=arrived)
                 self.ended.append(report)
             n = self.prompts.release(generator_id, arrived)
             if self.policy is not None:

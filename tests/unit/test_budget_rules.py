@@ -7,7 +7,7 @@ from streamrl.buffers.delivery import shard_sender
 from streamrl.controller.roles import RoleId, Roles, RoleSlot
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import GeneratorHealth, PromptLedger, RunState
-from streamrl.protocol import ShardStats, TakeReceipt
+from streamrl.protocol import GeneratorReport, ShardStats, TakeReceipt
 
 
 def state_with_policy(gps: int = 2, eta: int = 1) -> RunState:
@@ -49,9 +49,11 @@ def test_a_dead_generators_groups_are_reconciled_from_the_shards_receipts():
     state.prompts.delivered(0, 2)  # it reported 2 pushed, then died
     # Shards 0 and 1 acknowledge seqs 0..1 and 0..1 of its sender: 4 groups arrived.
     state.shards = {s: stats(s, delivered={shard_sender("0123456789ab", s): 1}) for s in (0, 1)}
+    state.generators[0] = GeneratorReport(0, 3, 100, 2, 0, 0, 1.0)
     assert state.arrived_from(0) == 4
     assert state.release_generator(0, state.arrived_from(0)) == 2  # only 4 and 5 come back
     assert state.prompts.grant(1, 2) == [4, 5]
+    assert state.ended[-1].groups_pushed == 4  # the run's totals count what arrived
 
 
 def test_a_group_reported_pushed_that_never_arrived_is_generated_again():
