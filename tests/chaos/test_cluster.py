@@ -372,7 +372,10 @@ def test_a_lost_worker_node_s_roles_restart_on_the_head(
         node_of = {a["pid"]: a["node_id"] for a in after["actors"]}
         # Every role process the run started after the fault (pids.json keeps them all).
         new = set(json.loads((run_dir / "pids.json").read_text())["roles"]) - before
-        assert len(new) >= len(lost), (new, lost)
+        # The run cannot finish without its shard and learners, so theirs ran; a replaced
+        # generator may still be starting when the others have finished the run.
+        needed = [role for role in lost if not role.startswith("generator")]
+        assert len(new) >= len(needed), (new, lost)
         assert all(node_of.get(pid) == head for pid in new), (new, after)
         _assert_accounted(summary, run_dir)
         print(
