@@ -26,6 +26,7 @@ import msgspec
 import zmq
 
 from streamrl.config import Config, to_dict
+from streamrl.controller.context import RunContext
 from streamrl.controller.knobs import LIVE_KEYS, get_key, set_key
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import RunState
@@ -212,3 +213,30 @@ class LiveRun:
 
     def close(self) -> None:
         self.ctx.destroy(linger=0)
+
+
+def start_live_admin(
+    ctx: RunContext, figures: RunFigures, request_stop: Callable[[], None]
+) -> tuple[LiveRun, Any]:
+    """The run's admin view and its HTTP server (``admin.server``); prints where it is."""
+    from streamrl.admin.server import start_admin
+
+    live = LiveRun(
+        config=ctx.config,
+        state=ctx.state,
+        policy=ctx.policy,
+        learners=lambda: ctx.roles.actors("learner rank"),
+        figures=figures,
+        request_stop=request_stop,
+        checkpoint_dir=ctx.run_dir / "checkpoints",
+        shard_endpoints=[req for _, req in ctx.specs.shard_endpoints],
+    )
+    admin = start_admin(
+        live,
+        ctx.config.admin,
+        ctx.run_dir,
+        on_event=lambda kind, fields: ctx.metrics.event(kind, **fields),
+    )
+    token = ctx.run_dir / "admin.token"
+    print(f"admin: {admin.url} (token in {token})", file=ctx.console, flush=True)
+    return live, admin

@@ -19,7 +19,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,3 +169,26 @@ class Roles:
     def kill_all(self) -> None:
         for role in list(self.slots):
             self.kill(role)
+
+    def reap(self, timeout_s: float = 10.0) -> None:
+        """Local mode: every role process this run started (by pid) is gone when ``launch``
+        returns; an actor killed moments ago may still be exiting, so wait for it, then
+        SIGKILL what is left."""
+        deadline = time.monotonic() + timeout_s
+        left = set(self.all_pids)
+        while left:
+            for pid in list(left):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    left.discard(pid)
+                except PermissionError:  # the pid was reused by someone else's process
+                    left.discard(pid)
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                for pid in left:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.1)

@@ -38,7 +38,6 @@ generators and exports. Its collaborators share a ``RunContext``, never the cont
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -231,28 +230,9 @@ class Controller:
         )
 
     def _start_admin(self) -> None:
-        from streamrl.admin.server import start_admin
-        from streamrl.controller.live import LiveRun
+        from streamrl.controller.live import start_live_admin
 
-        ctx = self.ctx
-        self.live = LiveRun(
-            config=self.config,
-            state=self.state,
-            policy=self.policy,
-            learners=lambda: ctx.roles.actors("learner rank"),
-            figures=self.intake,
-            request_stop=self.request_stop,
-            checkpoint_dir=ctx.run_dir / "checkpoints",
-            shard_endpoints=[req for _, req in ctx.specs.shard_endpoints],
-        )
-        self.admin = start_admin(
-            self.live,
-            self.config.admin,
-            ctx.run_dir,
-            on_event=lambda kind, fields: ctx.metrics.event(kind, **fields),
-        )
-        token = ctx.run_dir / "admin.token"
-        print(f"admin: {self.admin.url} (token in {token})", file=self.console, flush=True)
+        self.live, self.admin = start_live_admin(self.ctx, self.intake, self.request_stop)
 
     def _loop(self) -> None:
         """Until every learner rank's loop ended: reports in, records out, dead roles
@@ -420,30 +400,7 @@ class Controller:
         if ray.is_initialized():
             ray.shutdown()
         if self.address is None and ctx is not None:
-            _reap(ctx.roles.all_pids)
-
-
-def _reap(pids: set[int], timeout_s: float = 10.0) -> None:
-    """Local mode: the run's own role processes (by pid) are gone when ``launch`` returns; an
-    actor killed moments ago may still be exiting, so wait for it, then SIGKILL what is left."""
-    deadline = time.monotonic() + timeout_s
-    left = set(pids)
-    while left:
-        for pid in list(left):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                left.discard(pid)
-            except PermissionError:  # the pid was reused by someone else's process
-                left.discard(pid)
-        if not left:
-            return
-        if time.monotonic() > deadline:
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            return
-        time.sleep(0.1)
+            ctx.roles.reap()
 
 
 def _check_engine(config: Config, model_dir: Path) -> None:
