@@ -55,11 +55,13 @@ class RunContext:
             )
         return restarts
 
-    def refresh_shard_stats(self) -> None:
-        """Ask every shard for its figures now (its periodic report may be a second old)."""
+    def refresh_shard_stats(self, reply_timeout_s: float = 30.0) -> None:
+        """Ask every shard for its figures now (its periodic report may be a second old); a
+        shard that does not answer within ``reply_timeout_s`` keeps its last figures."""
         from streamrl.buffers.client import BufferClient
 
-        client = BufferClient([req for _, req in self.specs.shard_endpoints], name="controller")
+        endpoints = [req for _, req in self.specs.shard_endpoints]
+        client = BufferClient(endpoints, name="controller", reply_timeout_s=reply_timeout_s)
         try:
             for stats in client.stats():
                 if stats is not None:

@@ -158,7 +158,7 @@ class GeneratorPool:
         deadline, arrived = time.monotonic() + SETTLE_S, None
         while True:
             try:
-                ctx.refresh_shard_stats()
+                ctx.refresh_shard_stats(reply_timeout_s=SETTLE_S)
             except Exception:  # a shard down: go by the reports
                 log.exception("generator %d: shard receipts unreadable", generator_id)
                 return None

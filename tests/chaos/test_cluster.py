@@ -237,7 +237,11 @@ def _assert_accounted(summary: dict, run_dir: Path) -> None:
     consumed = sum(s["removed_total"].get("consumed", 0) for s in summary["buffer"])
     rolled_back = summary["groups_rolled_back"]
     assert consumed == STEPS * per_step + rolled_back, (consumed, STEPS, per_step, rolled_back)
-    assert summary["groups_lost_in_transit"] == 0, summary
+    # Groups in a dead shard's socket are resent by their generator (acknowledged delivery);
+    # a generator lost in the same incident cannot resend them: counted, not hidden.
+    lost_generator = any(role.startswith("generator") for role in summary["restarts"])
+    in_transit = summary["groups_lost_in_transit"]
+    assert in_transit == 0 or (lost_generator and in_transit > 0), summary
 
 
 def _restart_role(role: str) -> str:
