@@ -247,6 +247,11 @@ class EvalConfig(_Section):
     temperature: float = 0.0
     samples: int = 1
     max_new_tokens: int | None = None  # None = generator.max_new_tokens
+    # The arithmetic task's held-out questions are also asked in a wording training never
+    # uses, with no system prompt, before training and at the final version
+    # (eval/unseen_phrasing/*): did the run learn arithmetic, or one prompt's answer format?
+    # "" = not asked. {a}, {op} and {b} are filled in.
+    unseen_phrasing: str = "Compute {a} {op} {b}."
 
 
 class PlacementConfig(_Section):
@@ -361,6 +366,11 @@ def _finalize(config: Config) -> Config:
         (
             _fields_of(config.data.question_template) == {"a", "op", "b"},
             "data.question_template must use exactly the fields {a}, {op} and {b}",
+        ),
+        (
+            not config.eval.unseen_phrasing
+            or _fields_of(config.eval.unseen_phrasing) == {"a", "op", "b"},
+            'eval.unseen_phrasing must use exactly the fields {a}, {op} and {b} (or be "")',
         ),
         (config.buffer.compact_every_s >= 0, "buffer.compact_every_s must be >= 0"),
         (config.generator.group_size >= 1, "generator.group_size must be >= 1"),

@@ -43,11 +43,18 @@ def is_held_out(a: int, op: str, b: int, every: int) -> bool:
     return every > 0 and zlib.crc32(f"{a}{op}{b}".encode()) % every == 0
 
 
-def arithmetic_question(config: DataConfig, seed: int, index: int, split: str = "train") -> Prompt:
+def arithmetic_question(
+    config: DataConfig,
+    seed: int,
+    index: int,
+    split: str = "train",
+    phrasing: tuple[str, str] | None = None,
+) -> Prompt:
     """Question ``index`` of the seeded stream, e.g. ``What is 7 + 12?`` with ground truth
     ``19`` (``data.question_template`` words it). ``split="train"`` never yields a held-out
     question (``data.holdout_every``) and ``split="eval"`` yields only those, so evaluation
-    measures questions training never saw."""
+    measures questions training never saw. ``phrasing``: (template, system prompt; "" for
+    none) instead of the data config's, for the same question."""
     rng = random.Random(f"{seed}:{index}")
     while True:
         a, b = rng.randint(0, config.max_operand), rng.randint(0, config.max_operand)
@@ -55,19 +62,25 @@ def arithmetic_question(config: DataConfig, seed: int, index: int, split: str = 
         if is_held_out(a, op, b, config.holdout_every) == (split == "eval"):
             break
     answer = {"+": a + b, "-": a - b, "*": a * b}[op]
+    template, system = phrasing or (config.question_template, config.system_prompt)
     messages = []
-    if config.system_prompt:
-        messages.append({"role": "system", "content": config.system_prompt})
-    messages.append({"role": "user", "content": config.question_template.format(a=a, op=op, b=b)})
+    if system:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": template.format(a=a, op=op, b=b)})
     return Prompt(f"arith-{index}", messages, str(answer), "arithmetic")
 
 
 def arithmetic_prompts(
-    config: DataConfig, seed: int, stream: int, streams: int, split: str = "train"
+    config: DataConfig,
+    seed: int,
+    stream: int,
+    streams: int,
+    split: str = "train",
+    phrasing: tuple[str, str] | None = None,
 ) -> Iterator[Prompt]:
     """Questions ``stream``, ``stream + streams``, ... of the seeded stream."""
     for index in itertools.count(stream, streams):
-        yield arithmetic_question(config, seed, index, split)
+        yield arithmetic_question(config, seed, index, split, phrasing)
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:

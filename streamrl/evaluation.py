@@ -57,6 +57,21 @@ def eval_prompts(config: Config) -> list[Prompt]:
     return load_prompt_file(ev.source)[: ev.max_prompts]
 
 
+UNSEEN = "eval/unseen_phrasing/"  # the prefix of the unseen phrasing's figures
+
+
+def unseen_phrasing_prompts(config: Config) -> list[Prompt]:
+    """The same held-out questions as ``eval_prompts``, worded as ``eval.unseen_phrasing``
+    with no system prompt: a wording training never uses. Empty when not asked for, or for a
+    prompt file (its wording is the file's)."""
+    ev = config.eval
+    if ev.source != "arithmetic" or not ev.unseen_phrasing:
+        return []
+    phrasing = (ev.unseen_phrasing, "")
+    source = arithmetic_prompts(config.data, ev.seed, 0, 1, split="eval", phrasing=phrasing)
+    return [next(source) for _ in range(ev.max_prompts)]
+
+
 class EvalResult(msgspec.Struct):
     """One evaluation's figures and its responses (for ``streamrl eval --out``)."""
 
@@ -112,8 +127,11 @@ def format_table(rows: dict[str, dict[str, float]]) -> str:
     keys = ["eval/exact_match", "eval/accuracy", "eval/reward_mean", "eval/prompts"]
     if any("eval/pass_at_k" in m for m in rows.values()):
         keys.append("eval/pass_at_k")
+    if any(UNSEEN + "exact_match" in m for m in rows.values()):
+        keys.append(UNSEEN + "exact_match")
     width = max(len(name) for name in rows) + 2
-    header = f"{'model':<{width}}" + "".join(f"{k.split('/', 1)[1]:>14}" for k in keys)
+    names = ["unseen_exact" if k.startswith(UNSEEN) else k.split("/", 1)[1] for k in keys]
+    header = f"{'model':<{width}}" + "".join(f"{name:>14}" for name in names)
     lines = [header, "-" * len(header)]
     for name, metrics in rows.items():
         lines.append(

@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from streamrl.config import Config
 from streamrl.data import Prompt
-from streamrl.evaluation import EvalResult, eval_prompts, score
+from streamrl.evaluation import (
+    UNSEEN,
+    EvalResult,
+    eval_prompts,
+    score,
+    unseen_phrasing_prompts,
+)
 from streamrl.models import encode_prompt, stop_token_ids
 from streamrl.workers.engines.base import Engine, SamplingParams
 
@@ -65,7 +71,13 @@ def run_cli_eval(
             raise EvalError(str(exc)) from None
         dtype = resolve_compute_dtype(config.model.compute_dtype, device)
         engine = HFEngine(model_dir, device=device, dtype=dtype, seed=config.run.seed)
-        result = evaluate(engine, load_tokenizer(model_dir), config, prompts)
+        tokenizer = load_tokenizer(model_dir)
+        result = evaluate(engine, tokenizer, config, prompts)
+        unseen = unseen_phrasing_prompts(config)
+        if unseen:  # the same questions in a wording training never uses
+            other = evaluate(engine, tokenizer, config, unseen)
+            for key, value in other.metrics.items():
+                result.metrics[UNSEEN + key.removeprefix("eval/")] = value
         rows[label] = result.metrics
         results[label] = msgspec.to_builtins(result)
     print(format_table(rows))

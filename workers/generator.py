@@ -350,7 +350,8 @@ class Generator:
             )
             evaluator = self.generator_id == 0 and self.config.eval.every > 0
             if evaluator and self.engine.version > self.evaluated:
-                self.evaluate(self.engine.version)  # the final weights: what the run produced
+                # The final weights: what the run produced.
+                self.evaluate(self.engine.version, final=True)
         self.await_receipts()
         self.report(force=True)
         return {"version": self.engine.version, "groups": self.groups_pushed}
@@ -366,10 +367,12 @@ class Generator:
             spent = time.perf_counter() - start - (self.timers.weights_pause_s - paused)
             setattr(self.timers, activity, getattr(self.timers, activity) + spent)
 
-    def evaluate(self, version: int) -> None:
+    def evaluate(self, version: int, final: bool = False) -> None:
         """Held-out evaluation on weights >= ``version`` (``streamrl.evaluation``); its
-        responses go to the controller as figures, never to the buffer."""
-        from streamrl.evaluation import eval_prompts
+        responses go to the controller as figures, never to the buffer. The first and the
+        ``final`` one also ask the questions in a wording training never uses
+        (``eval.unseen_phrasing``)."""
+        from streamrl.evaluation import UNSEEN, eval_prompts, unseen_phrasing_prompts
         from streamrl.workers.evaluator import evaluate
 
         if self.eval_set is None:
@@ -377,6 +380,11 @@ class Generator:
         self.wait_for_version(version, time.monotonic() + self.config.run.drain_timeout_s)
         start = time.monotonic()
         result = evaluate(self.engine, self.tokenizer, self.config, self.eval_set)
+        unseen = unseen_phrasing_prompts(self.config) if final or self.evaluated < 0 else []
+        if unseen:
+            other = evaluate(self.engine, self.tokenizer, self.config, unseen)
+            for key, value in other.metrics.items():
+                result.metrics[UNSEEN + key.removeprefix("eval/")] = value
         result.metrics["eval/seconds"] = time.monotonic() - start
         self.evaluated = version
         report = EvalReport(

@@ -12,7 +12,12 @@ from typing import Any
 from streamrl.controller.state import RunState
 from streamrl.protocol import EvalReport, GeneratorActivity, LearnerStep
 
-OUTCOME_KEYS = ("eval/exact_match", "eval/accuracy", "eval/reward_mean")
+OUTCOME_KEYS = (
+    "eval/exact_match",
+    "eval/accuracy",
+    "eval/reward_mean",
+    "eval/unseen_phrasing/exact_match",  # when the first and last evaluations both asked it
+)
 
 
 def step_record(state: RunState, step: LearnerStep, tokens_per_s: float) -> dict[str, Any]:
@@ -127,6 +132,8 @@ def outcome(summary: dict[str, Any]) -> str:
     if evals:
         first, last = evals[0], evals[-1]
         for key in OUTCOME_KEYS:
+            if key not in first or key not in last:
+                continue
             lines.append(
                 f"{key:<18} {first[key]:.3f} (version {first['version']}) -> "
                 f"{last[key]:.3f} (version {last['version']})"

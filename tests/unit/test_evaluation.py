@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from streamrl.config import load_config
+from streamrl.config import ConfigError, load_config
 from streamrl.data import arithmetic_prompts, is_held_out
 from streamrl.evaluation import eval_prompts, first_line_answer, format_table
 
@@ -68,3 +68,20 @@ def test_format_table() -> None:
         }
     )
     assert "exact_match" in table and "0.250" in table and "base" in table
+
+
+def test_the_unseen_phrasing_asks_the_same_held_out_questions_in_another_wording():
+    from streamrl.evaluation import UNSEEN, unseen_phrasing_prompts
+
+    config = load_config(None, ["eval.max_prompts=8"])
+    usual, unseen = eval_prompts(config), unseen_phrasing_prompts(config)
+    assert [p.ground_truth for p in unseen] == [p.ground_truth for p in usual]
+    assert all(p.messages[0]["role"] == "system" for p in usual)
+    # No system prompt, and a wording training never uses.
+    assert all([m["role"] for m in p.messages] == ["user"] for p in unseen)
+    assert all(p.messages[0]["content"].startswith("Compute ") for p in unseen)
+    assert unseen_phrasing_prompts(load_config(None, ['eval.unseen_phrasing=""'])) == []
+    with pytest.raises(ConfigError, match="eval.unseen_phrasing must use exactly the fields"):
+        load_config(None, ["eval.unseen_phrasing=Add {a} and {b}"])
+    table = format_table({"m": {"eval/exact_match": 0.5, UNSEEN + "exact_match": 0.25}})
+    assert "unseen_exact" in table.splitlines()[0] and "0.250" in table
