@@ -128,13 +128,9 @@ def finish_run(proc: subprocess.Popen, run_dir: Path, timeout: float = 300) -> t
     return out, json.loads((run_dir / "summary.json").read_text())
 
 
-def assert_nothing_lost(summary: dict, run_dir: Path) -> None:
-    """Every group a shard received was consumed, dropped for a counted reason, or is still
-    there, exactly (from the durable log's tallies, over every process that served the shard);
-    each group id is on the log once; the learners trained on exactly the groups the shards
-    handed out (the metrics' ``train/groups``); no group pushed by a generator was lost in
-    transit (a killed shard's socket buffers: generators send those again, see
-    ``buffers.delivery``)."""
+def assert_logs_exact(summary: dict, run_dir: Path) -> None:
+    """Every shard's durable-log tallies hold over every process that served it (received ==
+    removed by reason + remaining), and each group is on the log once."""
     from streamrl.buffers.durable_log import scan_shard, shard_dirs
 
     for shard in summary["buffer"]:
@@ -143,6 +139,16 @@ def assert_nothing_lost(summary: dict, run_dir: Path) -> None:
     for shard_dir in shard_dirs(run_dir / "buffer"):
         ids = [group.group_id for group, _ in scan_shard(shard_dir)]
         assert len(ids) == len(set(ids)), f"{shard_dir}: a group logged twice"
+
+
+def assert_nothing_lost(summary: dict, run_dir: Path) -> None:
+    """Every group a shard received was consumed, dropped for a counted reason, or is still
+    there, exactly (from the durable log's tallies, over every process that served the shard);
+    each group id is on the log once; the learners trained on exactly the groups the shards
+    handed out (the metrics' ``train/groups``); no group pushed by a generator was lost in
+    transit (a killed shard's socket buffers: generators send those again, see
+    ``buffers.delivery``)."""
+    assert_logs_exact(summary, run_dir)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     trained = sum(r.get("train/groups", 0) for r in map(json.loads, lines) if "step" in r)
     consumed = sum(s["removed_total"].get("consumed", 0) for s in summary["buffer"])

@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 from support import (
     alive,
+    assert_logs_exact,
     events,
     finish_run,
     killed_on_error,
@@ -224,14 +225,7 @@ def _assert_accounted(summary: dict, run_dir: Path) -> None:
     ``STEPS`` took ``groups_per_step``) or went with a lost step (``groups_rolled_back``). The
     step records cannot say which: a lost step's is written twice, and the step a restarted
     group resumes at may have none (its report came from the replaced group)."""
-    from streamrl.buffers.durable_log import scan_shard, shard_dirs
-
-    for shard in summary["buffer"]:
-        remaining = shard["size"] + shard["held"]
-        assert shard["received_total"] == sum(shard["removed_total"].values()) + remaining, shard
-    for shard_dir in shard_dirs(run_dir / "buffer"):
-        ids = [group.group_id for group, _ in scan_shard(shard_dir)]
-        assert len(ids) == len(set(ids)), f"{shard_dir}: a group logged twice"
+    assert_logs_exact(summary, run_dir)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     (per_step,) = {r["train/groups"] for r in map(json.loads, lines) if "train/groups" in r}
     consumed = sum(s["removed_total"].get("consumed", 0) for s in summary["buffer"])
