@@ -564,7 +564,9 @@ class BufferShard:
         self._last_compact = time.monotonic()
         log.info("%s: compacted the log in %.3fs", self.name, time.perf_counter() - start)
 
-    def stats(self) -> ShardStats:
+    def stats(self, with_receipts: bool = True) -> ShardStats:
+        """The shard's figures; ``with_receipts``: its take receipts too (``buffers.receipts``),
+        which only a learner restart reads."""
         s = self.store.stats()
         malformed = {f"ingest/{k}": n for k, n in self.decoder.malformed.items()}
         malformed.update({f"requests/{k}": n for k, n in self.request_codec.malformed.items()})
@@ -582,7 +584,7 @@ class BufferShard:
             invalid=dict(self.invalid),
             learner_epoch=self.versions.epoch,
             learner_version=self.versions.version,
-            receipts=list(self.receipts.items),
+            receipts=list(self.receipts.items) if with_receipts else [],
             **self._log_totals(),
         )
 
@@ -599,8 +601,7 @@ class BufferShard:
             return
         with contextlib.suppress(zmq.Again):
             # Receipts only on request (the controller reads them at a learner restart).
-            stats = msgspec.structs.replace(self.stats(), receipts=[])
-            report = ShardReport(stats, time.time())
+            report = ShardReport(self.stats(with_receipts=False), time.time())
             self.reporter.send(self.report_encoder.encode(report), zmq.NOBLOCK)
 
     def close(self) -> None:

@@ -46,6 +46,17 @@ def evaluate(
     return score(config, prompts, responses, engine.version)
 
 
+def add_unseen_phrasing(result: EvalResult, engine: Engine, tokenizer, config: Config) -> None:
+    """Ask the same held-out questions in the wording training never uses
+    (``evaluation.unseen_phrasing_prompts``) and add their figures to ``result`` under
+    ``eval/unseen_phrasing/``; nothing when there is no such wording."""
+    unseen = unseen_phrasing_prompts(config)
+    if unseen:
+        other = evaluate(engine, tokenizer, config, unseen)
+        for key, value in other.metrics.items():
+            result.metrics[UNSEEN + key.removeprefix("eval/")] = value
+
+
 def run_cli_eval(
     targets: list[str], data: str | None, max_prompts: int | None, device: str, out: str
 ) -> int:
@@ -73,11 +84,7 @@ def run_cli_eval(
         engine = HFEngine(model_dir, device=device, dtype=dtype, seed=config.run.seed)
         tokenizer = load_tokenizer(model_dir)
         result = evaluate(engine, tokenizer, config, prompts)
-        unseen = unseen_phrasing_prompts(config)
-        if unseen:  # the same questions in a wording training never uses
-            other = evaluate(engine, tokenizer, config, unseen)
-            for key, value in other.metrics.items():
-                result.metrics[UNSEEN + key.removeprefix("eval/")] = value
+        add_unseen_phrasing(result, engine, tokenizer, config)
         rows[label] = result.metrics
         results[label] = msgspec.to_builtins(result)
     print(format_table(rows))

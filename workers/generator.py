@@ -372,19 +372,16 @@ class Generator:
         responses go to the controller as figures, never to the buffer. The first and the
         ``final`` one also ask the questions in a wording training never uses
         (``eval.unseen_phrasing``)."""
-        from streamrl.evaluation import UNSEEN, eval_prompts, unseen_phrasing_prompts
-        from streamrl.workers.evaluator import evaluate
+        from streamrl.evaluation import eval_prompts
+        from streamrl.workers.evaluator import add_unseen_phrasing, evaluate
 
         if self.eval_set is None:
             self.eval_set = eval_prompts(self.config)
         self.wait_for_version(version, time.monotonic() + self.config.run.drain_timeout_s)
         start = time.monotonic()
         result = evaluate(self.engine, self.tokenizer, self.config, self.eval_set)
-        unseen = unseen_phrasing_prompts(self.config) if final or self.evaluated < 0 else []
-        if unseen:
-            other = evaluate(self.engine, self.tokenizer, self.config, unseen)
-            for key, value in other.metrics.items():
-                result.metrics[UNSEEN + key.removeprefix("eval/")] = value
+        if final or self.evaluated < 0:
+            add_unseen_phrasing(result, self.engine, self.tokenizer, self.config)
         result.metrics["eval/seconds"] = time.monotonic() - start
         self.evaluated = version
         report = EvalReport(

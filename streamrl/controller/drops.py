@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import Counter, deque
 from typing import Any
 
+from streamrl.controller.state import shard_drops
+
 
 class DropWatch:
     def __init__(self, window_s: float = 60.0, min_dropped: int = 8) -> None:
@@ -60,10 +62,7 @@ class DropWatch:
             shards = list(state.shards.values())
             errors = sum(g.reward_errors for g in state.all_generator_reports())
         for s in shards:
-            if s.received_total:
-                by_reason = {k: n for k, n in s.removed_total.items() if k != "consumed"}
-            else:
-                by_reason = dict(s.dropped)
+            by_reason = shard_drops(s)
             accepted += (s.received_total or s.ingested) - sum(by_reason.values())
             by_reason.pop("invalid", None)  # said by reason instead
             dropped.update(by_reason)

@@ -348,9 +348,14 @@ def load_prompt_ledger(run_dir: Path, version: int) -> PromptLedger:
     return ledger
 
 
-def shard_dropped(stats: ShardStats) -> int:
-    """Groups one shard dropped, all reasons. A durable shard counts from its log, over every
+def shard_drops(stats: ShardStats) -> dict[str, int]:
+    """Groups one shard dropped, by reason. A durable shard counts from its log, over every
     process that served it: a restarted shard's own counters start again from 0."""
     if stats.received_total:
-        return sum(n for why, n in stats.removed_total.items() if why != "consumed")
-    return sum(stats.dropped.values())
+        return {why: n for why, n in stats.removed_total.items() if why != "consumed"}
+    return dict(stats.dropped)
+
+
+def shard_dropped(stats: ShardStats) -> int:
+    """Groups one shard dropped, all reasons (``shard_drops``)."""
+    return sum(shard_drops(stats).values())
