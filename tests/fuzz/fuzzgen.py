@@ -15,11 +15,13 @@ crashes, counters {...}`` (visible with ``pytest -s``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -306,3 +308,18 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = 
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
         time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def serving(shard: Any) -> Iterator[Any]:
+    """A ``BufferShard`` serving from a thread of this process; stopped, joined and closed
+    at the end (the thread must end)."""
+    thread = threading.Thread(target=shard.serve, daemon=True)
+    thread.start()
+    try:
+        yield shard
+    finally:
+        shard.stop()
+        thread.join(10)
+        assert not thread.is_alive()
+        shard.close()

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 
 import msgspec
 import pytest
 import zmq
-from fuzzgen import Tally, classify, msgpack_corpus, send, send_all, wait_until
+from fuzzgen import Tally, classify, msgpack_corpus, send, send_all, serving, wait_until
 
 from streamrl.buffers.client import BufferClient
 from streamrl.buffers.frames import GroupDecoder
@@ -74,14 +73,8 @@ BASE_POLICY = {
 def shard(request, tmp_path):
     """A serving shard; every test runs without and with the durable log."""
     config = BufferConfig(max_message_bytes=MAX_BYTES, durable=request.param, **BASE_POLICY)
-    shard = BufferShard(config, 0, log_dir=tmp_path)
-    thread = threading.Thread(target=shard.serve, daemon=True)
-    thread.start()
-    yield shard
-    shard.stop()
-    thread.join(10)
-    assert not thread.is_alive()
-    shard.close()
+    with serving(BufferShard(config, 0, log_dir=tmp_path)) as shard:
+        yield shard
 
 
 def connect(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:

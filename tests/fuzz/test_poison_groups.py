@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import math
 import random
-import threading
 
 import msgspec
 import pytest
 import zmq
-from fuzzgen import Tally, wait_until
+from fuzzgen import Tally, serving, wait_until
 
 from streamrl.buffers.client import BufferClient
 from streamrl.buffers.delivery import group_id, shard_sender
@@ -89,14 +88,8 @@ def poisoned_group(rng: random.Random, i: int, poison: str) -> TrajectoryGroup:
 @pytest.fixture(params=[False, True], ids=["memory", "durable"])
 def shard(request, tmp_path):
     config = BufferConfig(capacity=N_GROUPS * 2, max_staleness=2, durable=request.param)
-    shard = BufferShard(config, 0, log_dir=tmp_path, vocab_size=VOCAB)
-    thread = threading.Thread(target=shard.serve, daemon=True)
-    thread.start()
-    yield shard
-    shard.stop()
-    thread.join(10)
-    assert not thread.is_alive()
-    shard.close()
+    with serving(BufferShard(config, 0, log_dir=tmp_path, vocab_size=VOCAB)) as shard:
+        yield shard
 
 
 def test_10k_poisonous_groups_are_refused_by_reason_and_counted(shard, ctx):
