@@ -158,6 +158,9 @@ class LearnerConfig(_Section):
     # length, each micro-batch at most this many padded tokens (rows x longest; a longer
     # trajectory goes alone), as many on every rank. Less padding when lengths vary.
     micro_batch_tokens: int = 0
+    # A group's samples share their prompt: encode it once per micro-batch, with each
+    # response attending to it through a 4-D mask, where that costs less (workers/batching).
+    share_prompts: bool = True
     # Optimizer steps per batch (PPO mini-batches; each rank splits its groups evenly) and
     # passes over the batch. More than one update makes the clip act: proximal logprobs are
     # then computed once, without grad, before the first update. The version still advances

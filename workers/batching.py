@@ -1,25 +1,38 @@
-"""Turning trajectory groups into padded training tensors for the learner.
+"""Turning trajectory groups into training tensors for the learner.
 
-A micro-batch holds whole trajectories, right-padded. Right padding with causal attention
-needs no attention mask: position j attends to positions <= j, all of them real tokens of its
-own row, so the learner conditions on exactly the tokens the generator did, whatever the pad
-id (SmolLM2's pad is its end-of-turn token, which a mask built from ids would hide).
+Every per-token tensor of a micro-batch is *response-aligned*: ``[B, T]`` with column ``j``
+the trajectory's response token ``j`` (``T`` = the longest response; ``mask`` marks the real
+ones). The forward runs on *rows* that hold the tokens, and ``gather`` picks, for each
+trajectory and ``j``, the output at the column whose logits predict response token ``j``.
 
-Logits at position j predict token j+1. Only the *window* of target columns from the first
-response token of the batch on is kept (``start`` = shortest prompt - 1): the learner asks the
-model for those logits alone (``logits_to_keep``), never for the prompt's. ``targets``,
-``mask``, ``behavior`` and ``versions`` cover that window.
+Two row layouts (``docs/design.md`` §5b):
 
-Example: prompts of 5 and 7 tokens with 3-token responses -> width 10, ``start`` 4, window of
-5 columns; row 0's response targets are window columns 0..2, row 1's are 2..4.
+- **one trajectory per row**, right-padded. Right padding with causal attention needs no
+  attention mask: position ``c`` attends to positions ``<= c``, all real tokens of its own row,
+  so the learner conditions on exactly the tokens the generator did, whatever the pad id
+  (SmolLM2's pad is its end-of-turn token, which a mask built from ids would hide).
+- **shared prompt**: a group's samples share their prompt, which one row holds once, followed
+  by every sample's response: ``[prompt | response 1 | response 2 | ...]``. A 4-D attention
+  mask lets each response see the prompt and its own earlier tokens only, and position ids
+  restart after the prompt for each response, so every response token is computed from
+  exactly the context it was sampled in; response 1's first token is predicted from the
+  prompt's last column like all the others. The prompt is encoded once instead of once per
+  sample: the default job's step (4 groups of 8, 29-token prompts, 8-token responses) trains
+  372 tokens instead of 1,184. A micro-batch takes this layout only when its estimated cost
+  is lower (``_cost``): with long responses the packed rows' attention grows with the square
+  of their width and the plain layout wins.
+
+Only the columns from the first prediction on are asked of the model (``start``,
+``logits_to_keep``), never the prompt's. Example, plain: prompts of 5 and 7 tokens with 3-token
+responses -> width 10, ``start`` 4; row 0's response is predicted from columns 4..6, row 1's
+from 6..8, so ``columns`` (relative to ``start``) is ``[[0, 1, 2], [2, 3, 4]]``.
 
 Which trajectories share a micro-batch is a *plan* (``micro_batch_rows``): runs of
 ``micro_batch_size`` in arrival order, or, with a token budget, trajectories sorted by length
 and cut so that each micro-batch's padded tokens (rows x longest) stay within the budget. The
-gradient does not depend on the plan (``train_step``'s reduction rule), only the padding does:
-sorted, a micro-batch pads its rows to a length close to theirs, not to the batch's longest.
-Each micro-batch keeps its rows' positions in the step (``rows``) to pair them with per-row
-values (scores, advantages) computed in arrival order.
+gradient does not depend on the plan or on the layout (``train_step``'s reduction rule), only
+the work does. Each micro-batch keeps its trajectories' positions in the step (``rows``) to
+pair them with per-trajectory values (scores, advantages) computed in arrival order.
 """
 
 from __future__ import annotations
@@ -34,15 +47,21 @@ from streamrl.protocol import TrajectoryGroup
 
 @dataclass
 class MicroBatch:
-    input_ids: torch.Tensor  # [B, W] right-padded
-    start: int  # first logit position kept; window = positions start .. W-2
-    targets: torch.Tensor  # [B, T] next tokens in the window (T = W - 1 - start)
+    input_ids: torch.Tensor  # [S, W] the sequences the forward runs on, right-padded
+    # [S, W, W] True where a column may attend to another (shared-prompt layout); None: plain
+    # causal attention over one trajectory per sequence.
+    attention: torch.Tensor | None
+    positions: torch.Tensor | None  # [S, W] position ids with ``attention``, else None
+    start: int  # first column whose output is kept (``logits_to_keep``)
+    source: torch.Tensor  # [B] int64 the sequence holding each trajectory
+    columns: torch.Tensor  # [B, T] int64 column - start that predicts response token j
+    targets: torch.Tensor  # [B, T] response tokens (pad beyond each response)
     mask: torch.Tensor  # [B, T] 1.0 on response tokens
-    behavior: torch.Tensor  # [B, T] behaviour logprobs at response tokens
-    versions: torch.Tensor  # [B, T] int64 weight version that sampled each token (-1 elsewhere)
+    behavior: torch.Tensor  # [B, T] behaviour logprobs of the response tokens
+    versions: torch.Tensor  # [B, T] int64 weight version that sampled each token (-1 beyond)
     temperatures: torch.Tensor  # [B] sampling temperature of each response
     response_lengths: torch.Tensor  # [B]
-    rows: torch.Tensor  # [B] int64 position of each row among the step's trajectories
+    rows: torch.Tensor  # [B] int64 position of each trajectory among the step's trajectories
     # The one sampling temperature of every row; None when rows differ (scale row by row).
     temperature: float | None
     # Filled in by the training step:
@@ -65,16 +84,42 @@ class MicroBatch:
 
     @property
     def keep(self) -> int:
-        """``logits_to_keep`` for the forward: the last ``W - start`` positions."""
+        """``logits_to_keep`` for the forward: the last ``W - start`` columns."""
         return self.input_ids.shape[1] - self.start
 
+    @property
+    def shares_prompts(self) -> bool:
+        return self.attention is not None
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """The forward's keyword arguments: the ids, and in the shared-prompt layout an
+        additive mask with the position ids. The mask is float32 (eager attention adds it to
+        its scores, SDPA takes it as is); its blocked value is bfloat16's lowest, which stays
+        finite when FSDP2 casts the inputs to a bf16 compute dtype."""
+        inputs = {"input_ids": self.input_ids}
+        if self.attention is not None:
+            blocked = torch.finfo(torch.bfloat16).min
+            mask = torch.zeros(self.attention.shape, device=self.attention.device)
+            inputs["attention_mask"] = mask.masked_fill_(~self.attention, blocked)[:, None]
+            inputs["position_ids"] = self.positions
+        return inputs
+
+    def gather(self, kept: torch.Tensor) -> torch.Tensor:
+        """``kept`` ([S, W - start, ...], the forward's outputs from ``start`` on) ->
+        ``[B, T, ...]``: for each trajectory, the outputs that predict its response tokens."""
+        return kept[self.source[:, None], self.columns]
+
     def __len__(self) -> int:
-        return self.input_ids.shape[0]
+        return self.source.shape[0]
 
 
 # What the forward and the losses read; temperatures and lengths stay on the host (read there).
 _ON_DEVICE = (
     "input_ids",
+    "attention",
+    "positions",
+    "source",
+    "columns",
     "targets",
     "mask",
     "behavior",
@@ -94,17 +139,25 @@ def build_micro_batches(
     *,
     plan: list[list[int]] | None = None,
     first_row: int = 0,
+    share_prompts_hidden: int = 0,
 ) -> list[MicroBatch]:
-    """Right-padded micro-batches of ``groups``' trajectories, built from the wire's raw arrays
+    """Micro-batches of ``groups``' trajectories, built from the wire's raw arrays
     (``torch.frombuffer`` on each chunk's bytes, joined once; no per-token Python work).
 
     ``plan`` lists each micro-batch's trajectories by index (default: runs of ``size`` in
-    order); ``first_row`` is the step position of ``groups``' first trajectory."""
+    order); ``first_row`` is the step position of ``groups``' first trajectory.
+    ``share_prompts_hidden``: the model's hidden size, to let a micro-batch take the
+    shared-prompt layout where it costs less (0: one trajectory per sequence always)."""
     trajectories = [t for g in groups for t in g.trajectories]
     if plan is None:
         plan = micro_batch_rows([0] * len(trajectories), size)
     return [
-        _micro_batch([trajectories[i] for i in rows], pad_id, torch.tensor(rows) + first_row)
+        _micro_batch(
+            [trajectories[i] for i in rows],
+            pad_id,
+            torch.tensor(rows) + first_row,
+            share_prompts_hidden,
+        )
         for rows in plan
     ]
 
@@ -151,20 +204,78 @@ def resize_plan(plan: list[list[int]], lengths: Sequence[int], count: int) -> li
     return plan
 
 
-def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor) -> MicroBatch:
+def _cost(sequences: int, width: int, hidden: int) -> float:
+    """A forward's work in token-equivalents: the layers' per-token matmuls, plus attention,
+    whose scores and weighted sum cost about ``width / (6 * hidden)`` of a token's matmuls
+    per column attended (4 h^2 + 8 h^2 per token for the projections and the MLP, against
+    2 h per pair)."""
+    return sequences * width * (1 + width / (6 * hidden))
+
+
+def _sequences(chunk: list, hidden: int) -> list[list[int]]:
+    """Which trajectories each sequence holds: those with the same prompt together when that
+    costs less than one trajectory per sequence (``hidden`` > 0), else one each."""
+    alone = [[i] for i in range(len(chunk))]
+    if hidden <= 0:
+        return alone
+    families: dict[bytes, list[int]] = {}
+    for i, t in enumerate(chunk):
+        families.setdefault(t.prompt_ids, []).append(i)
+    if len(families) == len(chunk):
+        return alone
+    shared = list(families.values())
+    plain_width = max(t.num_prompt_tokens + t.num_response_tokens for t in chunk)
+    shared_width = max(
+        chunk[f[0]].num_prompt_tokens + sum(chunk[i].num_response_tokens for i in f) for f in shared
+    )
+    if _cost(len(shared), shared_width, hidden) < _cost(len(chunk), plain_width, hidden):
+        return shared
+    return alone
+
+
+def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor, hidden: int) -> MicroBatch:
+    sequences = _sequences(chunk, hidden)
+    shared = len(sequences) < len(chunk)
     prompt = torch.tensor([t.num_prompt_tokens for t in chunk])
     response = torch.tensor([t.num_response_tokens for t in chunk])
-    width = int((prompt + response).max())
+    # Each trajectory's sequence and the column of its first response token.
+    source = torch.empty(len(chunk), dtype=torch.long)
+    first = torch.empty(len(chunk), dtype=torch.long)
+    lengths, segments = [], []
+    for s, members in enumerate(sequences):
+        column = chunk[members[0]].num_prompt_tokens
+        for i in members:
+            source[i], first[i] = s, column
+            segments.append((s, column, chunk[i].num_response_tokens))
+            column += chunk[i].num_response_tokens
+        lengths.append(column)
+    width = max(lengths)
     columns = torch.arange(width)
-    ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     # Boolean-mask assignment fills row by row, left to right: the order of the bytes.
-    tokens = _joined((p for t in chunk for p in (t.prompt_ids, t.response_ids)), torch.int32)
-    ids[columns < (prompt + response)[:, None]] = tokens.long()
-    # Response token k of a row sits at target column p-1+k; keep columns from the first one.
+    tokens = _joined(
+        (
+            part
+            for members in sequences
+            for part in (chunk[members[0]].prompt_ids, *(chunk[i].response_ids for i in members))
+        ),
+        torch.int32,
+    )
+    ids[columns < torch.tensor(lengths)[:, None]] = tokens.long()
+    attention = positions = None
+    if shared:
+        attention, positions = _shared_prompt_attention(
+            [chunk[m[0]].num_prompt_tokens for m in sequences], segments, width
+        )
+    # Response token j of a trajectory is predicted from column first + j - 1; token 0 from
+    # the prompt's last column (the same one for every response sharing that prompt).
+    steps = torch.arange(int(response.max()) if len(chunk) else 0)
+    is_response = steps < response[:, None]
+    predicted_from = first[:, None] - 1 + steps
+    predicted_from[:, :1] = (prompt - 1)[:, None]
     start = max(int(prompt.min()) - 1, 0)
-    targets = columns[start:-1]
-    first = (prompt - 1)[:, None]
-    is_response = (targets >= first) & (targets < first + response[:, None])
+    targets = torch.full(is_response.shape, pad_id, dtype=torch.long)
+    targets[is_response] = _joined((t.response_ids for t in chunk), torch.int32).long()
     behavior = torch.zeros(is_response.shape)
     behavior[is_response] = _joined((t.behavior_logprobs for t in chunk), torch.float32)
     versions = torch.full(is_response.shape, -1, dtype=torch.long)
@@ -173,8 +284,13 @@ def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor) -> MicroBatch:
     uniform = bool((temperatures == temperatures[0]).all())
     return MicroBatch(
         input_ids=ids,
+        attention=attention,
+        positions=positions,
         start=start,
-        targets=ids[:, start + 1 :],
+        source=source,
+        # Beyond a response, any kept column (masked out of every loss and figure).
+        columns=torch.where(is_response, predicted_from - start, 0),
+        targets=targets,
         mask=is_response.float(),
         behavior=behavior,
         versions=versions,
@@ -183,6 +299,32 @@ def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor) -> MicroBatch:
         rows=rows,
         temperature=float(temperatures[0]) if uniform else None,
     )
+
+
+def _shared_prompt_attention(
+    prompts: list[int], segments: list[tuple[int, int, int]], width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shared-prompt layout's attention ([S, W, W] bool) and position ids ([S, W]).
+
+    Column c of a sequence belongs to segment 0 (the prompt), k >= 1 (the k-th response) or
+    -1 (padding). A query sees the keys at or before it in the prompt or in its own segment;
+    padding sees only itself (a row with nothing to attend to would be NaN). A response's
+    positions continue its prompt's, as when it was sampled."""
+    count = len(prompts)
+    segment = torch.full((count, width), -1, dtype=torch.long)
+    positions = torch.zeros((count, width), dtype=torch.long)
+    for s, p in enumerate(prompts):
+        segment[s, :p] = 0
+        positions[s, :p] = torch.arange(p)
+    numbers = [0] * count
+    for s, column, n in segments:
+        numbers[s] += 1
+        segment[s, column : column + n] = numbers[s]
+        positions[s, column : column + n] = torch.arange(prompts[s], prompts[s] + n)
+    query, key = segment[:, :, None], segment[:, None, :]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    attention = causal & ((key == 0) | (key == query)) & (query >= 0)
+    return attention | torch.eye(width, dtype=torch.bool), positions
 
 
 def in_step_order(batches: list[MicroBatch], values: list[torch.Tensor]) -> torch.Tensor:

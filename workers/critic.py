@@ -4,12 +4,13 @@ Architecture: the policy's backbone (loaded from the same weights, without the L
 zero-initialised scalar head, so initial values are 0 and early advantages are the plain
 returns. It is FSDP2-sharded like the policy and has its own AdamW.
 
-Alignment: ``values(ids)[:, j]`` is V(prefix ``ids[:, :j+1]``), the state from which token
-``j+1`` is sampled, so it lines up with the policy's ``logprobs[:, j]`` and the response mask.
+Alignment: ``values(inputs)[:, c]`` is the value of the state at column c, from which the
+token after it is sampled, so ``MicroBatch.gather`` lines it up with the policy's logprobs and
+the response mask as it does the logits.
 
 The "old" values used for value clipping and for GAE are the values before the step's first
 update (one no-grad pass over the batch), however many PPO updates follow. Like the policy it
-needs no attention mask: the learner right-pads (``batching``).
+runs on the micro-batch's layout, shared-prompt or not (``batching``).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids).last_hidden_state
+    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(**inputs).last_hidden_state
         # sum over the size-1 axis, not squeeze: FSDP2 warns about returning a view
         return self.head(hidden).float().sum(-1)
 
@@ -65,9 +66,10 @@ class Critic:
         )
         self.grad_clip = lc.grad_clip
 
-    def values(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[B, W] ids -> [B, W-1] values aligned with the next-token targets."""
-        return self.model(input_ids)[:, :-1]
+    def values(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A micro-batch's ``model_inputs()`` -> [S, W] values; column c is the value of the
+        state that predicts the token after it, as the policy's logits there."""
+        return self.model(**inputs)
 
     def set_lr_scale(self, scale: float) -> None:
         for group in self.optimizer.param_groups:

@@ -161,6 +161,16 @@ def at_sampling_temperature(
     )
 
 
+def _prompt_sharing_hidden(config: Config, policy: torch.nn.Module, critic) -> int:
+    """The hidden size that lets micro-batches share prompts (``batching``), or 0: sharing
+    needs a 4-D attention mask, which eager and SDPA attention take and flash kernels do not."""
+    model_config = getattr(policy, "config", None)
+    attention = getattr(model_config, "_attn_implementation", None)
+    if not config.learner.share_prompts or attention not in ("eager", "sdpa"):
+        return 0
+    return int(model_config.hidden_size)
+
+
 class TrainStep:
     """Turns a rank's groups into optimizer updates of ``policy`` (and the critic).
 
@@ -185,6 +195,7 @@ class TrainStep:
         self.ref_model, self.critic = ref_model, critic
         self.kl_controller = kl_controller or kl_lib.FixedController(0.0)
         self.skipped_steps = 0
+        self.share_prompts_hidden = _prompt_sharing_hidden(config, policy, critic)
 
     # ------------------------------------------------------------------ the step
 
@@ -255,7 +266,12 @@ class TrainStep:
         for part, plan, n in zip(parts, plans, lengths, strict=True):
             minis.append(
                 build_micro_batches(
-                    part, lc.micro_batch_size, self.pad_id, plan=plan, first_row=first_row
+                    part,
+                    lc.micro_batch_size,
+                    self.pad_id,
+                    plan=plan,
+                    first_row=first_row,
+                    share_prompts_hidden=self.share_prompts_hidden,
                 )
             )
             first_row += len(n)
@@ -450,16 +466,13 @@ class TrainStep:
     def _logprobs(
         self, model: torch.nn.Module, batch: MicroBatch
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits [B, T, V], logprobs [B, T]) over the batch's window; the logprobs at each
-        response's sampling temperature, the logits unscaled. No attention mask: right padding
-        (``batching``)."""
-        ids = batch.input_ids.to(self.device)
-        logits = model(input_ids=ids, logits_to_keep=batch.keep).logits[:, :-1]
-        targets = batch.targets.to(self.device)
-        return logits, at_sampling_temperature(losses.token_logprobs, batch, logits, targets)
+        """(logits [B, T, V], logprobs [B, T]) of each response token; the logprobs at each
+        response's sampling temperature, the logits unscaled (layouts: ``batching``)."""
+        logits = batch.gather(model(**batch.model_inputs(), logits_to_keep=batch.keep).logits)
+        return logits, at_sampling_temperature(losses.token_logprobs, batch, logits, batch.targets)
 
     def _values(self, batch: MicroBatch) -> torch.Tensor:
-        return self.critic.values(batch.input_ids.to(self.device))[:, batch.start :]
+        return batch.gather(self.critic.values(batch.model_inputs())[:, batch.start :])
 
     def _mismatch(
         self, batch: MicroBatch, learner: torch.Tensor, version: int, metrics: StepMetrics

@@ -20,36 +20,62 @@ from streamrl.workers.batching import build_micro_batches
 from streamrl.workers.learner import Learner
 
 
-def test_micro_batches_match_a_per_token_reference() -> None:
-    """``build_micro_batches`` (vectorised, from the raw bytes) equals the obvious loop over
-    Python lists: right padding, the window from the first response target on, behaviour
-    logprobs (float32) and token versions."""
-    groups = random_groups(3, 4, seed=7)
+def _reference(chunk: list) -> dict[str, torch.Tensor]:
+    """The response-aligned tensors of ``chunk`` by the obvious loop over Python lists."""
+    longest = max(t.num_response_tokens for t in chunk)
+    out = {
+        "targets": torch.zeros((len(chunk), longest), dtype=torch.long),
+        "mask": torch.zeros((len(chunk), longest)),
+        "behavior": torch.zeros((len(chunk), longest)),
+        "versions": torch.full((len(chunk), longest), -1, dtype=torch.long),
+    }
+    for i, t in enumerate(chunk):
+        r = t.num_response_tokens
+        out["targets"][i, :r] = torch.tensor(t.response_list())
+        out["mask"][i, :r] = 1.0
+        out["behavior"][i, :r] = torch.tensor(t.logprob_list())
+        out["versions"][i, :r] = torch.tensor(t.version_list(), dtype=torch.long)
+    return out
+
+
+def _context(batch, b: int, j: int) -> tuple[list[int], list[int]]:
+    """(tokens, positions) that the column predicting response token ``j`` of trajectory
+    ``b`` attends to, in column order: what the model conditions that prediction on."""
+    s = int(batch.source[b])
+    column = batch.start + int(batch.columns[b, j])
+    ids = batch.input_ids[s]
+    if batch.attention is None:  # causal over one trajectory per sequence
+        return ids[: column + 1].tolist(), list(range(column + 1))
+    seen = batch.attention[s, column].nonzero().flatten()
+    return ids[seen].tolist(), batch.positions[s, seen].tolist()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_micro_batches_condition_each_token_on_exactly_its_sampled_context(shared: bool) -> None:
+    """``build_micro_batches`` (vectorised, from the raw bytes), in either layout: per-token
+    tensors equal the obvious loop's, and the column that predicts response token j of a
+    trajectory sees exactly its prompt and its first j response tokens, at positions 0, 1, ...
+    (the context the generator sampled it in), and the next token is the target."""
+    groups = random_groups(3, 4, seed=7, shared_prompt=shared)
     empty = groups[0].trajectories[2]
     empty.response_ids = empty.behavior_logprobs = empty.token_versions = b""
-    batches = build_micro_batches(groups, size=5, pad_id=0)
+    batches = build_micro_batches(groups, size=5, pad_id=0, share_prompts_hidden=64 * shared)
     trajectories = [t for g in groups for t in g.trajectories]
     assert [len(b) for b in batches] == [5, 5, 2]
+    assert [b.shares_prompts for b in batches] == [shared] * 3
     for n, batch in enumerate(batches):
         chunk = trajectories[5 * n : 5 * n + 5]
-        width = max(t.num_prompt_tokens + t.num_response_tokens for t in chunk)
-        start = min(t.num_prompt_tokens for t in chunk) - 1
-        ids = torch.zeros((len(chunk), width), dtype=torch.long)
-        mask = torch.zeros((len(chunk), width - 1))
-        behavior = torch.zeros((len(chunk), width - 1))
-        versions = torch.full((len(chunk), width - 1), -1, dtype=torch.long)
-        for i, t in enumerate(chunk):
-            prompt, response = t.prompt_list(), t.response_list()
-            p, r = len(prompt), len(response)
-            ids[i, : p + r] = torch.tensor(prompt + response)
-            mask[i, p - 1 : p - 1 + r] = 1.0
-            behavior[i, p - 1 : p - 1 + r] = torch.tensor(t.logprob_list())
-            versions[i, p - 1 : p - 1 + r] = torch.tensor(t.version_list(), dtype=torch.long)
-        assert batch.start == start and batch.keep == width - start
-        assert torch.equal(batch.input_ids, ids) and torch.equal(batch.targets, ids[:, start + 1 :])
-        assert torch.equal(batch.mask, mask[:, start:])
-        assert torch.equal(batch.behavior, behavior[:, start:])
-        assert torch.equal(batch.versions, versions[:, start:])
+        for name, expected in _reference(chunk).items():
+            assert torch.equal(getattr(batch, name), expected), name
+        assert batch.keep == batch.input_ids.shape[1] - batch.start
+        assert batch.start == min(t.num_prompt_tokens for t in chunk) - 1
+        for b, t in enumerate(chunk):
+            for j in range(t.num_response_tokens):
+                tokens, positions = _context(batch, b, j)
+                assert tokens == t.prompt_list() + t.response_list()[:j]
+                assert positions == list(range(t.num_prompt_tokens + j))
+    if shared:  # each group's prompt is held once per micro-batch it appears in
+        assert [len(b.input_ids) for b in batches] == [2, 2, 1]
 
 
 @pytest.fixture(scope="module")

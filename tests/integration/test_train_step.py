@@ -29,7 +29,7 @@ from streamrl.config import Config, load_config
 from streamrl.models import TINY, load_causal_lm, load_tokenizer, resolve_model
 from streamrl.protocol import Trajectory, TrajectoryGroup
 from streamrl.transport import free_port
-from streamrl.workers.batching import micro_batch_rows
+from streamrl.workers.batching import build_micro_batches, micro_batch_rows
 from streamrl.workers.engines.base import SamplingParams
 from streamrl.workers.engines.hf import HFEngine
 from streamrl.workers.learner import build_train_step, rendezvous
@@ -42,7 +42,7 @@ AGGREGATIONS = [
     "seq-mean-token-sum-norm",
 ]
 CPU = torch.device("cpu")
-TWO_RANK_BUDGET = 30  # tokens: 4 micro-batches planned on rank 0, 5 on rank 1
+TWO_RANK_BUDGET = 36  # tokens: 4 micro-batches planned on rank 0, 3 on rank 1
 
 
 class GradRecorder(torch.optim.Optimizer):
@@ -110,7 +110,7 @@ def _recorded_grads(config: Config, model_dir: Path, world_size: int, rank: int)
     _perturb(step.critic.model.head, 0.05, seed=2)  # a head that passes gradient back
     step.optimizer = GradRecorder(step.policy.parameters())
     step.critic.optimizer = GradRecorder(step.critic.model.parameters())
-    groups = random_groups(4, 4, seed=3)
+    groups = random_groups(4, 4, seed=3, shared_prompt=True)
     share = len(groups) // world_size
     metrics = step(groups[rank * share : (rank + 1) * share], version=0)
     assert all(math.isfinite(v) for v in metrics.values()), metrics
@@ -178,7 +178,11 @@ def test_gradients_do_not_depend_on_the_split(agg: str, model_dir: Path, two_ran
         }
     finally:
         dist.destroy_process_group()
-    reference = by_size[8]
+    reference = by_size[8]  # shared-prompt layout; micro-batches of 1 are plain
+    layouts = build_micro_batches(
+        random_groups(4, 4, seed=3, shared_prompt=True), 8, 0, share_prompts_hidden=64
+    )
+    assert all(b.shares_prompts for b in layouts)
     assert reference["policy"].norm() > 0 and reference["critic"].norm() > 0
     for name in ("policy", "critic"):
         for size in (1, 2):
@@ -190,7 +194,7 @@ def test_gradients_do_not_depend_on_the_split(agg: str, model_dir: Path, two_ran
             err = _relative_error(grads[name], reference[name])
             assert err <= 1e-5, f"{name} grads, {tokens}-token micro-batches: error {err:.2e}"
     if agg == "token-mean":
-        groups = random_groups(4, 4, seed=3)
+        groups = random_groups(4, 4, seed=3, shared_prompt=True)
         planned = [
             len(
                 micro_batch_rows(
@@ -211,9 +215,10 @@ def test_gradients_do_not_depend_on_the_split(agg: str, model_dir: Path, two_ran
             assert err <= 1e-5, f"{name} grads, 2 ranks with a token budget: error {err:.2e}"
 
 
-def _engine_groups(model_dir: Path) -> tuple[list[TrajectoryGroup], int]:
+def _engine_groups(model_dir: Path, shared: bool = False) -> tuple[list[TrajectoryGroup], int]:
     """Two groups sampled by the fp32 HF engine at temperatures 0.7 and 1.3, from prompts
-    that hold the pad id in the middle (a mask built from ids would hide those tokens)."""
+    that hold the pad id in the middle (a mask built from ids would hide those tokens); with
+    ``shared`` a group's four samples share one prompt, as GRPO's do."""
     tokenizer = load_tokenizer(model_dir)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     engine = HFEngine(model_dir, dtype="float32", seed=0)
@@ -224,6 +229,8 @@ def _engine_groups(model_dir: Path) -> tuple[list[TrajectoryGroup], int]:
             [1, *(rng.choice([pad, rng.randrange(4, 100)]) for _ in range(rng.randrange(3, 9)))]
             for _ in range(4)
         ]
+        if shared:
+            prompts = [max(prompts, key=lambda p: p.count(pad))] * 4
         assert any(pad in p[1:] for p in prompts)
         params = SamplingParams(temperature=temperature, max_new_tokens=12, stop_token_ids=(eos,))
         trajectories = []
@@ -245,13 +252,20 @@ def _engine_groups(model_dir: Path) -> tuple[list[TrajectoryGroup], int]:
     return groups, tokens
 
 
-def test_learner_logprobs_equal_the_engines_behaviour_logprobs(model_dir: Path) -> None:
-    groups, tokens = _engine_groups(model_dir)
+@pytest.mark.parametrize("shared", [False, True])
+def test_learner_logprobs_equal_the_engines_behaviour_logprobs(
+    model_dir: Path, shared: bool
+) -> None:
+    """Also in the shared-prompt layout: one sequence per group, each response seeing only
+    the prompt and itself, at the positions it was sampled at."""
+    groups, tokens = _engine_groups(model_dir, shared)
     _process_group()
     try:
         step = build_train_step(
             _config("learner.groups_per_step=2", "learner.micro_batch_size=8"), model_dir, CPU, 1
         )
+        (batch,) = step._micro_batches([groups])[0]
+        assert batch.shares_prompts == shared and len(batch.input_ids) == (2 if shared else 8)
         metrics = step(groups, version=0)
     finally:
         dist.destroy_process_group()
