@@ -78,6 +78,13 @@ class DataConfig(_Section):
     system_prompt: str = "Answer with the number only."
     # The user message of an arithmetic question; `{a}`, `{op}` and `{b}` are filled in.
     question_template: str = "What is {a} {op} {b}?"
+    # More wordings for training: each training question is worded by one of
+    # [question_template, *question_templates], drawn from its seed, and asked without the
+    # system prompt with probability `no_system_prompt_share`, so that a run learns the task
+    # rather than one prompt's answer format. Evaluation keeps question_template with the
+    # system prompt, and asks eval.unseen_phrasing (never trained on) beside it.
+    question_templates: list[str] = msgspec.field(default_factory=list)
+    no_system_prompt_share: float = 0.0
     max_prompt_tokens: int = 128
     # One arithmetic question in this many is held out for evaluation and never trained on
     # (0: none held out).
@@ -369,6 +376,20 @@ def _finalize(config: Config) -> Config:
         (
             _fields_of(config.data.question_template) == {"a", "op", "b"},
             "data.question_template must use exactly the fields {a}, {op} and {b}",
+        ),
+        (
+            all(_fields_of(t) == {"a", "op", "b"} for t in config.data.question_templates),
+            "every data.question_templates entry must use exactly the fields {a}, {op} and {b}",
+        ),
+        (
+            0.0 <= config.data.no_system_prompt_share <= 1.0,
+            "data.no_system_prompt_share must be in [0, 1]",
+        ),
+        (
+            config.eval.unseen_phrasing
+            not in (config.data.question_template, *config.data.question_templates),
+            "eval.unseen_phrasing must be a wording training never uses (it is one of "
+            "data.question_template / data.question_templates)",
         ),
         (
             not config.eval.unseen_phrasing

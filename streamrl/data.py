@@ -51,10 +51,15 @@ def arithmetic_question(
     phrasing: tuple[str, str] | None = None,
 ) -> Prompt:
     """Question ``index`` of the seeded stream, e.g. ``What is 7 + 12?`` with ground truth
-    ``19`` (``data.question_template`` words it). ``split="train"`` never yields a held-out
-    question (``data.holdout_every``) and ``split="eval"`` yields only those, so evaluation
-    measures questions training never saw. ``phrasing``: (template, system prompt; "" for
-    none) instead of the data config's, for the same question."""
+    ``19``. ``split="train"`` never yields a held-out question (``data.holdout_every``) and
+    ``split="eval"`` yields only those, so evaluation measures questions training never saw.
+
+    Wording: a training question draws its template from ``data.question_template`` and
+    ``data.question_templates`` and drops the system prompt with probability
+    ``data.no_system_prompt_share`` (both from the question's own seed, after its numbers,
+    so the numbers do not depend on the wordings); an eval question keeps
+    ``question_template`` with the system prompt. ``phrasing``: (template, system prompt;
+    "" for none) instead, for the same question."""
     rng = random.Random(f"{seed}:{index}")
     while True:
         a, b = rng.randint(0, config.max_operand), rng.randint(0, config.max_operand)
@@ -62,7 +67,12 @@ def arithmetic_question(
         if is_held_out(a, op, b, config.holdout_every) == (split == "eval"):
             break
     answer = {"+": a + b, "-": a - b, "*": a * b}[op]
-    template, system = phrasing or (config.question_template, config.system_prompt)
+    template, system = config.question_template, config.system_prompt
+    if split == "train" and config.question_templates:
+        template = rng.choice([config.question_template, *config.question_templates])
+    if split == "train" and config.no_system_prompt_share > 0:
+        system = "" if rng.random() < config.no_system_prompt_share else system
+    template, system = phrasing or (template, system)
     messages = []
     if system:
         messages.append({"role": "system", "content": system})

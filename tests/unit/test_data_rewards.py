@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamrl.config import ConfigError, DataConfig, RewardSpec, load_config
-from streamrl.data import DataError, load_prompt_file, prompt_source
+from streamrl.data import DataError, arithmetic_question, load_prompt_file, prompt_source
 from streamrl.rewards import CombinedReward, RewardInput, resolve_reward
 
 
@@ -100,6 +100,34 @@ def test_question_template_words_the_question() -> None:
     p = next(prompt_source(config, 1, 0, 1))
     a_, op, b_, _, _ = p.messages[-1]["content"].split()
     assert str(eval(f"{a_}{op}{b_}")) == p.ground_truth  # noqa: S307 - our own digits
+
+
+def test_training_questions_vary_their_wording_and_eval_questions_do_not() -> None:
+    """Training draws each question's wording from the templates and drops the system
+    prompt for about the configured share; the numbers are those of the one-template stream;
+    the held-out split keeps the first template with the system prompt."""
+    plain = DataConfig()
+    varied = DataConfig(
+        question_templates=["{a} {op} {b} = ?", "Calculate {a} {op} {b}."],
+        no_system_prompt_share=0.5,
+    )
+    wordings, without_system = set(), 0
+    for i in range(400):
+        p, q = arithmetic_question(plain, 3, i), arithmetic_question(varied, 3, i)
+        assert (p.ground_truth, p.prompt_id) == (q.ground_truth, q.prompt_id)
+        user = q.messages[-1]["content"]
+        wordings.add(user.split()[0] if user[0].isalpha() else "=")
+        without_system += len(q.messages) == 1
+    assert wordings == {"What", "=", "Calculate"}
+    assert 150 < without_system < 250
+    for i in range(50):
+        e = arithmetic_question(varied, 3, i, split="eval")
+        assert e.messages[0]["role"] == "system" and e.messages[-1]["content"].startswith("What")
+
+
+def test_the_unseen_phrasing_must_not_be_trained_on() -> None:
+    with pytest.raises(ConfigError, match="unseen_phrasing"):
+        load_config(None, ["data.question_templates=['Compute {a} {op} {b}.']"])
 
 
 @pytest.mark.parametrize("template", ["What is {a} + {b}?", "{a} {op} {b} {c}", "{a {op} {b}"])
