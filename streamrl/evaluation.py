@@ -11,6 +11,11 @@ training never draws, ``data.holdout_every``) or a verl-layout Parquet/JSONL fil
   on the first non-empty line must equal the ground truth (``eval/exact_match``). For a
   non-numeric ground truth, the stripped first line must equal it.
 
+``eval/completed`` counts a response only if it is exact *and* ended on its own (a stop
+token, not the token limit): raw reward and exact match credit an answer whose first line is
+right even when the model would have gone on, and a run that learns to answer and stop is the
+one to trust (marin's async RL study, 2026).
+
 With ``samples > 1``, ``eval/pass_at_k`` is the share of prompts with at least one exact
 answer among their ``k = samples`` responses. In a run, generator 0 evaluates between its
 generation calls on the version the controller names (or newer: ``eval/version`` says which);
@@ -81,16 +86,19 @@ class EvalResult(msgspec.Struct):
 
 
 def score(
-    config: Config, prompts: list[Prompt], responses: list[tuple[str, list[int]]], version: int
+    config: Config,
+    prompts: list[Prompt],
+    responses: list[tuple[str, list[int], str]],
+    version: int,
 ) -> EvalResult:
-    """Score ``responses`` (text and token ids; ``eval.samples`` per prompt, in prompt order)
-    by the run's verifiers and by ``first_line_answer``; ``version``: the weights that wrote
-    them."""
+    """Score ``responses`` (text, token ids and finish reason; ``eval.samples`` per prompt,
+    in prompt order) by the run's verifiers and by ``first_line_answer``; ``version``: the
+    weights that wrote them."""
     from streamrl.rewards import CombinedReward, RewardInput
 
     reward = CombinedReward(config.rewards)
     samples = []
-    for i, (text, response_ids) in enumerate(responses):
+    for i, (text, response_ids, finish_reason) in enumerate(responses):
         prompt = prompts[i // config.eval.samples]
         value = reward(RewardInput(text, response_ids, prompt.ground_truth, prompt.data_source))
         samples.append(
@@ -100,6 +108,7 @@ def score(
                 "ground_truth": prompt.ground_truth,
                 "reward": value,
                 "exact": first_line_answer(text, prompt.ground_truth),
+                "stopped": finish_reason == "stop",
             }
         )
     return EvalResult(version, _figures(samples, config, len(prompts), version), samples)
@@ -113,6 +122,7 @@ def _figures(samples: list[dict[str, Any]], config: Config, prompts: int, versio
         "eval/reward_mean": sum(s["reward"] for s in samples) / n,
         "eval/accuracy": sum(s["reward"] >= top_reward - 1e-9 for s in samples) / n,
         "eval/exact_match": sum(s["exact"] for s in samples) / n,
+        "eval/completed": sum(s["exact"] and s["stopped"] for s in samples) / n,
         "eval/prompts": float(prompts),
         "eval/version": float(version),
     }
@@ -124,7 +134,13 @@ def _figures(samples: list[dict[str, Any]], config: Config, prompts: int, versio
 
 def format_table(rows: dict[str, dict[str, float]]) -> str:
     """One table: a row per evaluated model, a column per figure."""
-    keys = ["eval/exact_match", "eval/accuracy", "eval/reward_mean", "eval/prompts"]
+    keys = [
+        "eval/exact_match",
+        "eval/completed",
+        "eval/accuracy",
+        "eval/reward_mean",
+        "eval/prompts",
+    ]
     if any("eval/pass_at_k" in m for m in rows.values()):
         keys.append("eval/pass_at_k")
     if any(UNSEEN + "exact_match" in m for m in rows.values()):

@@ -87,6 +87,7 @@ class MetricsLog:
                 self.wandb.log({"step": requested, **metrics})
         text = (
             f"eval v{version:>3} | exact {metrics.get('eval/exact_match', 0.0):.3f} "
+            f"| completed {metrics.get('eval/completed', 0.0):.3f} "
             f"| accuracy {metrics.get('eval/accuracy', 0.0):.3f} "
             f"| reward {metrics.get('eval/reward_mean', 0.0):.3f} "
             f"| {metrics.get('eval/prompts', 0):.0f} prompts"

@@ -40,7 +40,11 @@ def evaluate(
     batch = [prompt_ids for prompt_ids in ids for _ in range(ev.samples)]
     outputs = engine.generate(batch, params)
     responses = [
-        (tokenizer.decode(out.response_ids, skip_special_tokens=True), out.response_ids)
+        (
+            tokenizer.decode(out.response_ids, skip_special_tokens=True),
+            out.response_ids,
+            out.finish_reason,
+        )
         for out in outputs
     ]
     return score(config, prompts, responses, engine.version)

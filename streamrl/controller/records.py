@@ -14,6 +14,7 @@ from streamrl.protocol import EvalReport, GeneratorActivity, LearnerStep
 
 OUTCOME_KEYS = (
     "eval/exact_match",
+    "eval/completed",
     "eval/accuracy",
     "eval/reward_mean",
     "eval/unseen_phrasing/exact_match",  # when the first and last evaluations both asked it

@@ -8,7 +8,7 @@ import pytest
 
 from streamrl.config import ConfigError, load_config
 from streamrl.data import arithmetic_prompts, is_held_out
-from streamrl.evaluation import eval_prompts, first_line_answer, format_table
+from streamrl.evaluation import eval_prompts, first_line_answer, format_table, score
 
 
 @pytest.mark.parametrize(
@@ -85,3 +85,18 @@ def test_the_unseen_phrasing_asks_the_same_held_out_questions_in_another_wording
         load_config(None, ["eval.unseen_phrasing=Add {a} and {b}"])
     table = format_table({"m": {"eval/exact_match": 0.5, UNSEEN + "exact_match": 0.25}})
     assert "unseen_exact" in table.splitlines()[0] and "0.250" in table
+
+
+def test_completed_counts_only_exact_answers_that_stopped_on_their_own() -> None:
+    """A right first line cut off by the token limit is exact but not completed."""
+    config = load_config(None, ["eval.max_prompts=4"])
+    prompts = eval_prompts(config)[:3]
+    truth = [p.ground_truth for p in prompts]
+    responses = [
+        (truth[0], [1], "stop"),  # right, stopped: completed
+        (f"{truth[1]}\nand then some", [1, 2], "length"),  # right first line, cut off
+        ("no idea", [3], "stop"),  # stopped, wrong
+    ]
+    metrics = score(config, prompts, responses, version=0).metrics
+    assert metrics["eval/exact_match"] == pytest.approx(2 / 3)
+    assert metrics["eval/completed"] == pytest.approx(1 / 3)
