@@ -55,7 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", type=Path, help="write simulation.json here")
 
     sub.add_parser(
-        "quality", help="held-out accuracy, sync vs async at equal samples", add_help=False
+        "quality",
+        help="held-out accuracy per arm (sync, async at each η, ...) over seeds",
+        add_help=False,
     )
     return parser
 
@@ -65,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["quality"]:
         from streamrl.bench.quality import main as quality
 
-        quality(argv[1:])
-        return 0
+        return quality(argv[1:])
     args = _parser().parse_args(argv)
     if args.bench == "throughput":
         from streamrl.bench.throughput import BenchError, bench_throughput

@@ -1,0 +1,234 @@
+"""One (arm, seed) of ``streamrl bench quality``: what each arm changes, how it is run, and
+the per-run result every arm shares (streamrl's and the TRL peer's alike, so one code path
+aggregates them all).
+
+A run's result (``<out>/<arm>/seed-<s>/result.json``, written only once the run has
+finished, which is what makes a rerun skip it)::
+
+    {"wall_s": float, "steps": int,
+     "curve": [{"samples", "seconds", "exact", "completed", "reward_mean"}, ...],
+     "train_reward": [[samples, reward], ...], "arm": str, "seed": int, "cpu": str, ...}
+
+``seconds`` count from the start of the run's process (model load and setup included), so
+an arm's wall clock is what a user waits for. A run that fails leaves ``failed.json`` (one
+line of why) instead; a rerun tries it again.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from streamrl.config import Config, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
+TRL_SCRIPT = ROOT / "benchmarks" / "trl_peer.py"
+PEER_ARMS = ("trl",)
+
+# Each arm's own keys. η is buffer.max_staleness; the async arms keep the config's default
+# off-policy correction unless they say otherwise.
+ARMS: dict[str, list[str]] = {
+    "sync": ["run.mode=sync"],
+    "async-eta1": ["run.mode=async", "buffer.max_staleness=1"],
+    "async-eta2": ["run.mode=async", "buffer.max_staleness=2"],
+    "async-eta4": ["run.mode=async", "buffer.max_staleness=4"],
+    "async-eta1-nocorr": [
+        "run.mode=async",
+        "buffer.max_staleness=1",
+        "algorithm.correction=none",
+        "algorithm.allow_uncorrected=true",
+    ],
+    # Dynamic sampling's refill off: what a peer without it (TRL's GRPOTrainer) trains on.
+    "async-eta1-nodrop": [
+        "run.mode=async",
+        "buffer.max_staleness=1",
+        "buffer.drop_zero_variance=false",
+    ],
+}
+DEFAULT_ARMS = ["sync", "async-eta1", "async-eta2", "async-eta4", "async-eta1-nocorr"]
+CURVE_KEYS = ("samples", "seconds", "exact", "completed", "reward_mean")
+
+
+class QualityError(RuntimeError):
+    """A bench that cannot run, or one run that failed; the message is one line."""
+
+
+def run_dir(out: Path, arm: str, seed: int) -> Path:
+    """Where one (arm, seed) keeps its result, log and the run itself."""
+    return out / arm / f"seed-{seed}"
+
+
+def arm_overrides(arm: str, seed: int, out: Path, user: list[str]) -> list[str]:
+    """The overrides of one streamrl run: the user's first, then the arm's keys and the
+    bench's own (seed, run directory), which win, so an arm is always what its name says."""
+    if arm not in ARMS:
+        raise QualityError(f"unknown arm {arm!r}: choose from {', '.join([*ARMS, *PEER_ARMS])}")
+    where = run_dir(out, arm, seed)
+    return [
+        *user,
+        *ARMS[arm],
+        f"run.seed={seed}",
+        f"run.output_dir={where}",
+        "run.name=run",
+        "run.overwrite=true",  # an unfinished run left by an earlier bench starts again
+        "logging.progress=false",
+    ]
+
+
+def check_config(config_path: str, arm: str, user: list[str], out: Path) -> Config:
+    """Load the config as the arm would run it, so a bad override or a config that
+    evaluates nothing stops the bench before hours of runs, not after."""
+    arm_keys = ARMS["sync"] if arm in PEER_ARMS else ARMS[arm]
+    config = load_config(config_path, [*user, *arm_keys])
+    if config.eval.every <= 0:
+        raise QualityError(
+            "the config evaluates nothing during the run (eval.every = 0): set eval.every, "
+            "e.g. eval.every=10"
+        )
+    return config
+
+
+def load_result(path: Path) -> dict[str, Any]:
+    """A stored per-run result, checked for the shared shape (a peer may write it)."""
+    try:
+        result = json.loads(path.read_text())
+        curve = result["curve"]
+        float(result["wall_s"])
+        int(result["steps"])
+        for point in curve:
+            for key in CURVE_KEYS:
+                float(point[key])
+        for samples, reward in result.get("train_reward", []):
+            float(samples), float(reward)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise QualityError(f"{path} is not a quality result: {exc!r}") from None
+    if not curve:
+        raise QualityError(f"{path} holds no eval point")
+    result.setdefault("train_reward", [])
+    return result
+
+
+def curve_from_metrics(
+    records: list[dict[str, Any]], samples_per_step: int, started: float
+) -> tuple[list[dict[str, float]], list[list[float]]]:
+    """A run's eval curve and raw train reward from its metrics.jsonl records: samples are
+    learner versions x samples per step, seconds count from ``started``."""
+    curve = [
+        {
+            "samples": float(e["eval/version"]) * samples_per_step,
+            "seconds": e["time"] - started,
+            "exact": e["eval/exact_match"],
+            "completed": e["eval/completed"],
+            "reward_mean": e["eval/reward_mean"],
+        }
+        for e in records
+        if e.get("event") == "eval"
+    ]
+    curve.sort(key=lambda p: (p["seconds"], p["samples"]))
+    reward = [
+        [float(r["step"]) * samples_per_step, r["reward/mean"]]
+        for r in records
+        if "step" in r and r.get("reward/mean") is not None
+    ]
+    return curve, reward
+
+
+def _machine() -> dict[str, str]:
+    import torch
+
+    from streamrl.hardware import cpu_description
+
+    return {"cpu": cpu_description(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def _launch(command: list[str], log_path: Path) -> int:
+    with open(log_path, "w") as log:
+        return subprocess.run(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL).returncode
+
+
+def run_streamrl(config_path: str, arm: str, seed: int, out: Path, user: list[str]) -> dict:
+    """Train one (arm, seed) with ``streamrl launch`` in a child process (console in
+    ``launch.log``) and read its curve from the run's metrics.jsonl."""
+    overrides = arm_overrides(arm, seed, out, user)
+    config = load_config(config_path, overrides)
+    where = run_dir(out, arm, seed)
+    where.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "streamrl.cli", "launch", config_path, *overrides]
+    started = time.time()
+    if _launch(command, where / "launch.log") != 0:
+        raise QualityError(f"{arm} seed {seed} failed: see {where / 'launch.log'}")
+    run = where / "run"
+    try:
+        summary = json.loads((run / "summary.json").read_text())
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        samples_per_step = config.learner.groups_per_step * config.generator.group_size
+        curve, reward = curve_from_metrics(
+            [json.loads(line) for line in lines], samples_per_step, started
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise QualityError(f"{arm} seed {seed}: cannot read its run {run}: {exc!r}") from None
+    if not curve:
+        raise QualityError(f"{arm} seed {seed}: its run logged no eval event ({run})")
+    return {
+        "wall_s": summary["wall_time_s"],
+        "steps": summary["version"],
+        "curve": curve,
+        "train_reward": reward,
+    }
+
+
+def run_peer(config_path: str, arm: str, seed: int, out: Path, user: list[str]) -> dict:
+    """One seed of a peer (TRL's GRPOTrainer on the same recipe, ``benchmarks/trl_peer.py``
+    in its own venv); it writes the shared result shape itself."""
+    if not TRL_PYTHON.exists():
+        raise QualityError(f"no {TRL_PYTHON}: run ./scripts/trl_venv.sh first")
+    if not TRL_SCRIPT.exists():
+        raise QualityError(f"no {TRL_SCRIPT}: the TRL peer is not in this checkout")
+    where = run_dir(out, arm, seed)
+    peer_out = where / "peer"
+    peer_out.mkdir(parents=True, exist_ok=True)
+    (peer_out / "result.json").unlink(missing_ok=True)
+    command = [str(TRL_PYTHON), str(TRL_SCRIPT), "--config", config_path, "--seed", str(seed)]
+    if _launch([*command, "--out", str(peer_out), *user], where / "launch.log") != 0:
+        raise QualityError(f"{arm} seed {seed} failed: see {where / 'launch.log'}")
+    return load_result(peer_out / "result.json")
+
+
+def run_one(config_path: str, arm: str, seed: int, out: Path, user: list[str]) -> dict:
+    """Run one (arm, seed) to completion and store its result (or why it failed): the
+    result file is the mark a rerun skips on."""
+    where = run_dir(out, arm, seed)
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "failed.json").unlink(missing_ok=True)
+    runner = run_peer if arm in PEER_ARMS else run_streamrl
+    try:
+        result = runner(config_path, arm, seed, out, user)
+    except QualityError as exc:
+        failure = {"arm": arm, "seed": seed, "error": str(exc)}
+        (where / "failed.json").write_text(json.dumps(failure))
+        raise
+    result.update(arm=arm, seed=seed, **_machine())
+    (where / "result.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def stored(out: Path, arm: str, seed: int) -> dict[str, Any] | None:
+    """The finished result of (arm, seed), ``{"failed": why}`` for a failed one, or None when
+    it has not run (or did not finish)."""
+    where = run_dir(out, arm, seed)
+    if (where / "result.json").exists():
+        try:
+            return load_result(where / "result.json")
+        except QualityError as exc:
+            return {"failed": str(exc)}
+    if (where / "failed.json").exists():
+        try:
+            return {"failed": json.loads((where / "failed.json").read_text())["error"]}
+        except (OSError, ValueError, KeyError):
+            return {"failed": f"see {where}"}
+    return None

@@ -1,0 +1,171 @@
+"""The figures of ``streamrl bench quality`` from per-run results (``quality_runs``' shape):
+time to a target held-out accuracy, the metric at equal samples and at equal wall time, and
+each arm's median and range over seeds.
+
+Values between evaluations are read step-wise (the last eval at or before the point): the
+model is only known where it was evaluated, and interpolating would credit a run with an
+accuracy it had not shown yet. A seed that never reaches the target counts as later than
+any that did, so an arm's median time is "not reached" when most of its seeds missed.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+INF = math.inf
+METRICS = ("completed", "exact", "reward_mean")
+
+
+def time_to_target(curve: list[dict[str, float]], metric: str, target: float) -> dict | None:
+    """The first eval (in wall time) whose ``metric`` is at least ``target``:
+    ``{"seconds", "samples"}``, or None if the run never got there."""
+    for point in sorted(curve, key=lambda p: p["seconds"]):
+        if point[metric] >= target:
+            return {"seconds": point["seconds"], "samples": point["samples"]}
+    return None
+
+
+def value_at(curve: list[dict[str, float]], axis: str, x: float, metric: str) -> float | None:
+    """``metric`` of the last eval at or before ``x`` on ``axis`` (``samples`` or
+    ``seconds``); None before the first eval."""
+    value = None
+    for point in sorted(curve, key=lambda p: p[axis]):
+        if point[axis] > x:
+            break
+        value = point[metric]
+    return value
+
+
+def spread(values: list[float]) -> dict[str, float | None]:
+    """Median, min and max (None for an empty list; infinities stay, as "not reached")."""
+    if not values:
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _finite(stats: dict[str, float | None]) -> dict[str, float | None]:
+    """JSON has no infinity: a "not reached" bound is written as None."""
+    return {k: (None if v is not None and math.isinf(v) else v) for k, v in stats.items()}
+
+
+def _known(runs: list[dict], axis: str, x: float, metric: str) -> list[float]:
+    """``metric`` at ``x`` of each run that had been evaluated by then."""
+    values = (value_at(r["curve"], axis, x, metric) for r in runs)
+    return [v for v in values if v is not None]
+
+
+def _band(runs: list[dict], axis: str, grid: list[float], metric: str) -> list[dict]:
+    """Median and range over seeds at each grid point; a point some seed has no eval for
+    yet is left out (the band would mix different sets of seeds)."""
+    band = []
+    for x in grid:
+        values = [value_at(r["curve"], axis, x, metric) for r in runs]
+        if all(v is not None for v in values):
+            band.append({axis: x, **spread(values)})
+    return band
+
+
+def aggregate(
+    results: dict[str, dict[int, dict[str, Any] | None]],
+    metric: str,
+    target: float,
+    time_points: int = 40,
+) -> dict[str, Any]:
+    """Per arm over its finished seeds: the final figures at equal samples (the fewest samples
+    any finished run trained, normally every run's last eval), the metric at equal wall time
+    (at the end of the fastest run, and on a grid up to the slowest), time to target, and
+    the median curves with their ranges for the plots."""
+    ok = {
+        arm: [r for r in by_seed.values() if r is not None and "failed" not in r]
+        for arm, by_seed in results.items()
+    }
+    finished = [r for runs in ok.values() for r in runs]
+    if not finished:
+        return {"equal_samples": None, "equal_time": None, "arms": {}}
+    at_samples = min(max(p["samples"] for p in r["curve"]) for r in finished)
+    at_time = min(max(p["seconds"] for p in r["curve"]) for r in finished)
+    end_time = max(max(p["seconds"] for p in r["curve"]) for r in finished)
+    time_grid = [end_time * i / time_points for i in range(time_points + 1)]
+    arms = {}
+    for arm, by_seed in results.items():
+        runs = ok[arm]
+        failed = {s: r["failed"] for s, r in by_seed.items() if r is not None and "failed" in r}
+        row: dict[str, Any] = {
+            "seeds": len(by_seed),
+            "finished": len(runs),
+            "failed": failed,
+            "pending": [s for s, r in by_seed.items() if r is None],
+        }
+        if runs:
+            hits = [time_to_target(r["curve"], metric, target) for r in runs]
+            sample_grid = sorted({p["samples"] for r in runs for p in r["curve"]})
+            row.update(
+                final={m: spread(_known(runs, "samples", at_samples, m)) for m in METRICS},
+                at_time={m: spread(_known(runs, "seconds", at_time, m)) for m in METRICS},
+                time_to_target={
+                    "reached": sum(h is not None for h in hits),
+                    "seconds": _finite(spread([h["seconds"] if h else INF for h in hits])),
+                    "samples": _finite(spread([h["samples"] if h else INF for h in hits])),
+                },
+                wall_s=spread([r["wall_s"] for r in runs]),
+                by_samples=_band(runs, "samples", sample_grid, metric),
+                by_time=_band(runs, "seconds", time_grid, metric),
+                train_reward=_reward_band(runs),
+            )
+        arms[arm] = row
+    return {"equal_samples": at_samples, "equal_time": at_time, "arms": arms}
+
+
+def _reward_band(runs: list[dict]) -> list[dict]:
+    """The raw train reward's median and range over seeds at each logged sample count."""
+    by_samples: dict[float, list[float]] = {}
+    for r in runs:
+        for samples, reward in r["train_reward"]:
+            by_samples.setdefault(float(samples), []).append(float(reward))
+    return [
+        {"samples": s, **spread(v)} for s, v in sorted(by_samples.items()) if len(v) == len(runs)
+    ]
+
+
+def _pct(stats: dict[str, float | None]) -> str:
+    if stats["median"] is None:
+        return "-"
+    return f"{100 * stats['median']:.1f}% [{100 * stats['min']:.1f}-{100 * stats['max']:.1f}]"
+
+
+def _seconds(ttt: dict[str, Any], seeds: int) -> str:
+    s = ttt["seconds"]
+    if s["median"] is None:
+        return f"not reached ({ttt['reached']}/{seeds})"
+    top = "not reached" if s["max"] is None else f"{s['max']:.0f}"
+    return f"{s['median']:.0f} s [{s['min']:.0f}-{top}] ({ttt['reached']}/{seeds})"
+
+
+def table(summary: dict[str, Any], metric: str, target: float) -> str:
+    """The printed table: one row per arm; figures are median [min-max] over finished seeds."""
+    n, t = summary["equal_samples"], summary["equal_time"]
+    n_text = "-" if n is None else f"{n:.0f}"
+    t_text = "-" if t is None else f"{t:.0f} s"
+    header = (
+        f"{'arm':<18} {'seeds':>5}  {'completed @ ' + n_text + ' samples':<24} "
+        f"{'exact @ ' + n_text + ' samples':<24} {metric + ' @ ' + t_text:<24} "
+        f"{'time to ' + metric + ' >= ' + f'{target:g}':<30} wall s"
+    )
+    lines = [header]
+    for arm, row in summary["arms"].items():
+        seeds = f"{row['finished']}/{row['seeds']}"
+        if not row["finished"]:
+            lines.append(f"{arm:<18} {seeds:>5}  (no finished run)")
+            continue
+        wall = row["wall_s"]
+        lines.append(
+            f"{arm:<18} {seeds:>5}  {_pct(row['final']['completed']):<24} "
+            f"{_pct(row['final']['exact']):<24} {_pct(row['at_time'][metric]):<24} "
+            f"{_seconds(row['time_to_target'], row['finished']):<30} {wall['median']:.0f}"
+        )
+    for arm, row in summary["arms"].items():
+        for seed, why in row["failed"].items():
+            lines.append(f"failed: {arm} seed {seed}: {why}")
+    return "\n".join(lines)
