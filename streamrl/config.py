@@ -71,10 +71,21 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    # `arithmetic` (built-in, procedurally generated) or a path to a .parquet/.jsonl file.
+    # A built-in task, procedurally generated (streamrl.tasks): `arithmetic` (a ± b),
+    # `chain` (a + b - c + d), `countdown` (reach a target from given numbers) or `gsm`
+    # (templated word problems, answer after ####); or a path to a .parquet/.jsonl file.
     source: str = "arithmetic"
+    # Operands of arithmetic and chain are in [0, max_operand], countdown's numbers in
+    # [1, max_operand]; arithmetic and chain draw each operation from `operations`.
     max_operand: int = 20
     operations: list[Literal["+", "-", "*"]] = msgspec.field(default_factory=lambda: ["+", "-"])
+    # chain: operands per question.
+    chain_terms: int = 4
+    # countdown: numbers given per puzzle, and the largest target.
+    countdown_numbers: int = 3
+    countdown_max_target: int = 100
+    # The wording keys below (system_prompt, question_template(s), no_system_prompt_share) are
+    # the arithmetic task's; chain, countdown and gsm word their own questions.
     system_prompt: str = "Answer with the number only."
     # The user message of an arithmetic question; `{a}`, `{op}` and `{b}` are filled in.
     question_template: str = "What is {a} {op} {b}?"
@@ -86,8 +97,8 @@ class DataConfig(_Section):
     question_templates: list[str] = msgspec.field(default_factory=list)
     no_system_prompt_share: float = 0.0
     max_prompt_tokens: int = 128
-    # One arithmetic question in this many is held out for evaluation and never trained on
-    # (0: none held out).
+    # One question of a built-in task in this many (by a hash of the question) is held out
+    # for evaluation and never trained on (0: none held out, and none to evaluate on).
     holdout_every: int = 8
 
 
@@ -249,7 +260,8 @@ class EvalConfig(_Section):
     # the final version; 0 = never during a run. Generator 0 does it between calls.
     every: int = 0
     before_train: bool = True
-    # `arithmetic` (the task's held-out split, data.holdout_every) or a .parquet/.jsonl file.
+    # A built-in task (its held-out split, data.holdout_every; the task's own knobs are
+    # data's) or a .parquet/.jsonl file.
     source: str = "arithmetic"
     seed: int = 10_007
     max_prompts: int = 64
@@ -373,6 +385,19 @@ def _finalize(config: Config) -> Config:
         (config.eval.samples >= 1, "eval.samples must be >= 1"),
         (config.eval.temperature >= 0, "eval.temperature must be >= 0"),
         (config.data.holdout_every >= 0, "data.holdout_every must be >= 0"),
+        (config.data.max_operand >= 1, "data.max_operand must be >= 1"),
+        (len(config.data.operations) >= 1, "data.operations must name at least one operation"),
+        (2 <= config.data.chain_terms <= 12, "data.chain_terms must be in [2, 12]"),
+        (2 <= config.data.countdown_numbers <= 6, "data.countdown_numbers must be in [2, 6]"),
+        (config.data.countdown_max_target >= 1, "data.countdown_max_target must be >= 1"),
+        (
+            # A source without a file suffix names a built-in task (streamrl.tasks).
+            config.eval.every == 0
+            or config.data.holdout_every > 0
+            or Path(config.eval.source).suffix != "",
+            f"eval.source={config.eval.source} has no held-out questions with "
+            "data.holdout_every=0 (hold some out, or set eval.every=0)",
+        ),
         (
             _fields_of(config.data.question_template) == {"a", "op", "b"},
             "data.question_template must use exactly the fields {a}, {op} and {b}",

@@ -1,14 +1,18 @@
 """Prompt sources (docs/design.md §7).
 
 A run has one prompt stream with random access: ``PromptStream(config, seed)[i]`` is prompt
-``i``, the same on every machine (the arithmetic task draws question ``i`` from a generator
-seeded by ``(seed, i)``; a file is cycled through, reshuffled every epoch from ``(seed,
-epoch)``). The controller's admission hands out indices (``controller.admission``), so no two
-generators work on the same prompt however many come and go, and a resumed run continues the
-stream instead of replaying it.
+``i``, the same on every machine (a built-in task, ``streamrl.tasks``, draws question ``i``
+from a generator seeded by ``(seed, i)``; a file is cycled through, reshuffled every epoch
+from ``(seed, epoch)``). The controller's admission hands out indices
+(``controller.admission``), so no two generators work on the same prompt however many come
+and go, and a resumed run continues the stream instead of replaying it.
 
-File layout follows verl: ``prompt`` (chat messages or a string), the answer in
+``data.source`` names a task (``TASKS``: ``arithmetic``, ``chain``, ``countdown``, ``gsm``)
+or a file. File layout follows verl: ``prompt`` (chat messages or a string), the answer in
 ``reward_model.ground_truth`` or ``ground_truth``, and an optional ``data_source``.
+
+``Prompt``, ``DataError`` and the arithmetic task's functions are defined in
+``streamrl.tasks`` and re-exported here.
 """
 
 from __future__ import annotations
@@ -16,86 +20,32 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from streamrl.config import DataConfig
+from streamrl.tasks import TASKS
+from streamrl.tasks.arithmetic import arithmetic_prompts, arithmetic_question, is_held_out
+from streamrl.tasks.base import DataError, Prompt
 
-
-class DataError(ValueError):
-    """A prompt file that cannot be used; the message is one line."""
-
-
-@dataclass(frozen=True)
-class Prompt:
-    prompt_id: str
-    messages: list[dict[str, str]]
-    ground_truth: str
-    data_source: str
-
-
-def is_held_out(a: int, op: str, b: int, every: int) -> bool:
-    """Whether the question ``a op b`` belongs to the evaluation split: one question in
-    ``every`` (0: none), chosen by a hash of the question, the same on every machine."""
-    return every > 0 and zlib.crc32(f"{a}{op}{b}".encode()) % every == 0
-
-
-def arithmetic_question(
-    config: DataConfig,
-    seed: int,
-    index: int,
-    split: str = "train",
-    phrasing: tuple[str, str] | None = None,
-) -> Prompt:
-    """Question ``index`` of the seeded stream, e.g. ``What is 7 + 12?`` with ground truth
-    ``19``. ``split="train"`` never yields a held-out question (``data.holdout_every``) and
-    ``split="eval"`` yields only those, so evaluation measures questions training never saw.
-
-    Wording: a training question draws its template from ``data.question_template`` and
-    ``data.question_templates`` and drops the system prompt with probability
-    ``data.no_system_prompt_share`` (both from the question's own seed, after its numbers,
-    so the numbers do not depend on the wordings); an eval question keeps
-    ``question_template`` with the system prompt. ``phrasing``: (template, system prompt;
-    "" for none) instead, for the same question."""
-    rng = random.Random(f"{seed}:{index}")
-    while True:
-        a, b = rng.randint(0, config.max_operand), rng.randint(0, config.max_operand)
-        op = rng.choice(config.operations)
-        if is_held_out(a, op, b, config.holdout_every) == (split == "eval"):
-            break
-    answer = {"+": a + b, "-": a - b, "*": a * b}[op]
-    template, system = config.question_template, config.system_prompt
-    if split == "train" and config.question_templates:
-        template = rng.choice([config.question_template, *config.question_templates])
-    if split == "train" and config.no_system_prompt_share > 0:
-        system = "" if rng.random() < config.no_system_prompt_share else system
-    template, system = phrasing or (template, system)
-    messages = []
-    if system:
-        messages.append({"role": "system", "content": system})
-    messages.append({"role": "user", "content": template.format(a=a, op=op, b=b)})
-    return Prompt(f"arith-{index}", messages, str(answer), "arithmetic")
-
-
-def arithmetic_prompts(
-    config: DataConfig,
-    seed: int,
-    stream: int,
-    streams: int,
-    split: str = "train",
-    phrasing: tuple[str, str] | None = None,
-) -> Iterator[Prompt]:
-    """Questions ``stream``, ``stream + streams``, ... of the seeded stream."""
-    for index in itertools.count(stream, streams):
-        yield arithmetic_question(config, seed, index, split, phrasing)
+__all__ = [
+    "DataError",
+    "Prompt",
+    "PromptStream",
+    "arithmetic_prompts",
+    "arithmetic_question",
+    "check_data",
+    "is_held_out",
+    "load_prompt_file",
+    "prompt_source",
+]
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
-        raise DataError(f"prompt file not found: {path}")
+        tasks = "" if path.suffix else f" (built-in tasks: {', '.join(TASKS)})"
+        raise DataError(f"prompt file not found: {path}{tasks}")
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -153,14 +103,15 @@ class PromptStream:
 
     def __init__(self, config: DataConfig, seed: int) -> None:
         self.config, self.seed = config, seed
-        self.rows = None if config.source == "arithmetic" else load_prompt_file(config.source)
+        self.task = TASKS.get(config.source)
+        self.rows = None if self.task is not None else load_prompt_file(config.source)
         self._epoch: tuple[int, list[Prompt]] | None = None
 
     def __getitem__(self, index: int) -> Prompt:
         if index < 0:
             raise IndexError(f"prompt index {index} < 0")
-        if self.rows is None:
-            return arithmetic_question(self.config, self.seed, index)
+        if self.task is not None:
+            return self.task.question(self.config, self.seed, index, "train")
         epoch, position = divmod(index, len(self.rows))
         if self._epoch is None or self._epoch[0] != epoch:
             order = list(self.rows)
@@ -178,6 +129,10 @@ def prompt_source(
 
 
 def check_data(config: DataConfig) -> None:
-    """Fail early (in the controller) on a missing or malformed prompt file."""
-    if config.source != "arithmetic":
+    """Fail early (in the controller) on a missing or malformed prompt file, or a task whose
+    settings leave it no training question (``DataError``)."""
+    task = TASKS.get(config.source)
+    if task is None:
         load_prompt_file(config.source)
+    else:
+        task.question(config, 0, 0, "train")
