@@ -1,15 +1,19 @@
 """Held-out evaluation: did the model get better? (``eval:`` in the config, ``streamrl eval``).
 
-Prompts come from ``eval.source``: the built-in arithmetic task's held-out split (questions
-training never draws, ``data.holdout_every``) or a verl-layout Parquet/JSONL file; the first
-``eval.max_prompts`` of them. Each is decoded ``eval.samples`` times at ``eval.temperature``
-(0 = greedy) and every response is scored twice:
+Prompts come from ``eval.source``: a built-in task's held-out split (questions training
+never draws, ``data.holdout_every``; ``streamrl.tasks``) or a verl-layout Parquet/JSONL file;
+the first ``eval.max_prompts`` of them. Each is decoded ``eval.samples`` times at
+``eval.temperature`` (0 = greedy) and every response is scored twice:
 
 - by the run's verifiers (``rewards:``), as training is: ``eval/reward_mean``, and
   ``eval/accuracy``, the share of responses given the top reward (the sum of the weights);
-- by ``first_line_answer``, which shares no code with the training rewards: the first number
-  on the first non-empty line must equal the ground truth (``eval/exact_match``). For a
-  non-numeric ground truth, the stripped first line must equal it.
+- by the exact check of the prompt's task (``exact_answer``, chosen by the prompt's
+  ``data_source``): ``eval/exact_match``. Arithmetic, chain and any other source use
+  ``first_line_answer``, which shares no code with the training rewards: the first number on
+  the first non-empty line must equal the ground truth (for a non-numeric ground truth, the
+  stripped first line must equal it). Countdown's ground truth is a puzzle, not a number: its
+  check is the task's verifier (the expression uses the given numbers and reaches the
+  target). GSM's reads the number after ``####``.
 
 ``eval/completed`` counts a response only if it is exact *and* ended on its own (a stop
 token, not the token limit): raw reward and exact match credit an answer whose first line is
@@ -37,7 +41,9 @@ from typing import Any
 import msgspec
 
 from streamrl.config import Config
-from streamrl.data import Prompt, arithmetic_prompts, load_prompt_file
+from streamrl.data import Prompt, load_prompt_file
+from streamrl.tasks import TASKS
+from streamrl.tasks.arithmetic import arithmetic_prompts
 
 _FIRST_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
@@ -53,12 +59,19 @@ def first_line_answer(response: str, ground_truth: str) -> bool:
     return match is not None and float(match.group()) == truth
 
 
+def exact_answer(prompt: Prompt, response: str) -> bool:
+    """Whether ``response`` answers ``prompt`` exactly, by its task's check (module doc)."""
+    task = TASKS.get(prompt.data_source)
+    check = task.exact if task is not None and task.exact is not None else first_line_answer
+    return check(response, prompt.ground_truth)
+
+
 def eval_prompts(config: Config) -> list[Prompt]:
     """The first ``eval.max_prompts`` held-out prompts (the same ones on every call)."""
     ev = config.eval
-    if ev.source == "arithmetic":
-        source = arithmetic_prompts(config.data, ev.seed, 0, 1, split="eval")
-        return [next(source) for _ in range(ev.max_prompts)]
+    task = TASKS.get(ev.source)
+    if task is not None:
+        return [task.question(config.data, ev.seed, i, "eval") for i in range(ev.max_prompts)]
     return load_prompt_file(ev.source)[: ev.max_prompts]
 
 
@@ -68,7 +81,8 @@ UNSEEN = "eval/unseen_phrasing/"  # the prefix of the unseen phrasing's figures
 def unseen_phrasing_prompts(config: Config) -> list[Prompt]:
     """The same held-out questions as ``eval_prompts``, worded as ``eval.unseen_phrasing``
     with no system prompt: a wording training never uses. Empty when not asked for, or for a
-    prompt file (its wording is the file's)."""
+    source other than the arithmetic task (a file's wording is the file's; the other tasks
+    word their questions one way)."""
     ev = config.eval
     if ev.source != "arithmetic" or not ev.unseen_phrasing:
         return []
@@ -92,7 +106,7 @@ def score(
     version: int,
 ) -> EvalResult:
     """Score ``responses`` (text, token ids and finish reason; ``eval.samples`` per prompt,
-    in prompt order) by the run's verifiers and by ``first_line_answer``; ``version``: the
+    in prompt order) by the run's verifiers and by ``exact_answer``; ``version``: the
     weights that wrote them."""
     from streamrl.rewards import CombinedReward, RewardInput
 
@@ -107,7 +121,7 @@ def score(
                 "response": text,
                 "ground_truth": prompt.ground_truth,
                 "reward": value,
-                "exact": first_line_answer(text, prompt.ground_truth),
+                "exact": exact_answer(prompt, text),
                 "stopped": finish_reason == "stop",
             }
         )
@@ -160,11 +174,24 @@ class EvalError(ValueError):
     """A model, run or data source that cannot be evaluated; the message is one line."""
 
 
+def job_for(overrides: list[str]) -> str | None:
+    """The job whose settings ``streamrl eval`` gives a model (not a run directory): the
+    shipped job of the task that ``eval.source`` names, if there is one (``--data countdown``:
+    ``configs/countdown.yaml``, with its token limit, verifiers and task knobs), else the
+    default job."""
+    from streamrl.config import default_config_path, parse_overrides, shipped_config
+
+    source = dict(parse_overrides(overrides)).get("eval.source")
+    job = shipped_config(source) if isinstance(source, str) and source in TASKS else None
+    return str(job) if job is not None else default_config_path()
+
+
 def resolve_target(target: str, overrides: list[str]) -> tuple[str, Config, Any]:
-    """(label, config, model directory) for a run directory, an HF directory or a name."""
+    """(label, config, model directory) for a run directory, an HF directory or a name (the
+    latter two with ``job_for``'s settings)."""
     from pathlib import Path
 
-    from streamrl.config import ConfigError, default_config_path, load_config
+    from streamrl.config import ConfigError, load_config
     from streamrl.models import ModelNotFoundError, resolve_model
 
     path = Path(target)
@@ -173,7 +200,7 @@ def resolve_target(target: str, overrides: list[str]) -> tuple[str, Config, Any]
             if not (path / "hf" / "config.json").is_file():
                 raise EvalError(f"{target}: the run has no exported model (hf/) yet")
             return target, load_config(path / "config.yaml", overrides), path / "hf"
-        config = load_config(default_config_path(), overrides)
+        config = load_config(job_for(overrides), overrides)
         return target, config, resolve_model(target)
     except (ConfigError, ModelNotFoundError) as exc:
         raise EvalError(str(exc)) from None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamrl.config import ConfigError, RewardSpec
+from streamrl.tasks import countdown as countdown_task
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,17 @@ def gsm8k(sample: RewardInput, *, format_score: float = 0.0) -> float:
     answer = match.group(1).rstrip(".")
     truth = sample.ground_truth.split("####")[-1]
     return 1.0 if _numbers_equal(answer, truth) else format_score
+
+
+@register("countdown")
+def countdown(sample: RewardInput, *, format_score: float = 0.0) -> float:
+    """The countdown task (``streamrl.tasks.countdown``): 1 if the first line is an
+    expression of the given numbers, each used at most once, with ``+ - * /`` and parentheses,
+    equal to the target; ``format_score`` if it is such an expression of at least two given
+    numbers but misses the target (a format reward, as ``gsm8k``'s); else 0, malformed answers
+    and ground truths included. Read without ``eval``: ``2**99999`` is malformed."""
+    legal, solved = countdown_task.grade(sample.response_text, sample.ground_truth)
+    return 1.0 if solved else format_score if legal else 0.0
 
 
 def _last_boxed(text: str) -> str | None:
