@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", type=float, help="held-out accuracy to reach (0.3)")
     parser.add_argument("--metric", choices=["completed", "exact"], help="(completed)")
     parser.add_argument("--peer", choices=list(PEER_ARMS), help="add a peer's arm")
+    parser.add_argument(
+        "--keep-weights", action="store_true", help="keep each run's checkpoint and hf export"
+    )
     parser.add_argument("--background", action="store_true", help="detach; log to bench.log")
     parser.add_argument("--report", action="store_true", help="only aggregate and plot")
     parser.add_argument("overrides", nargs="*", help="section.key=value for every arm")
@@ -99,6 +102,8 @@ def plan(args: argparse.Namespace, stored_meta: dict[str, Any]) -> dict[str, Any
     config = args.config or stored_meta.get("config") or default_config_path()
     if config is None:
         raise QualityError("no --config given and no default job installed")
+    if Path(config).is_file():  # one spelling, whatever directory the bench is run from
+        config = Path(config).resolve()
     return {
         "config": str(config),
         "overrides": list(args.overrides) or stored_meta.get("overrides", []),
@@ -106,6 +111,7 @@ def plan(args: argparse.Namespace, stored_meta: dict[str, Any]) -> dict[str, Any
         "seeds": _seeds(args.seeds) if args.seeds else stored_meta.get("seeds", [0, 1, 2]),
         "target": args.target if args.target is not None else stored_meta.get("target", 0.3),
         "metric": args.metric or stored_meta.get("metric", "completed"),
+        "keep_weights": args.keep_weights,
     }
 
 
@@ -185,7 +191,9 @@ def bench(out: Path, meta: dict[str, Any], console: Any = None) -> dict[str, Any
                     continue
                 print(f"{arm} seed {seed}: running", file=console, flush=True)
                 try:
-                    result = run_one(meta["config"], arm, seed, out, meta["overrides"])
+                    result = run_one(
+                        meta["config"], arm, seed, out, meta["overrides"], meta["keep_weights"]
+                    )
                 except QualityError as exc:
                     print(f"{arm} seed {seed}: FAILED: {exc}", file=console, flush=True)
                     continue

@@ -17,6 +17,7 @@ line of why) instead; a rerun tries it again.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -199,7 +200,21 @@ def run_peer(config_path: str, arm: str, seed: int, out: Path, user: list[str]) 
     return load_result(peer_out / "result.json")
 
 
-def run_one(config_path: str, arm: str, seed: int, out: Path, user: list[str]) -> dict:
+def prune_weights(where: Path) -> None:
+    """Delete a finished run's checkpoint and exported model: the bench reads only its
+    metrics, and the default job leaves ~2 GB of weights per run (15 runs: 30 GB)."""
+    for name in ("checkpoints", "hf"):
+        shutil.rmtree(where / "run" / name, ignore_errors=True)
+
+
+def run_one(
+    config_path: str,
+    arm: str,
+    seed: int,
+    out: Path,
+    user: list[str],
+    keep_weights: bool = False,
+) -> dict:
     """Run one (arm, seed) to completion and store its result (or why it failed): the
     result file is the mark a rerun skips on."""
     where = run_dir(out, arm, seed)
@@ -213,6 +228,8 @@ def run_one(config_path: str, arm: str, seed: int, out: Path, user: list[str]) -
         (where / "failed.json").write_text(json.dumps(failure))
         raise
     result.update(arm=arm, seed=seed, **_machine())
+    if not keep_weights:
+        prune_weights(where)
     (where / "result.json").write_text(json.dumps(result, indent=1))
     return result
 

@@ -181,6 +181,7 @@ def _meta(arms: list[str], seeds: list[int]) -> dict:
         "seeds": seeds,
         "target": 0.3,
         "metric": "completed",
+        "keep_weights": False,
     }
 
 
@@ -193,6 +194,7 @@ def test_a_rerun_skips_finished_seeds_and_retries_the_rest(
     def fake_run(config_path, arm, seed, out, user):
         calls.append((arm, seed))
         assert user == ["eval.every=2"] and config_path == TINY
+        (out / arm / f"seed-{seed}" / "run" / "checkpoints").mkdir(parents=True, exist_ok=True)
         if (arm, seed) in broken:
             raise QualityError(f"{arm} seed {seed} failed: see launch.log")
         return _result([0.0, 0.2 + 0.1 * seed, 0.4], [10.0, 20.0, 30.0])
@@ -208,6 +210,8 @@ def test_a_rerun_skips_finished_seeds_and_retries_the_rest(
         "failed": "async-eta1 seed 1 failed: see launch.log"
     }
     assert stored(tmp_path, "sync", 0)["arm"] == "sync"
+    assert not (tmp_path / "sync" / "seed-0" / "run" / "checkpoints").exists()  # pruned
+    assert (tmp_path / "async-eta1" / "seed-1" / "run" / "checkpoints").exists()  # kept: failed
     assert not (tmp_path / "bench.pid").exists()
 
     # A run interrupted before its result was written counts as not run: it starts again.
