@@ -114,7 +114,15 @@ def score(
     samples = []
     for i, (text, response_ids, finish_reason) in enumerate(responses):
         prompt = prompts[i // config.eval.samples]
-        value = reward(RewardInput(text, response_ids, prompt.ground_truth, prompt.data_source))
+        value = reward(
+            RewardInput(
+                text,
+                response_ids,
+                prompt.ground_truth,
+                prompt.data_source,
+                finish_reason=finish_reason,
+            )
+        )
         samples.append(
             {
                 "prompt_id": prompt.prompt_id,

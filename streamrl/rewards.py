@@ -27,6 +27,8 @@ class RewardInput:
     ground_truth: str
     data_source: str = ""
     prompt_text: str = ""
+    # "stop" (the model ended it), "length" (cut at the token limit) or "abort"; "" unknown.
+    finish_reason: str = ""
 
 
 RewardFn = Callable[..., float]
@@ -83,6 +85,15 @@ def number_only(sample: RewardInput) -> float:
     content. (Rewarding a number merely leading the response taught SmolLM2 to restate the
     question, "12 + 8 = 9", whose first number is an operand.)"""
     return 1.0 if _BARE_NUMBER.match(sample.response_text) else 0.0
+
+
+@register("stopped")
+def stopped(sample: RewardInput) -> float:
+    """1 if the model ended the response itself (a stop token), 0 if it was cut off at the
+    token limit: with a reward for the answer alone, a policy keeps writing after the right
+    number and every answer it gives is unfinished (the default job's model learned to go on
+    "\n\nAnswer with the number only..." until the limit, exact 39% but completed 0%)."""
+    return 1.0 if sample.finish_reason == "stop" else 0.0
 
 
 @register("gsm8k")

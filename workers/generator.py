@@ -429,7 +429,13 @@ class Generator:
             for out in outputs[i * gen.group_size : (i + 1) * gen.group_size]:
                 text = self.tokenizer.decode(out.response_ids, skip_special_tokens=True)
                 reward = self.reward(
-                    RewardInput(text, out.response_ids, prompt.ground_truth, prompt.data_source)
+                    RewardInput(
+                        text,
+                        out.response_ids,
+                        prompt.ground_truth,
+                        prompt.data_source,
+                        finish_reason=out.finish_reason,
+                    )
                 )
                 trajectories.append(
                     Trajectory(

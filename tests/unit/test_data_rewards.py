@@ -134,3 +134,13 @@ def test_the_unseen_phrasing_must_not_be_trained_on() -> None:
 def test_question_template_must_name_a_op_and_b(template: str) -> None:
     with pytest.raises(ConfigError, match="question_template"):
         load_config(None, [f"data.question_template={template}"])
+
+
+def test_stopped_rewards_a_response_the_model_ended_itself() -> None:
+    """The finish reason reaches the verifiers; a cut-off answer earns no completion reward."""
+    reward = CombinedReward(
+        [RewardSpec(name="numeric_match"), RewardSpec(name="stopped", weight=0.25)]
+    )
+    assert reward(RewardInput("22", [1], "22", finish_reason="stop")) == pytest.approx(1.25)
+    assert reward(RewardInput("22\n\nAnswer with", [1] * 8, "22", finish_reason="length")) == 1.0
+    assert reward(RewardInput("22", [1], "22")) == 1.0  # finish reason unknown
