@@ -9,9 +9,12 @@ finished, which is what makes a rerun skip it)::
      "curve": [{"samples", "seconds", "exact", "completed", "reward_mean"}, ...],
      "train_reward": [[samples, reward], ...], "arm": str, "seed": int, "cpu": str, ...}
 
-``seconds`` count from the start of the run's process (model load and setup included), so
-an arm's wall clock is what a user waits for. A run that fails leaves ``failed.json`` (one
-line of why) instead; a rerun tries it again.
+``seconds`` and ``wall_s`` count on the training clock, as the TRL peer does: from the start
+of the before-training eval (streamrl) or of ``trainer.train()`` (TRL), held-out evals
+included; process start, model load and setup come before it and are kept as ``setup_s``
+(streamrl's is mostly Ray and its role processes starting, a constant that would otherwise
+blur the comparison of learning speed). A run that fails leaves ``failed.json`` (one line
+of why) instead; a rerun tries it again.
 """
 
 from __future__ import annotations
@@ -114,15 +117,27 @@ def load_result(path: Path) -> dict[str, Any]:
     return result
 
 
-def curve_from_metrics(
+def training_clock(records: list[dict[str, Any]], started: float) -> float:
+    """When training starts, as the TRL peer counts it (model load and setup left out, the
+    held-out evals in): the start of the before-training eval, else the process start."""
+    evals = [e for e in records if e.get("event") == "eval"]
+    first = min(evals, key=lambda e: e["time"], default=None)
+    if first is None or first.get("eval/version") != 0:
+        return started
+    return first["time"] - float(first.get("eval/seconds", 0.0))
+
+
+def from_metrics(
     records: list[dict[str, Any]], samples_per_step: int, started: float
-) -> tuple[list[dict[str, float]], list[list[float]]]:
-    """A run's eval curve and raw train reward from its metrics.jsonl records: samples are
-    learner versions x samples per step, seconds count from ``started``."""
+) -> dict[str, Any]:
+    """A run's result from its metrics.jsonl records (``started``: its process start):
+    samples are learner versions x samples per step; seconds and ``wall_s`` count on the
+    training clock, ``setup_s`` is what came before it."""
+    t0 = training_clock(records, started)
     curve = [
         {
             "samples": float(e["eval/version"]) * samples_per_step,
-            "seconds": e["time"] - started,
+            "seconds": e["time"] - t0,
             "exact": e["eval/exact_match"],
             "completed": e["eval/completed"],
             "reward_mean": e["eval/reward_mean"],
@@ -136,7 +151,8 @@ def curve_from_metrics(
         for r in records
         if "step" in r and r.get("reward/mean") is not None
     ]
-    return curve, reward
+    end = max((r["time"] for r in records if "step" in r or r.get("event") == "eval"), default=t0)
+    return {"wall_s": end - t0, "setup_s": t0 - started, "curve": curve, "train_reward": reward}
 
 
 def _machine() -> dict[str, str]:
@@ -163,24 +179,24 @@ def run_streamrl(config_path: str, arm: str, seed: int, out: Path, user: list[st
     started = time.time()
     if _launch(command, where / "launch.log") != 0:
         raise QualityError(f"{arm} seed {seed} failed: see {where / 'launch.log'}")
+    finished = time.time()
     run = where / "run"
     try:
         summary = json.loads((run / "summary.json").read_text())
         lines = (run / "metrics.jsonl").read_text().splitlines()
         samples_per_step = config.learner.groups_per_step * config.generator.group_size
-        curve, reward = curve_from_metrics(
-            [json.loads(line) for line in lines], samples_per_step, started
-        )
+        result = from_metrics([json.loads(line) for line in lines], samples_per_step, started)
     except (OSError, ValueError, KeyError) as exc:
         raise QualityError(f"{arm} seed {seed}: cannot read its run {run}: {exc!r}") from None
-    if not curve:
+    if not result["curve"]:
         raise QualityError(f"{arm} seed {seed}: its run logged no eval event ({run})")
-    return {
-        "wall_s": summary["wall_time_s"],
-        "steps": summary["version"],
-        "curve": curve,
-        "train_reward": reward,
-    }
+    result.update(
+        steps=summary["version"],
+        samples_per_step=samples_per_step,
+        run_wall_time_s=summary["wall_time_s"],  # the controller's, setup and export included
+        process_s=finished - started,
+    )
+    return result
 
 
 def run_peer(config_path: str, arm: str, seed: int, out: Path, user: list[str]) -> dict:

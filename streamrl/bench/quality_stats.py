@@ -71,7 +71,6 @@ def aggregate(
     results: dict[str, dict[int, dict[str, Any] | None]],
     metric: str,
     target: float,
-    time_points: int = 40,
 ) -> dict[str, Any]:
     """Per arm over its finished seeds: the final figures at equal samples (the fewest samples
     any finished run trained, normally every run's last eval), the metric at equal wall time
@@ -87,7 +86,6 @@ def aggregate(
     at_samples = min(max(p["samples"] for p in r["curve"]) for r in finished)
     at_time = min(max(p["seconds"] for p in r["curve"]) for r in finished)
     end_time = max(max(p["seconds"] for p in r["curve"]) for r in finished)
-    time_grid = [end_time * i / time_points for i in range(time_points + 1)]
     arms = {}
     for arm, by_seed in results.items():
         runs = ok[arm]
@@ -100,7 +98,9 @@ def aggregate(
         }
         if runs:
             hits = [time_to_target(r["curve"], metric, target) for r in runs]
+            # Step-wise curves change only at evals: those points (and the end) lose nothing.
             sample_grid = sorted({p["samples"] for r in runs for p in r["curve"]})
+            time_grid = sorted({p["seconds"] for r in runs for p in r["curve"]} | {end_time})
             row.update(
                 final={m: spread(_known(runs, "samples", at_samples, m)) for m in METRICS},
                 at_time={m: spread(_known(runs, "seconds", at_time, m)) for m in METRICS},
@@ -110,6 +110,7 @@ def aggregate(
                     "samples": _finite(spread([h["samples"] if h else INF for h in hits])),
                 },
                 wall_s=spread([r["wall_s"] for r in runs]),
+                setup_s=spread([r["setup_s"] for r in runs if r.get("setup_s") is not None]),
                 by_samples=_band(runs, "samples", sample_grid, metric),
                 by_time=_band(runs, "seconds", time_grid, metric),
                 train_reward=_reward_band(runs),
@@ -144,14 +145,15 @@ def _seconds(ttt: dict[str, Any], seeds: int) -> str:
 
 
 def table(summary: dict[str, Any], metric: str, target: float) -> str:
-    """The printed table: one row per arm; figures are median [min-max] over finished seeds."""
+    """The printed table: one row per arm; figures are median [min-max] over finished seeds,
+    seconds on the training clock (``quality_runs``), setup beside the wall time."""
     n, t = summary["equal_samples"], summary["equal_time"]
     n_text = "-" if n is None else f"{n:.0f}"
     t_text = "-" if t is None else f"{t:.0f} s"
     header = (
         f"{'arm':<18} {'seeds':>5}  {'completed @ ' + n_text + ' samples':<24} "
         f"{'exact @ ' + n_text + ' samples':<24} {metric + ' @ ' + t_text:<24} "
-        f"{'time to ' + metric + ' >= ' + f'{target:g}':<30} wall s"
+        f"{'time to ' + metric + ' >= ' + f'{target:g}':<30} wall s (+setup)"
     )
     lines = [header]
     for arm, row in summary["arms"].items():
@@ -159,11 +161,13 @@ def table(summary: dict[str, Any], metric: str, target: float) -> str:
         if not row["finished"]:
             lines.append(f"{arm:<18} {seeds:>5}  (no finished run)")
             continue
-        wall = row["wall_s"]
+        wall = f"{row['wall_s']['median']:.0f}"
+        if row["setup_s"]["median"] is not None:
+            wall += f" (+{row['setup_s']['median']:.0f})"
         lines.append(
             f"{arm:<18} {seeds:>5}  {_pct(row['final']['completed']):<24} "
             f"{_pct(row['final']['exact']):<24} {_pct(row['at_time'][metric]):<24} "
-            f"{_seconds(row['time_to_target'], row['finished']):<30} {wall['median']:.0f}"
+            f"{_seconds(row['time_to_target'], row['finished']):<30} {wall}"
         )
     for arm, row in summary["arms"].items():
         for seed, why in row["failed"].items():

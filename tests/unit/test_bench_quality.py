@@ -16,7 +16,7 @@ from streamrl.bench.quality_runs import (
     QualityError,
     arm_overrides,
     check_config,
-    curve_from_metrics,
+    from_metrics,
     load_result,
     stored,
 )
@@ -82,6 +82,8 @@ def test_aggregate_takes_median_and_range_over_seeds() -> None:
         },
         "async-eta2": {0: None, 1: None, 2: None},
     }
+    for result in results["sync"].values():
+        result["setup_s"] = 20.0
     summary = aggregate(results, "completed", 0.3)
     assert summary["equal_samples"] == 192.0
     assert summary["equal_time"] == 20.0  # the fastest run's last eval
@@ -105,6 +107,12 @@ def test_aggregate_takes_median_and_range_over_seeds() -> None:
         "failed": {},
         "pending": [0, 1, 2],
     }
+    # The equal-time band steps exactly at the evals, and a finished run keeps its end.
+    assert [p["seconds"] for p in sync["by_time"]] == secs
+    assert [(p["seconds"], p["median"]) for p in eta1["by_time"]][-2:] == [
+        (20.0, 0.25),
+        (40.0, 0.25),
+    ]
     band = {p["samples"]: p for p in sync["by_samples"]}
     assert band[64.0] == {"samples": 64.0, "median": 0.1, "min": 0.1, "max": 0.2}
     assert sync["train_reward"][-1] == {"samples": 192.0, "median": 0.5, "min": 0.4, "max": 0.6}
@@ -113,6 +121,7 @@ def test_aggregate_takes_median_and_range_over_seeds() -> None:
     text = table(summary, "completed", 0.3)
     assert "50.0% [40.0-60.0]" in text and "30 s [30-40] (3/3)" in text
     assert "not reached (1/2)" in text and "(no finished run)" in text
+    assert "45 (+20)" in text  # wall time on the training clock, setup beside it
     assert "failed: async-eta1 seed 2" in text
 
 
@@ -148,19 +157,24 @@ def test_each_arm_is_what_its_name_says() -> None:
 def test_a_run_result_from_metrics_jsonl() -> None:
     records = [
         {"event": "eval", "time": 105.0, "requested": 0, "eval/version": 0.0,
-         "eval/exact_match": 0.1, "eval/completed": 0.05, "eval/reward_mean": 0.2},
+         "eval/exact_match": 0.1, "eval/completed": 0.05, "eval/reward_mean": 0.2,
+         "eval/seconds": 2.0},
         {"step": 1, "time": 108.0, "reward/mean": 0.3},
         {"step": 2, "time": 110.0, "reward/mean": 0.4},
         {"event": "eval", "time": 112.0, "requested": 2, "eval/version": 2.0,
          "eval/exact_match": 0.5, "eval/completed": 0.4, "eval/reward_mean": 0.6},
         {"event": "weights", "time": 113.0},
     ]  # fmt: skip
-    curve, reward = curve_from_metrics(records, samples_per_step=16, started=100.0)
-    assert curve == [
-        {"samples": 0.0, "seconds": 5.0, "exact": 0.1, "completed": 0.05, "reward_mean": 0.2},
-        {"samples": 32.0, "seconds": 12.0, "exact": 0.5, "completed": 0.4, "reward_mean": 0.6},
+    result = from_metrics(records, samples_per_step=16, started=100.0)
+    # The training clock starts with the before-training eval (103 s), as the TRL peer's.
+    assert result["curve"] == [
+        {"samples": 0.0, "seconds": 2.0, "exact": 0.1, "completed": 0.05, "reward_mean": 0.2},
+        {"samples": 32.0, "seconds": 9.0, "exact": 0.5, "completed": 0.4, "reward_mean": 0.6},
     ]
-    assert reward == [[16.0, 0.3], [32.0, 0.4]]
+    assert result["train_reward"] == [[16.0, 0.3], [32.0, 0.4]]
+    assert (result["setup_s"], result["wall_s"]) == (3.0, 9.0)
+    # Without a before-training eval the clock starts with the process.
+    assert from_metrics(records[1:], 16, started=100.0)["curve"][0]["seconds"] == 12.0
 
 
 def test_a_peer_result_must_have_the_shared_shape(tmp_path: Path) -> None:
