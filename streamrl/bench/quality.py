@@ -10,9 +10,10 @@ to the same ``run.max_steps``, once per seed, with held-out evaluation on:
   in ``.venv-trl``, made by ``scripts/trl_venv.sh``).
 
 Per run: the eval curve (exact; completed = right answer and a natural stop; reward) against
-trained samples and wall seconds, the raw train reward, and the time to reach ``--target``
-on ``--metric``. Per arm: median [min-max] over seeds at equal samples and at equal wall
-time (``quality_stats``). Writes ``results.json``, ``quality_by_samples.png`` and
+trained samples and wall seconds (on the training clock: from the before-training eval, as
+the peer counts from ``trainer.train()``; setup apart), the raw train reward, and the time to
+reach ``--target`` on ``--metric``. Per arm: median [min-max] over seeds at equal samples
+and at equal wall time (``quality_stats``). Writes ``results.json``, ``quality_by_samples.png`` and
 ``quality_by_time.png`` to ``--out`` and prints a table with the CPU it ran on.
 
 Each finished (arm, seed) is kept in ``<out>/<arm>/seed-<s>/result.json``: a rerun skips
