@@ -200,7 +200,7 @@ def bench(out: Path, meta: dict[str, Any], console: Any = None) -> dict[str, Any
                     continue
                 last = result["curve"][-1]
                 print(
-                    f"{arm} seed {seed}: done in {result['wall_s']:.0f} s, final completed "
+                    f"{arm} seed {seed}: trained in {result['wall_s']:.0f} s, final completed "
                     f"{last['completed']:.3f}, exact {last['exact']:.3f}",
                     file=console,
                     flush=True,
@@ -223,7 +223,8 @@ def background(argv: list[str], out: Path) -> int:
     (out / "bench.pid").write_text(str(child.pid))
     print(
         f"bench quality running in the background (pid {child.pid}): tail -f {out}/bench.log; "
-        f"the table so far: streamrl bench quality --out {out} --report"
+        f"the table so far: streamrl bench quality --out {out} --report; to stop it and its "
+        f"run: kill -- -{child.pid}"
     )
     return 0
 

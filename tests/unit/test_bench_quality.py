@@ -292,3 +292,24 @@ def test_report_reuses_the_bench_in_out(tmp_path: Path, capsys: pytest.CaptureFi
     assert saved["meta"]["target"] == 0.5 and saved["meta"]["seeds"] == [0, 1]
     code, err = _main(capsys, "--out", str(tmp_path), "--config", TINY, "eval.every=4")
     assert code == 2 and "differs from" in err
+
+
+def test_background_detaches_the_same_bench(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started = {}
+
+    class FakePopen:
+        pid = 4242
+
+        def __init__(self, command, **kwargs):
+            started.update(command=command, **kwargs)
+
+    monkeypatch.setattr(quality.subprocess, "Popen", FakePopen)
+    argv = ["--config", TINY, "--out", str(tmp_path), "--background", "eval.every=2"]
+    assert quality.main(argv) == 0
+    assert started["command"][1:] == ["-m", "streamrl.bench.quality", *argv[:4], "eval.every=2"]
+    assert started["start_new_session"] and started["stdout"].name == str(tmp_path / "bench.log")
+    assert (tmp_path / "bench.pid").read_text() == "4242"
+    assert "pid 4242" in capsys.readouterr().out
+    assert json.loads((tmp_path / "bench.json").read_text())["overrides"] == ["eval.every=2"]
