@@ -88,12 +88,19 @@ def number_only(sample: RewardInput) -> float:
 
 
 @register("stopped")
-def stopped(sample: RewardInput) -> float:
+def stopped(sample: RewardInput, *, after: str = "") -> float:
     """1 if the model ended the response itself (a stop token), 0 if it was cut off at the
-    token limit: with a reward for the answer alone, a policy keeps writing after the right
-    number and every answer it gives is unfinished (the default job's model learned to go on
-    "\n\nAnswer with the number only..." until the limit, exact 39% but completed 0%)."""
-    return 1.0 if sample.finish_reason == "stop" else 0.0
+    token limit. With ``after`` (a registered reward, e.g. ``numeric_match``) only when that
+    reward is 1 too: a right answer that the model finished.
+
+    Why: with a reward for the answer alone, the default job's policy kept writing after the
+    right number until the limit ("19\n\nAnswer with the number only...": exact 39%,
+    completed 0%). Rewarding any stop instead was hacked within 20 steps: one digit and a
+    stop token, right or not (0.5 of the 1.5 on offer), until every group agreed on a wrong
+    digit and dynamic sampling dropped them all. So the stop pays only after a right answer."""
+    if sample.finish_reason != "stop":
+        return 0.0
+    return 1.0 if not after or resolve_reward(after)(sample) >= 1.0 else 0.0
 
 
 @register("gsm8k")
@@ -201,3 +208,5 @@ class CombinedReward:
 def check_rewards(specs: list[RewardSpec]) -> None:
     for spec in specs:
         resolve_reward(spec.name)
+        if "after" in spec.args:  # a reward gated on another (``stopped``) names it
+            resolve_reward(str(spec.args["after"]))

@@ -10,7 +10,7 @@ import pytest
 
 from streamrl.config import ConfigError, DataConfig, RewardSpec, load_config
 from streamrl.data import DataError, arithmetic_question, load_prompt_file, prompt_source
-from streamrl.rewards import CombinedReward, RewardInput, resolve_reward
+from streamrl.rewards import CombinedReward, RewardInput, check_rewards, resolve_reward
 
 
 def test_arithmetic_is_seeded_and_streams_are_disjoint() -> None:
@@ -144,3 +144,10 @@ def test_stopped_rewards_a_response_the_model_ended_itself() -> None:
     assert reward(RewardInput("22", [1], "22", finish_reason="stop")) == pytest.approx(1.25)
     assert reward(RewardInput("22\n\nAnswer with", [1] * 8, "22", finish_reason="length")) == 1.0
     assert reward(RewardInput("22", [1], "22")) == 1.0  # finish reason unknown
+    after = CombinedReward(
+        [RewardSpec(name="stopped", weight=0.25, args={"after": "numeric_match"})]
+    )
+    assert after(RewardInput("22", [1], "22", finish_reason="stop")) == 0.25
+    assert after(RewardInput("9", [1], "22", finish_reason="stop")) == 0.0  # a wrong stop
+    with pytest.raises(ConfigError, match="unknown reward 'nope'"):
+        check_rewards([RewardSpec(name="stopped", args={"after": "nope"})])
