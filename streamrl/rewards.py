@@ -78,13 +78,19 @@ _BARE_NUMBER = re.compile(rf"\s*{_NUMBER.pattern}\s*(?:\n|$)")
 
 
 @register("number_only")
-def number_only(sample: RewardInput) -> float:
+def number_only(sample: RewardInput, *, alone: bool = False) -> float:
     """1 if the response's first line is a number and nothing else, right or wrong: a format
     reward (as DeepSeek-R1's) that gives a chatty model's groups variance before any answer is
     right. Weighted below ``numeric_match``, it teaches the form and ``numeric_match`` the
     content. (Rewarding a number merely leading the response taught SmolLM2 to restate the
-    question, "12 + 8 = 9", whose first number is an operand.)"""
-    return 1.0 if _BARE_NUMBER.match(sample.response_text) else 0.0
+    question, "12 + 8 = 9", whose first number is an operand.) With ``alone`` the whole
+    response must be the number: a policy paid for the first line alone learned to write on
+    after it ("19\n\nAnswer with the number only...") to the token limit."""
+    pattern = _ALONE_NUMBER if alone else _BARE_NUMBER
+    return 1.0 if pattern.match(sample.response_text) else 0.0
+
+
+_ALONE_NUMBER = re.compile(rf"\s*{_NUMBER.pattern}\s*$")
 
 
 @register("stopped")

@@ -136,6 +136,13 @@ def test_question_template_must_name_a_op_and_b(template: str) -> None:
         load_config(None, [f"data.question_template={template}"])
 
 
+def test_number_only_alone_wants_nothing_after_the_number() -> None:
+    alone = resolve_reward("number_only")
+    assert alone(RewardInput("19\n\nAnswer with", [1], "19")) == 1.0
+    assert alone(RewardInput("19\n\nAnswer with", [1], "19"), alone=True) == 0.0
+    assert alone(RewardInput(" 19 \n", [1], "19"), alone=True) == 1.0
+
+
 def test_stopped_rewards_a_response_the_model_ended_itself() -> None:
     """The finish reason reaches the verifiers; a cut-off answer earns no completion reward."""
     reward = CombinedReward(
