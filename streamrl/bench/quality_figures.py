@@ -4,7 +4,8 @@ seeds do.
 
 - ``quality_by_samples.png``: the held-out metric against trained samples (sample
   efficiency), beside the raw train reward;
-- ``quality_by_time.png``: the held-out metric against wall-clock seconds, with the target.
+- ``quality_by_time.png``: the held-out metric against seconds on the training clock
+  (``quality_runs``), with the target.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def plots(summary: dict[str, Any], out: Path, metric: str, target: float) -> lis
     for arm, row in arms.items():
         _draw(ax, row["by_time"], "seconds", f"{arm} ({row['finished']})")
     ax.axhline(target, color="grey", linestyle=":", linewidth=1, label=f"target {target:g}")
-    ax.set(xlabel="wall-clock seconds", ylabel=label, title=f"{label} at equal time")
+    ax.set(xlabel="seconds of training (setup excluded)", ylabel=label)
+    ax.set_title(f"{label} at equal time")
     ax.legend(fontsize="small")
     fig.tight_layout()
     paths.append(out / "quality_by_time.png")
