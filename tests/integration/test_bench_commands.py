@@ -81,13 +81,22 @@ def test_bench_bad_input_is_one_line() -> None:
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
 
 
-def test_bench_quality_compares_modes_at_equal_samples(tmp_path: Path) -> None:
-    result = _cli(
+def test_bench_quality_runs_arms_over_seeds_and_resumes(tmp_path: Path) -> None:
+    """Two arms, one seed each, on the tiny job: every (arm, seed) leaves a result with its
+    eval curve, the summary has both arms and the plots exist; a second call keeps them."""
+    args = [
         "bench", "quality", "--config", "configs/tiny.yaml", "--out", str(tmp_path),
+        "--seeds", "0", "--arms", "sync,async-eta1",
         "run.max_steps=2", "eval.every=1", "eval.max_prompts=4",
-    )  # fmt: skip
+    ]  # fmt: skip
+    result = _cli(*args)
     assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads((tmp_path / "quality.json").read_text())
-    assert set(report) == {"sync", "async"}
-    assert all(r["steps"] == 2 and len(r["curve"]) >= 2 for r in report.values())
-    assert (tmp_path / "quality.png").stat().st_size > 0
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert set(report["runs"]) == set(report["summary"]["arms"]) == {"sync", "async-eta1"}
+    for arm in ("sync", "async-eta1"):
+        run = report["runs"][arm]["0"]
+        assert run["steps"] == 2 and len(run["curve"]) >= 2, run
+    for plot in ("quality_by_samples.png", "quality_by_time.png"):
+        assert (tmp_path / plot).stat().st_size > 0
+    again = _cli(*args)
+    assert again.returncode == 0 and again.stdout.count("finished earlier, kept") == 2
