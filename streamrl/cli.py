@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
         "eval",
         help="score a model on held-out prompts",
         description="Greedy held-out evaluation (the run's eval settings and verifiers for a "
-        "run directory, configs/default.yaml's otherwise); prints a table and writes JSON.",
+        "run directory; for --data <task> that task's shipped job; the default job's "
+        "otherwise); prints a table and writes JSON.",
     )
     evaluate.add_argument(
         "models",
@@ -56,7 +57,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODEL_OR_RUN",
         help="an HF directory, a run directory (its hf/) or a built-in name",
     )
-    evaluate.add_argument("--data", help="eval.source: `arithmetic` or a .parquet/.jsonl file")
+    evaluate.add_argument(
+        "--data",
+        help="eval.source: a built-in task (arithmetic, chain, countdown, gsm) or a "
+        ".parquet/.jsonl file",
+    )
     evaluate.add_argument("--max-prompts", type=int, help="eval.max_prompts")
     evaluate.add_argument("--device", default="cpu", help="cpu or cuda")
     evaluate.add_argument("--out", default="eval.json", help="JSON with figures and responses")
