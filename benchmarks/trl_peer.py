@@ -25,8 +25,9 @@ prompts 0, 1, 2, ... in order, through the same chat template); the rewards (the
 generator decodes it, with its finish reason: "stop" if it ended on a stop token);
 ``generator.group_size`` samples per prompt, ``learner.groups_per_step`` prompts per step,
 ``generator.max_new_tokens``/``temperature``/``top_p``/``top_k``, the stop tokens
-(``streamrl.models.stop_token_ids``); AdamW with ``learner.lr``/``betas``/``weight_decay``,
-the gradient clip, linear warmup; the KL coefficient (``algorithm.kl.coef``, k3 as streamrl's
+(``streamrl.models.stop_token_ids``); AdamW (fused: TRL's default ``adamw_torch_fused``, as
+streamrl's) with ``learner.lr``/``betas``/``weight_decay``, the gradient clip, linear warmup;
+the KL coefficient (``algorithm.kl.coef``, k3 as streamrl's
 default), the PPO clip range, the entropy coefficient, GRPO's group advantage, the loss
 aggregation (``token-mean``, streamrl's default, is TRL's ``dapo``: one mean over every
 response token of the step); the compute dtype (bf16 autocast where
@@ -49,12 +50,16 @@ What differs (also written to ``notes`` in the result):
 - No dynamic-sampling refill: a group whose rewards are all equal (zero variance) gets advantage
   0 and is trained on, its tokens still counted in the token mean, where streamrl's
   ``buffer.drop_zero_variance`` drops it and trains on another group instead; so a TRL step
-  carries fewer informative groups. Prompts are consumed strictly 4, 4, 4, ... per step, while
-  streamrl's stream moves on past dropped groups.
+  carries fewer informative groups. Prompts are consumed strictly ``groups_per_step`` per
+  step, while streamrl's stream moves on past dropped groups.
 - The learning-rate schedule is transformers' ``cosine_warmup_with_min_lr`` (``min_lr_rate`` =
   ``learner.min_lr_ratio``; ``1.0`` gives ``constant``): the warmup is streamrl's
   ((step + 1) / warmup_steps), the cosine decay runs one step ahead of streamrl's (TRL's step i
   has streamrl's step i + 1 rate; the last step has exactly the min rate).
+- Cost per sample (what the equal-time comparison measures, not a recipe difference): TRL
+  prefills each prompt once per sample (the sampler repeats it ``group_size`` times) and, on a
+  CPU, its fused log-prob head scores every position, prompt tokens included; streamrl's
+  learner encodes a group's shared prompt once (``learner.share_prompts``).
 - Advantage: (r - mean) / (std + 1e-4) per group (TRL), against std + 1e-6 (streamrl); both
   use the unbiased std. ``dr_grpo`` maps to ``scale_rewards="none"``; ``rloo`` and ``gae`` have
   no GRPOTrainer equivalent and are refused.
