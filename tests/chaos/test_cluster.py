@@ -48,6 +48,8 @@ from support import (
     wait_for,
 )
 
+from streamrl.cli import main as cli
+
 pytestmark = pytest.mark.slow
 
 STEPS = 12
@@ -345,6 +347,9 @@ def test_a_lost_worker_node_s_roles_restart_on_the_head(
             by_role = _by_role(run_dir)
             before = set(json.loads((run_dir / "pids.json").read_text())["roles"])
             lost = sorted(role for role, node in placed.items() if node == worker)
+            # Admission paused over the fault: the others cannot finish the run before the
+            # loss is seen (a lost generator alone is seen only by its missing heartbeats).
+            assert cli(["admin", "pause", "--run", str(run_dir)]) == 0
             fault_step = steps_done(run_dir)
             removed = cluster.remove_worker()
             print(
@@ -357,6 +362,14 @@ def test_a_lost_worker_node_s_roles_restart_on_the_head(
                 60,
                 "the worker node's role processes to end",
             )
+            expected = {_restart_role(role) for role in lost}
+            wait_for(
+                lambda: proc.poll() is not None
+                or expected <= {e["role"] for e in events(run_dir, "restart")},
+                180,
+                f"restarts of {sorted(expected)}",
+            )
+            assert cli(["admin", "resume", "--run", str(run_dir)]) == 0
 
         out, summary = finish_run(proc, run_dir, timeout=300)
         wall = time.monotonic() - started
