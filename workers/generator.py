@@ -52,6 +52,7 @@ from streamrl.protocol import (
 from streamrl.rewards import CombinedReward, RewardInput
 from streamrl.transport import Codec, make_socket
 from streamrl.workers.engines import Engine, SamplingParams, make_engine
+from streamrl.workers.episodes import EpisodeRunner
 from streamrl.workers.subscriber import WeightSubscriber
 
 log = logging.getLogger(__name__)
@@ -160,9 +161,13 @@ class Generator:
             Path(model_dir),
             seed=config.run.seed + generator_id,
             compute_dtype=compute,
-            # The longest this generator asks for: a training call or an evaluation.
+            # The longest this generator asks for: a training call, an evaluation or an episode.
             max_model_len=config.data.max_prompt_tokens
-            + max(gen.max_new_tokens, config.eval.max_new_tokens or 0),
+            + max(
+                gen.max_new_tokens,
+                config.eval.max_new_tokens or 0,
+                config.env.max_tokens if config.env.name else 0,
+            ),
         )
         image = self.engine.shared_weights()
         if image is None:
@@ -192,6 +197,7 @@ class Generator:
         self.prompts = PromptStream(config.data, config.run.seed)
         self.eval_set: list[Prompt] | None = None  # loaded when this generator is first asked
         self.reward = CombinedReward(config.rewards)
+        self.episodes = EpisodeRunner(config, self.tokenizer) if config.env.name else None
         self.sampling = SamplingParams(
             temperature=gen.temperature,
             top_p=gen.top_p,
@@ -409,6 +415,8 @@ class Generator:
             log.info("generator[%d]: temperature -> %s", self.generator_id, temperature)
 
     def generate_groups(self, prompts: list[Prompt]) -> list[TrajectoryGroup]:
+        if self.episodes is not None:
+            return self.generate_episode_groups(prompts)
         gen = self.config.generator
         created = time.time()
         prompt_ids = [
@@ -454,6 +462,34 @@ class Generator:
             groups.append(
                 TrajectoryGroup(
                     group_id="",  # given with its delivery identity when pushed (``push``)
+                    prompt_id=prompt.prompt_id,
+                    trajectories=trajectories,
+                    created_at=created,
+                    finished_at=finished,
+                    data_source=prompt.data_source,
+                    ground_truth=prompt.ground_truth,
+                    weights_epoch=epoch,
+                )
+            )
+        return groups
+
+    def generate_episode_groups(self, prompts: list[Prompt]) -> list[TrajectoryGroup]:
+        """``generator.group_size`` episodes of each prompt with the environment
+        (``workers.episodes``): one trajectory each, every turn's tokens with their mask."""
+        size, created, epoch = self.config.generator.group_size, time.time(), self.held_epoch
+        on_step = self.poll_weights if self.config.generator.in_flight_updates else None
+        episodes = self.episodes.play(self.engine, prompts, size, self.sampling, on_step)
+        finished = time.time()
+        self.tokens_generated += sum(sum(e.action_mask) for e in episodes)
+        groups = []
+        for i, prompt in enumerate(prompts):
+            trajectories = [
+                self.episodes.trajectory(e, self.generator_id, self.sampling.temperature)
+                for e in episodes[i * size : (i + 1) * size]
+            ]
+            groups.append(
+                TrajectoryGroup(
+                    group_id="",
                     prompt_id=prompt.prompt_id,
                     trajectories=trajectories,
                     created_at=created,
@@ -545,6 +581,8 @@ class Generator:
                 weights_epoch=self.held_epoch,
                 activity=msgspec.structs.replace(self.timers),  # a copy: the timers go on
                 incarnation=self.incarnation,
+                episode_ends=dict(self.episodes.ends) if self.episodes else {},
+                episode_errors=dict(self.episodes.errors) if self.episodes else {},
             )
         )
         try:
@@ -553,6 +591,8 @@ class Generator:
             pass
 
     def close(self) -> None:
+        if self.episodes is not None:
+            self.episodes.close()
         self.heartbeat.stop()
         self.subscriber.close()
         self.engine.shutdown()

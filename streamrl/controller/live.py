@@ -28,6 +28,7 @@ import zmq
 from streamrl.config import Config, to_dict
 from streamrl.controller.context import RunContext
 from streamrl.controller.knobs import LIVE_KEYS, get_key, set_key
+from streamrl.controller.records import episode_totals
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import RunState
 from streamrl.protocol import Ack, Checkpoint, EvalReport, Reconfigure
@@ -115,9 +116,12 @@ class LiveRun:
                     "generator_id": g.generator_id,
                     "applied_version": g.applied_version,
                     "reward_errors": g.reward_errors,
+                    "episode_ends": dict(g.episode_ends),
+                    "episode_errors": dict(g.episode_errors),
                 }
                 for g in sorted(state.generators.values(), key=lambda g: g.generator_id)
             ],
+            "episodes": episode_totals(state.all_generator_reports()),
             "admission": {
                 "started": policy.started,
                 "dropped": policy.dropped,

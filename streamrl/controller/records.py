@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.controller.state import RunState
-from streamrl.protocol import EvalReport, GeneratorActivity, LearnerStep
+from streamrl.protocol import EvalReport, GeneratorActivity, GeneratorReport, LearnerStep
 
 OUTCOME_KEYS = (
     "eval/exact_match",
@@ -45,6 +45,7 @@ def step_record(state: RunState, step: LearnerStep, tokens_per_s: float) -> dict
         "generators/count": len(gens),
         "generators/restarts": sum(h.restarts for h in state.health.values()),
         "generators/reward_errors_total": sum(g.reward_errors for g in every),
+        **{f"episodes/{k}_total": v for k, v in episode_totals(every)["ended"].items()},
         "generators/tokens_total": sum(g.tokens_generated for g in every),
         "generators/groups_total": sum(g.groups_pushed for g in every),
         "generators/weights_bytes_total": sum(g.weights_bytes_received for g in every),
@@ -75,6 +76,8 @@ def run_summary(
             "image_mismatches": g.image_mismatches,
             "anchors_applied": g.anchors_applied,
             "reward_errors": g.reward_errors,
+            "episode_ends": dict(g.episode_ends),
+            "episode_errors": dict(g.episode_errors),
         }
         for g in state.generators.values()
     }
@@ -82,6 +85,9 @@ def run_summary(
     return {
         "version": state.version,
         "generators": gens,
+        # Multi-turn episodes by how they ended, and those ended in error by reason, over
+        # every generator process of the run (replaced ones too).
+        "episodes": episode_totals(state.all_generator_reports()),
         "restarts": dict(state.restarts),
         # Per shard: accepted = consumed + dropped (by reason) + size + held, exactly.
         "buffer": [
@@ -140,3 +146,16 @@ def outcome(summary: dict[str, Any]) -> str:
                 f"{last[key]:.3f} (version {last['version']})"
             )
     return "\n".join(lines)
+
+
+def episode_totals(reports: list[GeneratorReport]) -> dict[str, dict[str, int]]:
+    """How the reports' episodes ended (``ended``: by finish reason; ``errors``: those ended
+    in error, by reason), summed."""
+    ended: dict[str, int] = {}
+    errors: dict[str, int] = {}
+    for report in reports:
+        for key, n in report.episode_ends.items():
+            ended[key] = ended.get(key, 0) + n
+        for key, n in report.episode_errors.items():
+            errors[key] = errors.get(key, 0) + n
+    return {"ended": ended, "errors": errors}

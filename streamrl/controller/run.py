@@ -111,6 +111,7 @@ class Controller:
 
     def run(self) -> dict[str, Any]:
         from streamrl.data import check_data
+        from streamrl.envs import check_env
         from streamrl.models import resolve_model
         from streamrl.rewards import check_rewards
 
@@ -119,6 +120,7 @@ class Controller:
             # Everything that can fail on bad input fails here, before any process starts.
             check_data(cfg.data)
             check_rewards(cfg.rewards)
+            check_env(cfg.env)
             model_dir = str(
                 resolve_model(
                     cfg.model.name,

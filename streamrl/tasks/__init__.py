@@ -6,7 +6,8 @@ docs/design.md §7): ``TASKS[name].question(data, seed, index, split)`` is a tas
 - ``arithmetic``: ``What is 7 + 12?`` (the default job);
 - ``chain``: ``What is 23 + 8 - 14 + 6?`` (``data.chain_terms`` operands);
 - ``countdown``: reach a target from ``data.countdown_numbers`` numbers with ``+ - * /``;
-- ``gsm``: templated word problems, a worked solution ending in ``#### N``.
+- ``gsm``: templated word problems, a worked solution ending in ``#### N``;
+- ``guess``: a hidden number to find over several turns (``streamrl.envs.guess`` plays it).
 
 Each module owns its task: the draw, the wording, the ground truth and the check of an
 answer. They import only the config and the stdlib (and ``streamrl.data`` and
@@ -15,9 +16,9 @@ answer. They import only the config and the stdlib (and ``streamrl.data`` and
 
 from __future__ import annotations
 
-from streamrl.tasks import arithmetic, chain, countdown, gsm
+from streamrl.tasks import arithmetic, chain, countdown, gsm, guess
 from streamrl.tasks.base import Task
 
 TASKS: dict[str, Task] = {
-    task.name: task for task in (arithmetic.TASK, chain.TASK, countdown.TASK, gsm.TASK)
+    task.name: task for task in (arithmetic.TASK, chain.TASK, countdown.TASK, gsm.TASK, guess.TASK)
 }

@@ -170,3 +170,30 @@ def test_sync_run_on_the_vllm_engine_trains_on_what_it_sampled(tmp_path: Path) -
         assert r["mismatch/tokens"] > 0
         assert r["mismatch/k3"] < 0.01 and 0.95 < r["policy/is_weight_mean"] < 1.05, r
     assert pids and not [p for p in pids if alive(p)], "a role process outlived the run"
+
+
+def test_a_multi_turn_run_trains_on_episodes_and_counts_how_they_ended(tmp_path: Path) -> None:
+    """The guessing game on the tiny model (issue 29): generators play episodes of two turns,
+    the learner trains on them, held-out games are evaluated, and every episode's ending is
+    counted in the summary."""
+    summary, steps, pids = _run(
+        tmp_path,
+        "run.max_steps=3",
+        "data.source=guess",
+        "env.name=guess",
+        "env.max_turns=2",
+        "env.max_tokens=64",
+        "rewards=[]",
+        "generator.max_new_tokens=6",
+        "eval.every=2",
+        "eval.source=guess",
+        "eval.max_prompts=8",
+    )
+    _assert_clean_finish(summary, steps, pids, 3)
+    ended = summary["episodes"]["ended"]
+    # group_size (4) episodes per group; at least the 3 steps' 4 groups each were played.
+    assert sum(ended.values()) % 4 == 0 and sum(ended.values()) >= 3 * 4 * 4, ended
+    assert set(ended) <= {"stop", "turns", "length", "error"}, ended
+    lines = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    evals = [r for r in map(json.loads, lines) if "eval/success" in r]
+    assert evals and all(1 <= r["eval/turns"] <= 2 for r in evals)

@@ -4,7 +4,8 @@
   two gloo ranks, for every ``loss_agg``, with the entropy bonus, the in-loss KL and the value
   loss on (fp32, relative error <= 1e-5);
 - the learner's logprobs equal the HF engine's behaviour logprobs on samples it generated,
-  with pad-id tokens inside the prompts and two temperatures in one micro-batch;
+  with pad-id tokens inside the prompts and two temperatures in one micro-batch, and on every
+  policy token of multi-turn episodes (the environment's tokens in no figure);
 - the fp32 forward runs on the bf16 image while the masters stay fp32;
 - with several PPO updates per batch the clip acts; a non-finite gradient skips the update.
 
@@ -26,12 +27,15 @@ from support import random_groups
 from torch.distributed.tensor import distribute_tensor
 
 from streamrl.config import Config, load_config
-from streamrl.models import TINY, load_causal_lm, load_tokenizer, resolve_model
+from streamrl.envs import Environment, StepResult
+from streamrl.models import TINY, load_causal_lm, load_tokenizer, resolve_model, stop_token_ids
 from streamrl.protocol import Trajectory, TrajectoryGroup
+from streamrl.tasks.base import Prompt
 from streamrl.transport import free_port
 from streamrl.workers.batching import build_micro_batches, micro_batch_rows
 from streamrl.workers.engines.base import SamplingParams
 from streamrl.workers.engines.hf import HFEngine
+from streamrl.workers.episodes import EpisodeRunner
 from streamrl.workers.learner import build_train_step, rendezvous
 from streamrl.workers.train_step import TrainStep
 
@@ -270,6 +274,70 @@ def test_learner_logprobs_equal_the_engines_behaviour_logprobs(
     finally:
         dist.destroy_process_group()
     assert metrics["mismatch/tokens"] == tokens > 0
+    assert metrics["mismatch/logprob_abs_max"] <= 1e-4, metrics
+    assert metrics["policy/is_weight_max"] <= 1 + 1e-4, metrics
+
+
+class _Feedback(Environment):
+    """Says "no" to every turn: episodes run to ``env.max_turns``."""
+
+    def reset(self, prompt: Prompt) -> None:
+        pass
+
+    def step(self, text: str) -> StepResult:
+        return StepResult(observation="no", reward=0.1 * len(text))
+
+
+def _episode_groups(model_dir: Path) -> tuple[list[TrajectoryGroup], int]:
+    """Two groups of four 3-turn episodes sampled by the fp32 HF engine (multi-turn: each
+    turn's context is the prompt and every token before it, the environment's included)."""
+    config = _config("env.name=guess", "rewards=[]", "env.max_turns=3", "env.max_tokens=200")
+    tokenizer = load_tokenizer(model_dir)
+    engine = HFEngine(model_dir, dtype="float32", seed=0)
+    runner = EpisodeRunner(config, tokenizer)
+    runner.make_env = _Feedback
+    prompts = [Prompt(f"p{i}", [{"role": "user", "content": f"q{i}"}], "", "t") for i in range(2)]
+    params = SamplingParams(max_new_tokens=6, stop_token_ids=stop_token_ids(tokenizer))
+    episodes = runner.play(engine, prompts, 4, params)
+    runner.close()
+    assert {e.turns for e in episodes} == {3} and all(0 in e.action_mask for e in episodes)
+    groups = [
+        TrajectoryGroup(
+            f"e{g}",
+            f"p{g}",
+            [runner.trajectory(e, 0, 1.0) for e in episodes[4 * g : 4 * g + 4]],
+            0.0,
+            0.0,
+        )
+        for g in range(2)
+    ]
+    return groups, sum(sum(e.action_mask) for e in episodes)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_learner_logprobs_equal_the_engines_across_an_episodes_turns(
+    model_dir: Path, shared: bool
+) -> None:
+    """Multi-turn episodes: on every policy token of every turn the learner's logprob is the
+    engine's, and the environment's tokens count in no figure (``mismatch/tokens`` is the
+    policy's tokens alone)."""
+    groups, policy_tokens = _episode_groups(model_dir)
+    _process_group()
+    try:
+        step = build_train_step(
+            _config(
+                "learner.groups_per_step=2",
+                "learner.micro_batch_size=8",
+                f"learner.share_prompts={str(shared).lower()}",
+            ),
+            model_dir,
+            CPU,
+            1,
+        )
+        metrics = step(groups, version=0)
+    finally:
+        dist.destroy_process_group()
+    assert metrics["mismatch/tokens"] == policy_tokens > 0
     assert metrics["mismatch/logprob_abs_max"] <= 1e-4, metrics
     assert metrics["policy/is_weight_max"] <= 1 + 1e-4, metrics
 
