@@ -290,8 +290,15 @@ class TrainStep:
         )
         for k, count in enumerate(counts):
             metrics.add(staleness_bin(k), count)
-        tokens = sum(t.num_response_tokens for g in groups for t in g.trajectories)
-        metrics.add("train/response_tokens", float(tokens))
+        lengths = torch.tensor(
+            [float(t.num_response_tokens) for g in groups for t in g.trajectories]
+        )
+        metrics.add("train/response_tokens", lengths.sum())
+        # The spread of lengths (multi-turn episodes: a synchronous step waits for its longest)
+        # and the policy turns per trajectory (0 for single-turn ones).
+        metrics.max("train/response_tokens_max", lengths.max())
+        turns = torch.tensor([float(t.turns) for g in groups for t in g.trajectories])
+        metrics.mean("train/turns_mean", turns.mean(), float(len(turns)))
 
     def _scores(
         self, groups: list[TrajectoryGroup], batches: list[MicroBatch], metrics: StepMetrics

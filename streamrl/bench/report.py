@@ -54,8 +54,9 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: di
         "",
         "| mode | samples/s | trained tok/s | generated tok/s | generator busy | "
         "waits admission | waits weights | weight pauses | learner busy | staleness mean | "
-        "staleness histogram | weight bytes/step | window s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "staleness histogram | weight bytes/step | length mean / longest per step (turns) | "
+        "window s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         hist = ", ".join(f"{k}: {v:.0f}" for k, v in sorted(r["staleness_histogram"].items()))
@@ -65,7 +66,7 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: di
             f"{_pct(r['generator_wait_admission'])} | {_pct(r['generator_wait_weights'])} | "
             f"{_pct(r['generator_weights_pause'])} | {_pct(r['learner_busy'])} | "
             f"{r['staleness_mean']:.2f} | {hist} | {r['weight_bytes_per_step']:.3g} | "
-            f"{r['window_s']:.0f} |"
+            f"{_lengths(r)} | {r['window_s']:.0f} |"
         )
     c = comparison
     lines += [
@@ -131,3 +132,12 @@ def plots(results: list[dict[str, Any]], out: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
     return paths
+
+
+def _lengths(result: dict) -> str:
+    """Trajectory length: mean / mean of each step's longest, in tokens (and turns per
+    episode for a multi-turn job); results from before these figures show a dash."""
+    if "response_tokens_mean" not in result:
+        return "-"
+    text = f"{result['response_tokens_mean']:.1f} / {result['response_tokens_max_mean']:.1f}"
+    return text + (f" ({result['turns_mean']:.2f})" if result.get("turns_mean") else "")

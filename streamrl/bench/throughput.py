@@ -108,6 +108,13 @@ def measure(records: list[dict[str, Any]], warmup: int, config: Config) -> dict[
         "window_s": span,
         "samples_per_s": len(window) * samples_per_step / span,
         "trained_tokens_per_s": sum(r["train/response_tokens"] for r in window) / span,
+        # The spread of trajectory lengths (episodes: a synchronous step waits for its
+        # longest): the mean length, the mean of each step's longest, and turns per episode.
+        "response_tokens_mean": sum(r["train/response_tokens"] for r in window)
+        / (len(window) * samples_per_step),
+        "response_tokens_max_mean": sum(r.get("train/response_tokens_max", 0.0) for r in window)
+        / len(window),
+        "turns_mean": sum(r.get("train/turns_mean", 0.0) for r in window) / len(window),
         "generated_tokens_per_s": delta("generators/tokens_total") / span,
         "generator_busy": per_generator("generators/busy_s_total"),
         "generator_wait_admission": per_generator("generators/wait_admission_s_total"),
@@ -244,7 +251,10 @@ def bench_throughput(
             f"{result['generated_tokens_per_s']:.1f} generated tok/s, generator busy "
             f"{100 * result['generator_busy']:.0f}%, learner busy "
             f"{100 * result['learner_busy']:.0f}%, staleness {result['staleness_mean']:.2f} "
-            f"({result['window_s']:.0f} s window)",
+            f"({result['window_s']:.0f} s window); trajectory length mean "
+            f"{result['response_tokens_mean']:.1f}, longest per step "
+            f"{result['response_tokens_max_mean']:.1f} tokens"
+            + (f", {result['turns_mean']:.2f} turns" if result["turns_mean"] else ""),
             file=console,
             flush=True,
         )
