@@ -222,3 +222,40 @@ def test_stop_tokens_max_tokens_and_finish_reasons(engine, prompts):
     short = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=3))
     for out, whole in zip(short, free, strict=True):
         assert out.response_ids == whole.response_ids[:3] and out.finish_reason == "length"
+
+
+def test_episodes_match_the_learner_on_every_policy_token(engine, kind, model_dir, dtype):
+    """Multi-turn episodes (the guessing game, three turns) on the engine: each turn is
+    sampled from the prompt and every token before it, the environment's included, so the
+    learner's one forward over the whole episode matches the behaviour logprobs on every
+    policy token, at the dtype's noise level."""
+    from streamrl.config import load_config
+    from streamrl.models import stop_token_ids
+    from streamrl.tasks import TASKS
+    from streamrl.workers.episodes import EpisodeRunner
+
+    config = load_config(
+        None, ["data.source=guess", "env.name=guess", "rewards=[]", "env.max_turns=3"]
+    )
+    tokenizer = load_tokenizer(model_dir)
+    prompts = [TASKS["guess"].question(config.data, 0, i, "train") for i in range(2)]
+    params = SamplingParams(
+        temperature=0.8, max_new_tokens=8, stop_token_ids=stop_token_ids(tokenizer)
+    )
+    runner = EpisodeRunner(config, tokenizer)
+    try:
+        episodes = runner.play(engine, prompts, 2, params)
+    finally:
+        runner.close()
+    assert any(e.turns > 1 for e in episodes), [runner.text(e) for e in episodes]
+    learner = load_causal_lm(model_dir, dtype=dtype, device=DEVICE).eval()
+    diffs = []
+    with torch.no_grad():
+        for e in episodes:
+            assert len(e.response_ids) == len(e.logprobs) == len(e.versions) == len(e.action_mask)
+            reference = learner_logprobs(learner, e.prompt_ids, e.response_ids, 0.8)
+            policy = torch.tensor(e.action_mask, dtype=torch.bool)
+            diffs.append((torch.tensor(e.logprobs)[policy] - reference[policy]).abs())
+    diff = torch.cat(diffs)
+    mean_bound, max_bound = NOISE[dtype]
+    assert diff.mean() < mean_bound and diff.max() < max_bound, (kind, diff.mean(), diff.max())
