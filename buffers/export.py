@@ -35,6 +35,11 @@ EXPORT_SCHEMA = pa.schema(
         ("finish_reason", pa.string()),
         ("generator_id", pa.int32()),
         ("consumed", pa.bool_()),
+        # Multi-turn episodes: 1 per policy token, 0 per environment token (all 1 for a
+        # single-turn trajectory), the policy turns (0: single-turn) and an abnormal end's reason.
+        ("action_mask", pa.list_(pa.uint8())),
+        ("turns", pa.int32()),
+        ("end_reason", pa.string()),
     ]
 )
 # Columns built from a trajectory's raw little-endian arrays, and their numpy dtypes.
@@ -43,6 +48,7 @@ ARRAY_COLUMNS = {
     "response_ids": np.dtype("<i4"),
     "behavior_logprobs": np.dtype("<f4"),
     "token_versions": np.dtype("<i4"),
+    "action_mask": np.dtype("u1"),
 }
 _ROWS_PER_BATCH = 4096
 
@@ -78,6 +84,7 @@ def export_parquet(run_dir: Path, out: Path) -> int:
                         t.prompt_ids, t.response_ids, t.response_text, t.reward,
                         t.behavior_logprobs, t.token_versions, lo, hi,
                         t.finish_reason, t.generator_id, consumed,
+                        t.action_mask or b"\x01" * t.num_response_tokens, t.turns, t.end_reason,
                     )  # fmt: skip
                     for column, value in zip(columns.values(), row, strict=True):
                         column.append(value)

@@ -250,8 +250,12 @@ def test_export_writes_one_row_per_trajectory(tmp_path):
     with DurableLog(run_dir / "buffer", 0) as log:
         log.append_many([make_group(0, n=2), make_group(1, n=3, version=4)])
         log.mark_consumed(["g0"])
+    episode = make_group(2, n=1)
+    t = episode.trajectories[0]
+    t.action_mask = bytes([1] * (t.num_response_tokens - 1) + [0])  # a multi-turn episode's
+    t.turns, t.end_reason = 2, "malformed tool call: no </calc>"
     with DurableLog(run_dir / "buffer", 1) as log:
-        log.append(make_group(2, n=1))
+        log.append(episode)
     out = tmp_path / "export" / "trajectories.parquet"
     assert export_parquet(run_dir, out) == 6
     table = pq.read_table(out)
@@ -271,6 +275,10 @@ def test_export_writes_one_row_per_trajectory(tmp_path):
     assert table.schema.field("behavior_logprobs").type == pa.list_(pa.float32())
     assert row["reward"] == want.reward and row["finish_reason"] == "length"
     assert row["generator_id"] == 2 and row["response_text"] == want.response_text
+    # A single-turn trajectory: every token the policy's; the episode's mask as it was logged.
+    assert row["action_mask"] == [1] * len(want.response_list()) and row["turns"] == 0
+    assert rows[5]["action_mask"] == list(t.action_mask) and rows[5]["turns"] == 2
+    assert rows[5]["end_reason"] == "malformed tool call: no </calc>"
 
 
 def test_a_payload_that_does_not_decode_is_skipped_counted_and_logged_once(tmp_path, caplog):
