@@ -85,13 +85,26 @@ class MetricsLog:
             self.file.write(json.dumps(line) + "\n")
             if self.wandb is not None:
                 self.wandb.log({"step": requested, **metrics})
-        text = (
-            f"eval v{version:>3} | exact {metrics.get('eval/exact_match', 0.0):.3f} "
-            f"| completed {metrics.get('eval/completed', 0.0):.3f} "
-            f"| accuracy {metrics.get('eval/accuracy', 0.0):.3f} "
-            f"| reward {metrics.get('eval/reward_mean', 0.0):.3f} "
-            f"| {metrics.get('eval/prompts', 0):.0f} prompts"
-        )
+        if "eval/success" in metrics:  # multi-turn episodes (streamrl.envs)
+            counts = "".join(
+                f" | {key.removeprefix('eval/')} {metrics[key]:.2f}"
+                for key in ("eval/turns", "eval/tool_calls", "eval/guesses")
+                if key in metrics
+            )
+            text = (
+                f"eval v{version:>3} | success {metrics['eval/success']:.3f} "
+                f"| completed {metrics.get('eval/completed', 0.0):.3f}{counts} "
+                f"| reward {metrics.get('eval/reward_mean', 0.0):.3f} "
+                f"| {metrics.get('eval/prompts', 0):.0f} prompts"
+            )
+        else:
+            text = (
+                f"eval v{version:>3} | exact {metrics.get('eval/exact_match', 0.0):.3f} "
+                f"| completed {metrics.get('eval/completed', 0.0):.3f} "
+                f"| accuracy {metrics.get('eval/accuracy', 0.0):.3f} "
+                f"| reward {metrics.get('eval/reward_mean', 0.0):.3f} "
+                f"| {metrics.get('eval/prompts', 0):.0f} prompts"
+            )
         self._print(text)
 
     def _print(self, text: str) -> None:

@@ -163,7 +163,7 @@ def start_episodes(
 ) -> list[Episode]:
     """``copies`` episodes of each prompt (a GRPO group each), in prompt order, each with a
     fresh environment reset on its prompt. An environment's ``instructions`` replace the
-    prompt's system message, and its ``examples`` come before the question.""" 
+    prompt's system message, and its ``examples`` come before the question."""
     episodes = []
     for prompt in prompts:
         for _ in range(copies):

@@ -13,6 +13,9 @@ from streamrl.controller.state import RunState
 from streamrl.protocol import EvalReport, GeneratorActivity, GeneratorReport, LearnerStep
 
 OUTCOME_KEYS = (
+    "eval/success",  # multi-turn episodes: with eval/turns and the environment's counts
+    "eval/turns",
+    "eval/tool_calls",
     "eval/exact_match",
     "eval/completed",
     "eval/accuracy",
