@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -142,7 +143,7 @@ class EnvCalls:
             return result.reason
         if not isinstance(result, StepResult):
             return f"environment step returned {type(result).__name__}, not a StepResult"
-        return result
+        return _malformed(result) or result
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -151,6 +152,20 @@ class EnvCalls:
 @dataclass
 class _Failed:
     reason: str
+
+
+def _malformed(result: StepResult) -> str | None:
+    """Why a ``StepResult`` cannot be used (a user's environment filled it), or None."""
+    number = (int, float)
+    if not isinstance(result.observation, str):
+        return f"environment step's observation is {type(result.observation).__name__}, not str"
+    if not isinstance(result.reward, number) or not math.isfinite(result.reward):
+        return f"environment step's reward is {result.reward!r}, not a finite number"
+    if not isinstance(result.counts, dict) or not all(
+        isinstance(k, str) and isinstance(v, number) for k, v in result.counts.items()
+    ):
+        return "environment step's counts are not a dict of names to numbers"
+    return None
 
 
 def start_episodes(

@@ -230,6 +230,16 @@ class ReturnsText(Guess):
         return "done"
 
 
+class BadReward(Guess):
+    def step(self, text: str) -> StepResult:
+        return StepResult(observation="up", reward=float("nan"))
+
+
+class BadObservation(Guess):
+    def step(self, text: str) -> StepResult:
+        return StepResult(observation=["up"])
+
+
 class ResetRaises(Guess):
     def reset(self, prompt: Prompt) -> None:
         raise ValueError("no such game")
@@ -241,6 +251,8 @@ class ResetRaises(Guess):
         (Raises, "environment step raised RuntimeError: the tool's backend is down"),
         (Hangs, "environment step timed out after 0.2 s"),
         (ReturnsText, "environment step returned str, not a StepResult"),
+        (BadReward, "environment step's reward is nan, not a finite number"),
+        (BadObservation, "environment step's observation is list, not str"),
         (ResetRaises, "environment reset raised ValueError: no such game"),
     ],
 )
