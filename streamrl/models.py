@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -30,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from streamrl.data import Prompt
+
+log = logging.getLogger(__name__)
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny-random-llama"
@@ -315,4 +318,17 @@ def encode_prompt(tokenizer, prompt: Prompt, max_tokens: int) -> list[int]:
     ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True)
     if not isinstance(ids, list):  # newer transformers return a BatchEncoding
         ids = ids["input_ids"]
+    if len(ids) > max_tokens and not _cut_prompts:
+        # Once per process: a cut prompt loses its start (the system prompt first).
+        _cut_prompts.append(prompt.prompt_id)
+        log.warning(
+            "prompt %s has %d tokens: cut to its last %d (data.max_prompt_tokens); "
+            "further cut prompts are not logged",
+            prompt.prompt_id,
+            len(ids),
+            max_tokens,
+        )
     return list(ids)[-max_tokens:]
+
+
+_cut_prompts: list[str] = []  # the first prompt cut by ``encode_prompt`` in this process
