@@ -7,7 +7,6 @@ resolved when the config loads, so a typo fails before any process starts.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import re
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamrl.config import ConfigError, RewardSpec
+from streamrl.plugins import load_named
 from streamrl.tasks import countdown as countdown_task
 
 log = logging.getLogger(__name__)
@@ -179,11 +179,7 @@ def resolve_reward(name: str) -> RewardFn:
     if name in REWARDS:
         return REWARDS[name]
     if ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"reward {name!r} cannot be loaded: {exc}") from None
+        fn = load_named(name, "reward")
         if not callable(fn):
             raise ConfigError(f"reward {name!r} is not callable")
         return fn

@@ -10,13 +10,13 @@ episode; ``check_env`` fails on a name that cannot be loaded, before any process
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 from streamrl.config import ConfigError, EnvConfig
 from streamrl.envs.base import Environment, StepResult
 from streamrl.envs.calculator import Calculator
 from streamrl.envs.guess import GuessNumber
+from streamrl.plugins import load_named
 
 ENVS: dict[str, type[Environment]] = {"calculator": Calculator, "guess": GuessNumber}
 
@@ -27,11 +27,7 @@ def resolve_env(name: str) -> type[Environment]:
     if name in ENVS:
         return ENVS[name]
     if ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"env.name {name!r} cannot be loaded: {exc}") from None
+        cls = load_named(name, "env.name")
         if not (isinstance(cls, type) and issubclass(cls, Environment)):
             raise ConfigError(f"env.name {name!r} is not a streamrl.envs.Environment subclass")
         return cls
