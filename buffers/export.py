@@ -84,7 +84,7 @@ def export_parquet(run_dir: Path, out: Path) -> int:
                         t.prompt_ids, t.response_ids, t.response_text, t.reward,
                         t.behavior_logprobs, t.token_versions, lo, hi,
                         t.finish_reason, t.generator_id, consumed,
-                        t.action_mask or b"\x01" * t.num_response_tokens, t.turns, t.end_reason,
+                        t.policy_mask(), t.turns, t.end_reason,
                     )  # fmt: skip
                     for column, value in zip(columns.values(), row, strict=True):
                         column.append(value)

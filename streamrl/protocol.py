@@ -201,9 +201,13 @@ class Trajectory(msgspec.Struct):
     def version_list(self) -> list[int]:
         return _unpack(self.token_versions, "i")
 
+    def policy_mask(self) -> bytes:
+        """One byte per response token: 1 where the policy sampled it, 0 where an environment
+        wrote it (``action_mask``, whose empty form means every token is the policy's)."""
+        return self.action_mask or b"\x01" * self.num_response_tokens
+
     def action_mask_list(self) -> list[int]:
-        """1 per policy-sampled response token, 0 per environment token."""
-        return list(self.action_mask) if self.action_mask else [1] * self.num_response_tokens
+        return list(self.policy_mask())
 
 
 class TrajectoryGroup(msgspec.Struct):

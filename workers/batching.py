@@ -280,9 +280,7 @@ def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor, hidden: int) -> M
     behavior[is_response] = _joined((t.behavior_logprobs for t in chunk), torch.float32)
     # Environment tokens of an episode (action mask 0) are context: masked out of everything.
     mask = torch.zeros(is_response.shape)
-    mask[is_response] = _joined(
-        (t.action_mask or b"\x01" * t.num_response_tokens for t in chunk), torch.uint8
-    ).float()
+    mask[is_response] = _joined((t.policy_mask() for t in chunk), torch.uint8).float()
     versions = torch.full(is_response.shape, -1, dtype=torch.long)
     versions[is_response] = _joined((t.token_versions for t in chunk), torch.int32).long()
     temperatures = torch.tensor([t.temperature for t in chunk])

@@ -69,11 +69,12 @@ def evaluate_episodes(
     finally:
         runner.close()
     n = max(len(episodes), 1)
+    success = sum(e.success for e in episodes) / n
     metrics = {
-        "eval/success": sum(e.success for e in episodes) / n,
-        "eval/exact_match": sum(e.success for e in episodes) / n,
+        "eval/success": success,
+        "eval/exact_match": success,
         "eval/completed": sum(e.success and e.finish_reason == "stop" for e in episodes) / n,
-        "eval/accuracy": sum(e.success for e in episodes) / n,
+        "eval/accuracy": success,
         "eval/reward_mean": sum(e.reward for e in episodes) / n,
         "eval/turns": sum(e.turns for e in episodes) / n,
         "eval/prompts": float(len(prompts)),

@@ -52,6 +52,7 @@ from streamrl.protocol import (
 from streamrl.rewards import CombinedReward, RewardInput
 from streamrl.transport import Codec, make_socket
 from streamrl.workers.engines import Engine, SamplingParams, make_engine
+from streamrl.workers.engines.base import StepHook
 from streamrl.workers.episodes import EpisodeRunner
 from streamrl.workers.subscriber import WeightSubscriber
 
@@ -415,91 +416,83 @@ class Generator:
             log.info("generator[%d]: temperature -> %s", self.generator_id, temperature)
 
     def generate_groups(self, prompts: list[Prompt]) -> list[TrajectoryGroup]:
-        if self.episodes is not None:
-            return self.generate_episode_groups(prompts)
-        gen = self.config.generator
-        created = time.time()
-        prompt_ids = [
-            encode_prompt(self.tokenizer, p, self.config.data.max_prompt_tokens) for p in prompts
-        ]
-        batch = [ids for ids in prompt_ids for _ in range(gen.group_size)]
-        on_step = self.poll_weights if gen.in_flight_updates else None
+        """One group per prompt of ``generator.group_size`` samples: a response each, or with
+        an environment (``env.name``) an episode each (``workers.episodes``)."""
+        size = self.config.generator.group_size
+        on_step = self.poll_weights if self.config.generator.in_flight_updates else None
         # Tagged with the epoch the call starts on: tokens sampled after an in-flight switch
         # to a restarted group's weights count as the old epoch's (the shard may drop the
         # group: a regeneration, never a group trained on weights no learner has).
-        epoch = self.held_epoch
-        outputs = self.engine.generate(batch, self.sampling, on_step)
+        created, epoch = time.time(), self.held_epoch
+        if self.episodes is not None:
+            trajectories = self._episode_trajectories(prompts, on_step)
+        else:
+            trajectories = self._response_trajectories(prompts, on_step)
         finished = time.time()
-        groups = []
-        for i, prompt in enumerate(prompts):
-            trajectories = []
-            prompt_bytes = pack_int32(prompt_ids[i])
-            for out in outputs[i * gen.group_size : (i + 1) * gen.group_size]:
-                text = self.tokenizer.decode(out.response_ids, skip_special_tokens=True)
-                reward = self.reward(
-                    RewardInput(
-                        text,
-                        out.response_ids,
-                        prompt.ground_truth,
-                        prompt.data_source,
-                        finish_reason=out.finish_reason,
-                    )
-                )
-                trajectories.append(
-                    Trajectory(
-                        prompt_ids=prompt_bytes,
-                        response_ids=pack_int32(out.response_ids),
-                        behavior_logprobs=out.logprob_bytes(),
-                        token_versions=pack_int32(out.token_versions),
-                        reward=reward,
-                        finish_reason=out.finish_reason,
-                        generator_id=self.generator_id,
-                        response_text=text,
-                        temperature=self.sampling.temperature,
-                    )
-                )
-                self.tokens_generated += len(out.response_ids)
-            groups.append(
-                TrajectoryGroup(
-                    group_id="",  # given with its delivery identity when pushed (``push``)
-                    prompt_id=prompt.prompt_id,
-                    trajectories=trajectories,
-                    created_at=created,
-                    finished_at=finished,
-                    data_source=prompt.data_source,
-                    ground_truth=prompt.ground_truth,
-                    weights_epoch=epoch,
-                )
+        return [
+            TrajectoryGroup(
+                group_id="",  # given with its delivery identity when pushed (``push``)
+                prompt_id=prompt.prompt_id,
+                trajectories=trajectories[i * size : (i + 1) * size],
+                created_at=created,
+                finished_at=finished,
+                data_source=prompt.data_source,
+                ground_truth=prompt.ground_truth,
+                weights_epoch=epoch,
             )
-        return groups
+            for i, prompt in enumerate(prompts)
+        ]
 
-    def generate_episode_groups(self, prompts: list[Prompt]) -> list[TrajectoryGroup]:
-        """``generator.group_size`` episodes of each prompt with the environment
-        (``workers.episodes``): one trajectory each, every turn's tokens with their mask."""
-        size, created, epoch = self.config.generator.group_size, time.time(), self.held_epoch
-        on_step = self.poll_weights if self.config.generator.in_flight_updates else None
-        episodes = self.episodes.play(self.engine, prompts, size, self.sampling, on_step)
-        finished = time.time()
-        self.tokens_generated += sum(sum(e.action_mask) for e in episodes)
-        groups = []
-        for i, prompt in enumerate(prompts):
-            trajectories = [
-                self.episodes.trajectory(e, self.generator_id, self.sampling.temperature)
-                for e in episodes[i * size : (i + 1) * size]
-            ]
-            groups.append(
-                TrajectoryGroup(
-                    group_id="",
-                    prompt_id=prompt.prompt_id,
-                    trajectories=trajectories,
-                    created_at=created,
-                    finished_at=finished,
-                    data_source=prompt.data_source,
-                    ground_truth=prompt.ground_truth,
-                    weights_epoch=epoch,
+    def _response_trajectories(
+        self, prompts: list[Prompt], on_step: StepHook | None
+    ) -> list[Trajectory]:
+        """``group_size`` sampled responses of each prompt, scored by the job's rewards."""
+        size = self.config.generator.group_size
+        prompt_ids = [
+            encode_prompt(self.tokenizer, p, self.config.data.max_prompt_tokens) for p in prompts
+        ]
+        batch = [ids for ids in prompt_ids for _ in range(size)]
+        outputs = self.engine.generate(batch, self.sampling, on_step)
+        prompt_bytes = [pack_int32(ids) for ids in prompt_ids]
+        trajectories = []
+        for row, out in enumerate(outputs):
+            prompt = prompts[row // size]
+            text = self.tokenizer.decode(out.response_ids, skip_special_tokens=True)
+            reward = self.reward(
+                RewardInput(
+                    text,
+                    out.response_ids,
+                    prompt.ground_truth,
+                    prompt.data_source,
+                    finish_reason=out.finish_reason,
                 )
             )
-        return groups
+            trajectories.append(
+                Trajectory(
+                    prompt_ids=prompt_bytes[row // size],
+                    response_ids=pack_int32(out.response_ids),
+                    behavior_logprobs=out.logprob_bytes(),
+                    token_versions=pack_int32(out.token_versions),
+                    reward=reward,
+                    finish_reason=out.finish_reason,
+                    generator_id=self.generator_id,
+                    response_text=text,
+                    temperature=self.sampling.temperature,
+                )
+            )
+            self.tokens_generated += len(out.response_ids)
+        return trajectories
+
+    def _episode_trajectories(
+        self, prompts: list[Prompt], on_step: StepHook | None
+    ) -> list[Trajectory]:
+        """``group_size`` episodes of each prompt with the environment, played to their ends:
+        every turn's tokens with their mask, the environment's reward."""
+        size = self.config.generator.group_size
+        episodes = self.episodes.play(self.engine, prompts, size, self.sampling, on_step)
+        self.tokens_generated += sum(sum(e.action_mask) for e in episodes)
+        temperature = self.sampling.temperature
+        return [self.episodes.trajectory(e, self.generator_id, temperature) for e in episodes]
 
     def push(self, groups: list[TrajectoryGroup]) -> None:
         """Send each group to the next shard, round-robin, with its delivery identity for that
