@@ -190,6 +190,12 @@ def test_threads_default_to_a_share_of_the_cores() -> None:
     assert role_threads(config, "learner", None, 8) == 2  # 8 cores over 4 CPU processes
     assert role_threads(config, "generator", [2, 3, 4], 8) == 3  # pinned: its cores
     assert role_threads(config, "generator", None, 2) == 1  # never 0
+    # Sync mode: the sides take turns, so each has the cores the larger side shares.
+    sync = load_config(None, ["learner.count=1", "generator.count=3", "run.mode=sync"])
+    assert role_threads(sync, "learner", None, 8) == 2  # 8 over the 3 generators, rounded down
+    one_each = load_config(None, ["learner.count=1", "generator.count=1", "run.mode=sync"])
+    assert role_threads(one_each, "learner", None, 2) == 2
+    assert role_threads(one_each, "generator", None, 2) == 2
     explicit = load_config(None, ["generator.threads=5"])
     assert role_threads(explicit, "generator", [1], 8) == 5
     with pytest.raises(Exception, match="generator.threads must be >= 0"):
