@@ -93,6 +93,25 @@ def number_only(sample: RewardInput, *, alone: bool = False) -> float:
 _ALONE_NUMBER = re.compile(rf"\s*{_NUMBER.pattern}\s*$")
 
 
+@register("numeric_close")
+def numeric_close(sample: RewardInput, *, scale: float = 5.0) -> float:
+    """Credit for a near miss: ``1 - |answer - truth| / scale`` (at least 0) when the whole
+    response is a number, else 0. Why: on a task the model rarely gets right (three-term sums),
+    a group's answers are all wrong and ``numeric_match`` gives it no variance, so dynamic
+    sampling drops nearly every group and the run learns from almost nothing. Paying the nearer
+    answers more gives those groups a direction toward the right one. Only a bare number
+    counts: scored on a chatty response's first number, restating the question ("12 + 8 = 9")
+    would pay for an operand near the answer."""
+    if scale <= 0:
+        raise ValueError(f"numeric_close: scale must be > 0, got {scale}")
+    if not _ALONE_NUMBER.match(sample.response_text):
+        return 0.0
+    answer, truth = _to_number(sample.response_text), _to_number(sample.ground_truth)
+    if answer is None or truth is None:
+        return 0.0
+    return max(0.0, 1.0 - abs(answer - truth) / scale)
+
+
 @register("stopped")
 def stopped(sample: RewardInput, *, after: str = "") -> float:
     """1 if the model ended the response itself (a stop token), 0 if it was cut off at the
@@ -208,7 +227,14 @@ class CombinedReward:
 
 
 def check_rewards(specs: list[RewardSpec]) -> None:
+    """Every reward resolves, and a built-in one accepts its ``args`` (probed on one sample,
+    so ``scale: 0`` or a misspelt argument fails at load, not as counted errors mid-run)."""
     for spec in specs:
-        resolve_reward(spec.name)
+        fn = resolve_reward(spec.name)
         if "after" in spec.args:  # a reward gated on another (``stopped``) names it
             resolve_reward(str(spec.args["after"]))
+        if spec.name in REWARDS:
+            try:
+                fn(RewardInput("1", [], "1", finish_reason="stop"), **spec.args)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"reward {spec.name!r} args {dict(spec.args)}: {exc}") from None

@@ -69,6 +69,10 @@ def test_jsonl_string_prompt_and_errors(tmp_path: Path) -> None:
         ("number_only", "1,024.5 ", "0", 1.0),
         ("number_only", "12 + 8 = 20", "20", 0.0),
         ("number_only", "The answer is 19", "19", 0.0),
+        ("numeric_close", "19", "19", 1.0),
+        ("numeric_close", " 17\n", "19", 0.6),  # 2 off of the default scale 5
+        ("numeric_close", "-30", "19", 0.0),  # no credit past the scale
+        ("numeric_close", "12 + 7 = 19", "19", 0.0),  # a bare number only
         ("gsm8k", "so #### 42", "work...\n#### 42", 1.0),
         ("gsm8k", "42", "#### 42", 0.0),
         ("boxed_math", r"thus \boxed{\frac{1}{2}}", r"\frac{1}{2}", 1.0),
@@ -141,6 +145,17 @@ def test_number_only_alone_wants_nothing_after_the_number() -> None:
     assert alone(RewardInput("19\n\nAnswer with", [1], "19")) == 1.0
     assert alone(RewardInput("19\n\nAnswer with", [1], "19"), alone=True) == 0.0
     assert alone(RewardInput(" 19 \n", [1], "19"), alone=True) == 1.0
+
+
+def test_numeric_close_pays_near_misses_within_its_scale_and_bad_args_fail_at_load() -> None:
+    close = resolve_reward("numeric_close")
+    assert close(RewardInput("10", [1], "20"), scale=20.0) == pytest.approx(0.5)
+    assert close(RewardInput("1,020", [1], "1000"), scale=40.0) == pytest.approx(0.5)
+    check_rewards([RewardSpec(name="numeric_close", args={"scale": 3})])
+    with pytest.raises(ConfigError, match="scale must be > 0"):
+        check_rewards([RewardSpec(name="numeric_close", args={"scale": 0})])
+    with pytest.raises(ConfigError, match=r"reward 'number_only' args \{'alon': True\}"):
+        check_rewards([RewardSpec(name="number_only", args={"alon": True})])
 
 
 def test_stopped_rewards_a_response_the_model_ended_itself() -> None:
