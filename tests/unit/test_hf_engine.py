@@ -155,6 +155,33 @@ def test_continuous_batching_refills_slots(model_dir) -> None:
         assert out.logprobs_f32 == pack_float32(out.logprobs)  # rows regrouped per sequence
 
 
+def test_a_common_prefix_is_prefilled_once_and_changes_nothing(model_dir) -> None:
+    """Prompts sharing a long prefix (a chat template with its system prompt): the prefix is
+    one single-row forward, each prompt's rest (of several lengths, so shorter rests leave a
+    hole of padding between prefix and rest) a second, and every output is the one the prompt
+    gets alone: the same greedy tokens, logprobs of the sampled distribution."""
+    prefix = [1] + list(range(30, 49))  # 20 tokens, shared by 8 prompts: 140 positions spared
+    rests = [[60 + i] * (1 + i % 4) for i in range(8)]
+    prompts = [prefix + rest for rest in rests]
+    engine = HFEngine(model_dir, dtype="float32")
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    solo = [engine.generate([p], greedy)[0].response_ids for p in prompts]
+    widths: list[tuple[int, int]] = []
+    hook = engine.model.register_forward_pre_hook(
+        lambda _m, _a, kw: widths.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    together = engine.generate(prompts + prompts[:2], greedy)  # two prompts asked twice
+    hook.remove()
+    assert widths[:2] == [(1, len(prefix)), (8, 4)]  # prefix once, then 8 distinct rests
+    assert [o.response_ids for o in together] == solo + solo[:2]
+
+    engine.generator.manual_seed(3)
+    sampled = engine.generate(prompts, SamplingParams(max_new_tokens=6))
+    for prompt, out in zip(prompts, sampled, strict=True):
+        reference = full_forward_logprobs(engine, prompt, out.response_ids)
+        torch.testing.assert_close(torch.tensor(out.logprobs), reference, atol=1e-4, rtol=0)
+
+
 @pytest.mark.skipif(not cpu_bf16_is_fast(), reason="this CPU's oneDNN has no bf16 matmul")
 def test_prepacked_layers_compute_the_plain_model_and_follow_updates(model_dir) -> None:
     packed, plain = HFEngine(model_dir, prepack=True), HFEngine(model_dir, prepack=False)

@@ -17,7 +17,13 @@ leading columns no row uses are trimmed.
     step:  admit waiting prompts (prefill) -> sample every row -> drop finished rows
            -> on_step(self) (may update weights) -> one decode forward for the rest
 
-Prefill runs transformers' forward; decode steps of Llama-family models run ``FastDecoder``
+Prefill runs transformers' forward, once per distinct prompt (a GRPO group's n samples share
+their keys/values), and the distinct prompts' longest common prefix (a chat template and its
+system prompt) once for all of them when that saves enough (``MIN_SHARED_PREFIX_SAVING``):
+then each prompt's own suffix is prefilled over the shared keys/values, the padding of shorter
+suffixes a hole in the attention mask between the prefix and the suffix. On the default job's
+held-out set (128 prompts of ~29 tokens, 17 of them shared) that is 1,600 prefill tokens in
+place of 3,800. Decode steps of Llama-family models run ``FastDecoder``
 (``fast_decode.py``: the same modules and weights, without transformers' per-layer overhead),
 others transformers' forward too.
 
@@ -43,6 +49,12 @@ from streamrl.workers.engines.base import Engine, GenerationOutput, SamplingPara
 from streamrl.workers.engines.fast_decode import FastDecoder, MergedProjection, unsupported_reason
 from streamrl.workers.engines.kv_room import RoomyLayer, make_roomy
 from streamrl.workers.engines.packed_linear import PackedLinear, can_prepack, prepack_linears
+
+
+# Prefill the prompts' common prefix once only when that spares at least this many token
+# positions: below it the extra forward (one pass over every layer for a single row) costs
+# about what it saves.
+MIN_SHARED_PREFIX_SAVING = 64
 
 
 def sample_tokens(
@@ -98,6 +110,18 @@ def _full_attention(layer) -> bool:
     from transformers.cache_utils import DynamicLayer
 
     return type(layer) in (DynamicLayer, RoomyLayer)
+
+
+def _shared_prefix_length(prompts: list[list[int]]) -> int:
+    """Tokens of the prompts' longest common prefix worth prefilling once, or 0. Every prompt
+    keeps at least one token of its own: its next-token logits come from that token's pass."""
+    if len(prompts) < 2:
+        return 0
+    first, shortest = prompts[0], min(len(p) for p in prompts)
+    shared = 0
+    while shared < shortest - 1 and all(p[shared] == first[shared] for p in prompts):
+        shared += 1
+    return shared if (len(prompts) - 1) * shared >= MIN_SHARED_PREFIX_SAVING else 0
 
 
 def _left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
@@ -296,26 +320,48 @@ class HFEngine(Engine):
         return cache, attention[index], lengths[index], logits[index]
 
     def _prefill_distinct(self, prompts: list[list[int]]):
+        """Prefill distinct prompts: their common prefix once (``_shared_prefix``) when that
+        pays, then every prompt's rest, left-padded, over it."""
         from transformers import DynamicCache
 
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
-            attention[i, width - len(prompt) :] = 1
-        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         cache = DynamicCache(config=self.model.config)
         make_roomy(cache)  # decode steps append in place (kv_room)
+        shared = _shared_prefix_length(prompts)
+        if shared and not self._prefill_shared_prefix(prompts[0][:shared], len(prompts), cache):
+            cache, shared = DynamicCache(config=self.model.config), 0
+            make_roomy(cache)
+        rests = [p[shared:] for p in prompts]
+        width = max(len(p) for p in rests)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), shared + width), dtype=torch.long)
+        attention[:, :shared] = 1
+        for i, rest in enumerate(rests):
+            input_ids[i, width - len(rest) :] = torch.tensor(rest)
+            attention[i, shared + width - len(rest) :] = 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         logits = self.model(
             input_ids=input_ids,
             attention_mask=attention,
-            position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+            position_ids=(attention.cumsum(-1) - 1).clamp(min=0)[:, shared:],
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,  # only the next-token logits: skips a [B, T, V] projection
         ).logits[:, -1]
         return cache, attention, attention.sum(-1), logits
+
+    def _prefill_shared_prefix(self, prefix: list[int], rows: int, cache) -> bool:
+        """Prefill ``prefix`` once into ``cache`` and make its keys/values ``rows`` rows
+        (broadcast views: the next append copies them into a buffer of its own, ``kv_room``).
+        False, with ``cache`` left to discard, where a layer keeps per-row state beyond its
+        keys and values (sliding windows), which a broadcast would not carry."""
+        ids = torch.tensor([prefix], dtype=torch.long, device=self.device)
+        self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        if not all(_full_attention(layer) for layer in cache.layers):
+            return False
+        for layer in cache.layers:
+            layer.keys = layer.keys.expand(rows, -1, -1, -1)
+            layer.values = layer.values.expand(rows, -1, -1, -1)
+        return True
 
     def _decode(self, batch: _Batch, tokens: torch.Tensor) -> torch.Tensor:
         batch.attention = torch.cat(
