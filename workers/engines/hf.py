@@ -320,7 +320,7 @@ class HFEngine(Engine):
         return cache, attention[index], lengths[index], logits[index]
 
     def _prefill_distinct(self, prompts: list[list[int]]):
-        """Prefill distinct prompts: their common prefix once (``_shared_prefix``) when that
+        """Prefill distinct prompts: their common prefix once (``_shared_prefix_length``) when that
         pays, then every prompt's rest, left-padded, over it."""
         from transformers import DynamicCache
 
