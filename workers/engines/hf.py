@@ -50,7 +50,6 @@ from streamrl.workers.engines.fast_decode import FastDecoder, MergedProjection, 
 from streamrl.workers.engines.kv_room import RoomyLayer, make_roomy
 from streamrl.workers.engines.packed_linear import PackedLinear, can_prepack, prepack_linears
 
-
 # Prefill the prompts' common prefix once only when that spares at least this many token
 # positions: below it the extra forward (one pass over every layer for a single row) costs
 # about what it saves.
