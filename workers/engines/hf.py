@@ -321,14 +321,10 @@ class HFEngine(Engine):
     def _prefill_distinct(self, prompts: list[list[int]]):
         """Prefill distinct prompts: their common prefix once (``_shared_prefix_length``) when that
         pays, then every prompt's rest, left-padded, over it."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
-        make_roomy(cache)  # decode steps append in place (kv_room)
+        cache = self._empty_cache()
         shared = _shared_prefix_length(prompts)
         if shared and not self._prefill_shared_prefix(prompts[0][:shared], len(prompts), cache):
-            cache, shared = DynamicCache(config=self.model.config), 0
-            make_roomy(cache)
+            cache, shared = self._empty_cache(), 0
         rests = [p[shared:] for p in prompts]
         width = max(len(p) for p in rests)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -347,6 +343,13 @@ class HFEngine(Engine):
             logits_to_keep=1,  # only the next-token logits: skips a [B, T, V] projection
         ).logits[:, -1]
         return cache, attention, attention.sum(-1), logits
+
+    def _empty_cache(self):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        make_roomy(cache)  # decode steps append in place (kv_room)
+        return cache
 
     def _prefill_shared_prefix(self, prefix: list[int], rows: int, cache) -> bool:
         """Prefill ``prefix`` once into ``cache`` and make its keys/values ``rows`` rows
