@@ -26,10 +26,13 @@ square matmul in the model's dtype) and copy bandwidth W (bytes read + written p
 (one decode step reads the weights once for all B rows and does 2 P FLOPs per row; attention
 over the KV cache, sampling and Python overhead are left out, so it is an upper bound).
 
-Then two figures a run depends on:
+Then the figures a run depends on:
 
   job call   ms per ``generate`` call at the default job's shape (``--job-call``: 4 prompts x
              8 samples of a 45-token prompt, 8 new tokens; a group's prompt repeats, as in a run)
+  eval       s per held-out evaluation of a shipped job (``--eval-job``, default ``default``:
+             128 prompts sharing their chat template and system prompt, greedy, as generator 0
+             evaluates between its calls)
   update     s to apply one version in the engine once the subscriber has the tensors: every
              tensor changed (a real optimizer step changes them all), and one decoder layer.
              The HF engine repacks its oneDNN copies; the vLLM engine reloads layers.
@@ -172,6 +175,26 @@ def job_call_ms(
     )
 
 
+def eval_call_s(engine: Engine, model_dir: Path, job: str, repeats: int) -> float:
+    """s per held-out evaluation of a shipped job (``workers.evaluator.evaluate``: its held-out
+    prompts, greedy, as generator 0 runs it between calls), best of ``repeats`` after one
+    warm-up."""
+    from transformers import AutoTokenizer
+
+    from streamrl.config import load_config
+    from streamrl.workers.evaluator import evaluate
+
+    config = load_config(job)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    evaluate(engine, tokenizer, config)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        evaluate(engine, tokenizer, config)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
 def update_seconds(engine: Engine, repeats: int) -> dict[str, float]:
     """s to apply a version whose tensors the subscriber already holds (median of
     ``repeats``): every tensor, and the tensors of one decoder layer."""
@@ -237,6 +260,11 @@ def main() -> None:
         "--job-call",
         default="4,8,45,8",
         help="PROMPTS,GROUP,PROMPT_TOKENS,NEW_TOKENS of the timed run-shaped call ('' = skip)",
+    )
+    parser.add_argument(
+        "--eval-job",
+        default="default",
+        help="shipped job whose held-out evaluation is timed ('' = skip)",
     )
     parser.add_argument(
         "--no-fast-decode",
@@ -316,6 +344,11 @@ def main() -> None:
         print(
             f"\njob call ({args.job_call}: prompts,group,prompt,new): {extra['job_call_ms']:.0f} ms"
         )
+    if args.eval_job:
+        extra["eval_call_s"] = eval_call_s(
+            engine, resolve_model(model), args.eval_job, args.repeats
+        )
+        print(f"held-out evaluation of the {args.eval_job} job: {extra['eval_call_s']:.2f} s")
     extra["update_s"] = update_seconds(engine, max(args.repeats, 3))
     print(
         f"apply a version: every tensor {extra['update_s']['all']:.3f} s, one decoder layer "
