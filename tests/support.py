@@ -160,3 +160,9 @@ def assert_nothing_lost(summary: dict, run_dir: Path) -> None:
     consumed = sum(s["removed_total"].get("consumed", 0) for s in summary["buffer"])
     assert trained == consumed, f"trained {trained} groups, shards handed out {consumed}"
     assert summary["groups_lost_in_transit"] == 0, summary
+
+
+def whole(tensor):
+    """A parameter's or gradient's full value: an FSDP2 DTensor gathered, a plain tensor (one
+    learner rank) as it is."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor

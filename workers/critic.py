@@ -21,7 +21,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from streamrl.config import Config
-from streamrl.workers.fsdp import adamw, apply_fsdp, clip_and_step
+from streamrl.workers.fsdp import adamw, clip_and_step, shard_for_training
 
 
 class ValueModel(torch.nn.Module):
@@ -57,7 +57,7 @@ class Critic:
         if config.learner.activation_checkpointing:
             backbone.gradient_checkpointing_enable({"use_reentrant": False})
         # Its weights never reach a generator: no need to compute on the bf16 image.
-        apply_fsdp(self.model, mesh, compute_dtype, round_to_bf16=False)
+        shard_for_training(self.model, mesh, compute_dtype, round_to_bf16=False)
         alg, lc = config.algorithm, config.learner
         # From config, not the optimizer: a resumed optimizer holds a scaled learning rate.
         self.base_lr = alg.critic_lr or lc.lr

@@ -33,7 +33,7 @@ from streamrl.models import load_causal_lm, load_tokenizer
 from streamrl.protocol import BatchTaken, LearnerStep, TrajectoryGroup
 from streamrl.transport import make_socket
 from streamrl.workers import checkpoint
-from streamrl.workers.fsdp import adamw, apply_fsdp
+from streamrl.workers.fsdp import adamw, shard_for_training
 from streamrl.workers.publisher import WeightPublisher
 from streamrl.workers.train_step import TrainStep
 
@@ -92,7 +92,7 @@ def build_train_step(
         policy.set_attn_implementation(attention)
     if lc.activation_checkpointing:
         policy.gradient_checkpointing_enable({"use_reentrant": False})
-    apply_fsdp(policy, mesh, compute)
+    shard_for_training(policy, mesh, compute)
     optimizer = adamw(policy.parameters(), lc.lr, lc.betas, lc.weight_decay, device)
     ref_model = None
     if config.algorithm.kl.coef > 0:
@@ -103,7 +103,7 @@ def build_train_step(
         ref_model.requires_grad_(False)
         if attention is not None:
             ref_model.set_attn_implementation(attention)
-        apply_fsdp(ref_model, mesh, compute, round_to_bf16=False)
+        shard_for_training(ref_model, mesh, compute, round_to_bf16=False)
     critic = None
     if config.algorithm.advantage == "gae":
         from streamrl.workers.critic import Critic

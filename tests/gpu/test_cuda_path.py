@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
+from support import whole
 
 from streamrl.config import load_config
 from streamrl.models import TINY, load_tokenizer, resolve_model
@@ -90,7 +91,7 @@ def test_nccl_learner_scores_what_the_cuda_engine_sampled(nccl_group, model, dty
         ],
     )
     step = build_train_step(config, model_dir, CUDA, 1)
-    before = {n: p.detach().full_tensor().clone() for n, p in step.policy.named_parameters()}
+    before = {n: whole(p.detach()).clone() for n, p in step.policy.named_parameters()}
     metrics = step(groups, version=0)
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert metrics["mismatch/tokens"] > 0
@@ -98,7 +99,7 @@ def test_nccl_learner_scores_what_the_cuda_engine_sampled(nccl_group, model, dty
     moved = [
         n
         for n, p in step.policy.named_parameters()
-        if not torch.equal(before[n], p.detach().full_tensor())
+        if not torch.equal(before[n], whole(p.detach()))
     ]
     assert len(moved) == len(before)
     print(

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from support import random_groups
+from support import random_groups, whole
 
 from streamrl.config import load_config
 from streamrl.models import TINY, resolve_model
@@ -130,14 +130,14 @@ def test_each_loss_option_trains_without_nan(model_dir: str, overrides: list[str
         "tcp://127.0.0.1:9",
     )
     try:
-        before = {n: p.detach().full_tensor().clone() for n, p in learner.model.named_parameters()}
+        before = {n: whole(p.detach()).clone() for n, p in learner.model.named_parameters()}
         for step in range(3):
             metrics = learner.train_step(random_groups(4, 4, seed=step), step)
             assert all(math.isfinite(v) for v in metrics.values()), metrics
         changed = [
             n
             for n, p in learner.model.named_parameters()
-            if not torch.equal(before[n], p.detach().full_tensor())
+            if not torch.equal(before[n], whole(p.detach()))
         ]
         # Every parameter received gradient and moved (TRL-style smoke check).
         assert len(changed) == len(before), set(before) - set(changed)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from support import random_groups
+from support import random_groups, whole
 from torch.distributed.tensor import distribute_tensor
 
 from streamrl.config import Config, load_config
@@ -60,7 +60,7 @@ class GradRecorder(torch.optim.Optimizer):
     def step(self, closure=None) -> None:
         for group in self.param_groups:
             for p in group["params"]:
-                grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                grad = whole(p.grad)
                 self.grads.append(grad.detach().clone().flatten())
 
 
@@ -347,13 +347,13 @@ def test_fp32_forward_runs_on_the_bf16_image(model_dir: Path) -> None:
     try:
         step = build_train_step(_config(), model_dir, CPU, 1)
         _perturb(step.policy, 1e-3, seed=4)  # masters off the bf16 grid
-        masters = {n: p.full_tensor().clone() for n, p in step.policy.named_parameters()}
+        masters = {n: whole(p).clone() for n, p in step.policy.named_parameters()}
         plain = load_causal_lm(model_dir, "float32")
         plain.load_state_dict({n: m.to(torch.bfloat16).float() for n, m in masters.items()})
         ids = torch.randint(4, 100, (3, 10))
         torch.testing.assert_close(step.policy(input_ids=ids).logits, plain(input_ids=ids).logits)
         step.policy(input_ids=ids).logits.sum().backward()  # backward frees the gathered params
-        after = {n: p.full_tensor() for n, p in step.policy.named_parameters()}
+        after = {n: whole(p) for n, p in step.policy.named_parameters()}
     finally:
         dist.destroy_process_group()
     off_grid = [n for n, m in after.items() if not torch.equal(m, m.to(torch.bfloat16).float())]
@@ -379,7 +379,7 @@ def test_several_updates_per_batch_make_the_clip_act(model_dir: Path) -> None:
 
 
 def _full(step: TrainStep) -> dict[str, torch.Tensor]:
-    return {n: p.full_tensor().clone() for n, p in step.policy.named_parameters()}
+    return {n: whole(p).clone() for n, p in step.policy.named_parameters()}
 
 
 def test_a_non_finite_gradient_skips_the_update(model_dir: Path) -> None:

@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 from streamrl.config import WeightsConfig
 from streamrl.protocol import WeightDiff
 from streamrl.transport import free_port
-from streamrl.workers.fsdp import apply_fsdp
+from streamrl.workers.fsdp import shard_for_training
 from streamrl.workers.publisher import WeightPublisher
 from streamrl.workers.subscriber import WeightSubscriber
 from streamrl.workers.weight_codec import shard_rows
@@ -92,7 +92,7 @@ class FakeRanks:
             try:
                 mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
                 model = Uneven(**model_kwargs)
-                self.models.append(apply_fsdp(model, mesh, "bfloat16"))
+                self.models.append(shard_for_training(model, mesh, "bfloat16"))
             finally:
                 dist.destroy_process_group()
         self._copy_rows()
@@ -302,7 +302,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out: str, to_test, go, done
     )
     mesh = dist.device_mesh.init_device_mesh("cpu", (2,))
     model = load_causal_lm(Path(model_dir), "float32")
-    apply_fsdp(model, mesh, "bfloat16")
+    shard_for_training(model, mesh, "bfloat16")
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5)
     publisher = WeightPublisher(model, rank, 2, WeightsConfig(chunk_bytes=8192))
     encodings: Counter[str] = Counter()

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from streamrl.workers.fsdp import apply_fsdp
+from streamrl.workers.fsdp import shard_for_training
 from streamrl.workers.publisher import chunk_parts, encode_shard, local_bf16_shards
 from streamrl.workers.weight_codec import (
     EncodedPart,
@@ -181,7 +181,7 @@ def test_local_shards_match_fsdp2_layout(world: int) -> None:
         try:
             mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
             torch.manual_seed(0)
-            model = apply_fsdp(_Uneven(), mesh, "bfloat16")
+            model = shard_for_training(_Uneven(), mesh, "bfloat16")
             shards = local_bf16_shards(model)  # raises if FSDP2's rows differ from ours
         finally:
             dist.destroy_process_group()
