@@ -7,9 +7,10 @@ Both sides train the same model on the same synthetic batch (``--batch`` sequenc
   the response tokens, backward, AdamW step; no FSDP, no process group. Two variants when
   computing in bf16: weights held in bf16 (``plain bf16``), and fp32 master weights under
   ``torch.autocast`` (``plain amp``), which is what streamrl keeps (``model.learner_dtype``).
-- ``streamrl``: ``workers.train_step.TrainStep`` on FSDP2 rank(s) (gloo on CPU, NCCL on
-  CUDA), as the learner runs it: logits only at response positions, global-denominator
-  losses, one gradient reduce-scatter per update, the bf16 weight image in the forward.
+- ``streamrl``: ``workers.train_step.TrainStep`` as the learner runs it, on FSDP2 ranks
+  (gloo on CPU, NCCL on CUDA) or, with one rank, on its compute image (``workers/fsdp.py``):
+  logits only at response positions, global-denominator losses, one gradient reduce-scatter
+  per update, the bf16 weight image in the forward.
 
 With ``--spread`` response lengths vary (uniform in 1..``--response-tokens``): the plain
 loop pads each micro-batch to its longest row, streamrl too unless ``--micro-batch-tokens``
