@@ -303,10 +303,6 @@ class PlacementConfig(_Section):
     pin_cpus: bool = False
     # Cores of the learner pool (0: half of the cores, at least 1); generators get the rest.
     learner_cores: int = 0
-    # Unpinned CPU roles in local mode: a role process that waits (the learner for a batch,
-    # a generator for admission or weights) lends its threads to the working ones on the
-    # host (streamrl/core_lending.py).
-    lend_idle_cores: bool = True
 
 
 class AdminConfig(_Section):

@@ -668,7 +668,7 @@ class GeneratorActivity(msgspec.Struct):
     """Cumulative seconds a generator spent by activity, timed inside its loop, and its calls
     (``streamrl bench``): generating and scoring; waiting for admission; waiting for a version
     it must hold; applying weights (between calls or in flight, while decoding pauses);
-    evaluating; and, overlapping those, running on borrowed cores."""
+    evaluating."""
 
     busy_s: float = 0.0
     calls: int = 0  # generation calls (each decodes its granted groups' rows together)
@@ -676,8 +676,6 @@ class GeneratorActivity(msgspec.Struct):
     wait_weights_s: float = 0.0
     weights_pause_s: float = 0.0
     eval_s: float = 0.0
-    # on more threads than its own, the cores of waiting roles (``streamrl.core_lending``)
-    borrowed_s: float = 0.0
 
 
 class GeneratorReport(msgspec.Struct, tag="generator_report"):

@@ -22,18 +22,13 @@ from streamrl.evaluation import (
     unseen_phrasing_prompts,
 )
 from streamrl.models import encode_prompt, stop_token_ids
-from streamrl.workers.engines.base import Engine, SamplingParams, StepHook
+from streamrl.workers.engines.base import Engine, SamplingParams
 
 
 def evaluate(
-    engine: Engine,
-    tokenizer,
-    config: Config,
-    prompts: list[Prompt] | None = None,
-    on_step: StepHook | None = None,
+    engine: Engine, tokenizer, config: Config, prompts: list[Prompt] | None = None
 ) -> EvalResult:
-    """Decode the held-out prompts with ``engine`` (its current weights) and score them;
-    ``on_step`` runs between decode steps and must not change the weights."""
+    """Decode the held-out prompts with ``engine`` (its current weights) and score them."""
     ev = config.eval
     prompts = eval_prompts(config) if prompts is None else prompts
     params = SamplingParams(
@@ -45,7 +40,7 @@ def evaluate(
         return evaluate_episodes(engine, tokenizer, config, prompts, params)
     ids = [encode_prompt(tokenizer, p, config.data.max_prompt_tokens) for p in prompts]
     batch = [prompt_ids for prompt_ids in ids for _ in range(ev.samples)]
-    outputs = engine.generate(batch, params, on_step)
+    outputs = engine.generate(batch, params)
     responses = [
         (
             tokenizer.decode(out.response_ids, skip_special_tokens=True),

@@ -30,7 +30,6 @@ import zmq
 
 from streamrl.buffers.delivery import Outbox, new_sender, shard_sender
 from streamrl.config import Config
-from streamrl.core_lending import open_board, waiting_on
 from streamrl.cores import role_threads
 from streamrl.data import Prompt, PromptStream
 from streamrl.hardware import describe_choice, resolve_compute_dtype
@@ -58,7 +57,6 @@ from streamrl.workers.episodes import EpisodeRunner
 from streamrl.workers.subscriber import WeightSubscriber
 
 log = logging.getLogger(__name__)
-WAITING = ("wait_admission_s", "wait_weights_s")  # the activities that compute nothing
 
 # A leaving generator waits this long at most for the shards' receipts of what it pushed
 # (normally under a second: shards report twice a second, admission relays the floors).
@@ -143,14 +141,10 @@ class Generator:
         report_endpoint: str,
         *,
         incarnation: int = 0,
-        core_board: tuple[str | None, int | None] = (None, None),
     ) -> None:
-        """``core_board``: the run's core board and this generator's slot
-        (``streamrl.core_lending``)."""
         gen = config.generator
         # The controller resolves threads (0 = auto); a role built directly resolves its own.
-        host_cores = len(os.sched_getaffinity(0))
-        self.threads = role_threads(config, "generator", None, host_cores)
+        self.threads = role_threads(config, "generator", None, len(os.sched_getaffinity(0)))
         torch.set_num_threads(self.threads)
         self.config, self.generator_id, self.incarnation = config, generator_id, incarnation
         self.ctx = zmq.Context()
@@ -176,8 +170,6 @@ class Generator:
                 config.env.max_tokens if config.env.name else 0,
             ),
         )
-        borrow = torch.set_num_threads if self.engine.threads_may_change else None
-        self.board = open_board(*core_board, self.threads, host_cores, borrow)
         image = self.engine.shared_weights()
         if image is None:
             image = load_bf16_image(Path(model_dir))
@@ -250,14 +242,6 @@ class Generator:
     def _request_anchors(self) -> None:
         for rank in range(len(self.subscriber.ranks)):
             self.subscriber.request_anchor(rank)
-
-    def between_steps(self, engine: Engine) -> None:
-        """The engine's ``on_step``, between decode steps: the cores lent now, and in-flight
-        weight updates when they are on."""
-        if self.board is not None:
-            self.board.adjust()
-        if self.config.generator.in_flight_updates:
-            self.poll_weights(engine)
 
     def poll_weights(self, _engine: Engine | None = None) -> None:
         start = time.perf_counter()
@@ -382,13 +366,10 @@ class Generator:
     @contextlib.contextmanager
     def _timing(self, activity: str) -> Iterator[None]:
         """Add the block's seconds to ``activity``'s timer, less the weight application inside
-        it (``weights_pause_s`` has those). While it waits (admission, weights) the generator
-        lends its cores (``streamrl.core_lending``)."""
+        it (``weights_pause_s`` has those)."""
         start, paused = time.perf_counter(), self.timers.weights_pause_s
-        idle = waiting_on(self.board if activity in WAITING else None)
         try:
-            with idle:
-                yield
+            yield
         finally:
             spent = time.perf_counter() - start - (self.timers.weights_pause_s - paused)
             setattr(self.timers, activity, getattr(self.timers, activity) + spent)
@@ -405,9 +386,7 @@ class Generator:
             self.eval_set = eval_prompts(self.config)
         self.wait_for_version(version, time.monotonic() + self.config.run.drain_timeout_s)
         start = time.monotonic()
-        # No weight update inside an evaluation: its hook only follows the core board.
-        adjust = None if self.board is None else (lambda _engine: self.board.adjust())
-        result = evaluate(self.engine, self.tokenizer, self.config, self.eval_set, adjust)
+        result = evaluate(self.engine, self.tokenizer, self.config, self.eval_set)
         if final or self.evaluated < 0:
             add_unseen_phrasing(result, self.engine, self.tokenizer, self.config)
         result.metrics["eval/seconds"] = time.monotonic() - start
@@ -440,7 +419,7 @@ class Generator:
         """One group per prompt of ``generator.group_size`` samples: a response each, or with
         an environment (``env.name``) an episode each (``workers.episodes``)."""
         size = self.config.generator.group_size
-        on_step = self.between_steps
+        on_step = self.poll_weights if self.config.generator.in_flight_updates else None
         # Tagged with the epoch the call starts on: tokens sampled after an in-flight switch
         # to a restarted group's weights count as the old epoch's (the shard may drop the
         # group: a regeneration, never a group trained on weights no learner has).
@@ -575,8 +554,6 @@ class Generator:
             return
         self._last_report = now
         sub = self.subscriber
-        if self.board is not None:
-            self.timers.borrowed_s = self.board.borrowed_s()
         report = self.encoder.encode(
             GeneratorReport(
                 generator_id=self.generator_id,
@@ -607,8 +584,6 @@ class Generator:
             pass
 
     def close(self) -> None:
-        if self.board is not None:
-            self.board.close()
         if self.episodes is not None:
             self.episodes.close()
         self.heartbeat.stop()

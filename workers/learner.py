@@ -27,14 +27,13 @@ import zmq
 from streamrl.algorithms import kl as kl_lib
 from streamrl.buffers.client import BufferClient, FetchStopped
 from streamrl.config import Config
-from streamrl.core_lending import CoreBoard, open_board, waiting_on
 from streamrl.cores import role_threads
 from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_causal_lm, load_tokenizer
 from streamrl.protocol import BatchTaken, LearnerStep, TrajectoryGroup
 from streamrl.transport import make_socket
 from streamrl.workers import checkpoint
-from streamrl.workers.fsdp import adamw, decoder_blocks, shard_for_training
+from streamrl.workers.fsdp import adamw, shard_for_training
 from streamrl.workers.publisher import WeightPublisher
 from streamrl.workers.train_step import TrainStep
 
@@ -124,20 +123,6 @@ def build_train_step(
     )
 
 
-def look_between_blocks(model: torch.nn.Module, board: CoreBoard) -> None:
-    """Adjust the rank's threads to the core board (``streamrl.core_lending``) before each
-    decoder block's forward and after its backward: tens of milliseconds apart on a CPU."""
-
-    def before_block(_module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        board.adjust()
-        hidden = args[0] if args else kwargs.get("hidden_states")
-        if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
-            hidden.register_hook(lambda _grad: board.adjust())  # its block's backward is done
-
-    for block in decoder_blocks(model):
-        block.register_forward_pre_hook(before_block, with_kwargs=True)
-
-
 class Learner:
     def __init__(
         self,
@@ -154,11 +139,9 @@ class Learner:
         incarnation: int = 0,
         encoder_cores: list[int] | None = None,
         forks: list[int] | None = None,
-        core_board: tuple[str | None, int | None] = (None, None),
     ) -> None:
         """``incarnation`` and ``forks``: the learner clock's epoch and the versions its
-        epochs resumed at (``streamrl.clock``); every report and buffer request carries them.
-        ``core_board``: the run's core board and this rank's slot (``streamrl.core_lending``)."""
+        epochs resumed at (``streamrl.clock``); every report and buffer request carries them."""
         lc = config.learner
         self.incarnation = incarnation  # restarts of the group so far: on every report
         # The controller resolves threads (0 = auto); a role built directly resolves its own.
@@ -180,10 +163,6 @@ class Learner:
             log.info("learner: %s", describe_choice(config.model.compute_dtype, lc.device))
         self.train_step = build_train_step(config, self.model_dir, self.device, world_size)
         self.model, self.optimizer = self.train_step.policy, self.train_step.optimizer
-        host_cores = len(os.sched_getaffinity(0))
-        self.board = open_board(*core_board, self.threads, host_cores, torch.set_num_threads)
-        if self.board is not None:
-            look_between_blocks(self.model, self.board)
         self.critic, self.kl_controller = self.train_step.critic, self.train_step.kl_controller
         self._checkpoint_requested = False
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -234,8 +213,7 @@ class Learner:
             wait_start = time.perf_counter()
             # Read every step: the admin API can change the bound while the run goes on.
             eta = self.config.buffer.max_staleness
-            with waiting_on(self.board):  # the rank's cores are lent while it waits
-                groups = self._fetch(per_rank, self.version - eta)
+            groups = self._fetch(per_rank, self.version - eta)
             if groups is not None:  # before any collective: a dead peer rank would hang it
                 indices = [g.prompt_index for g in groups]
                 taken = BatchTaken(self.rank, self.version + 1, indices, self.incarnation)
@@ -253,8 +231,6 @@ class Learner:
             checkpoint_step = self._checkpoint_requested or due
             metrics.update(self.publisher.publish(self.version, verify=checkpoint_step))
             metrics["time/wait_batch_s"] = wait_s
-            if self.board is not None:  # cumulative, as the generators' (core_lending)
-                metrics["time/borrowed_s_total"] = self.board.borrowed_s()
             metrics["train/groups"] = float(len(groups) * self.world_size)  # equal shares
             if self._checkpoint_due():
                 self.save_checkpoint()
@@ -348,8 +324,6 @@ class Learner:
         dist.barrier()
 
     def close(self) -> None:
-        if self.board is not None:
-            self.board.close()
         self.publisher.close()
         self.buffer.close()
         self.ctx.destroy(linger=0)

@@ -101,7 +101,6 @@ class LearnerActor:
             incarnation=spec.incarnation,
             encoder_cores=spec.encoder_cores,
             forks=spec.forks,
-            core_board=(spec.core_board, spec.core_slot),
         )
         return self.learner.endpoints()
 
@@ -154,7 +153,6 @@ class GeneratorActor:
             spec.admission_endpoint,
             spec.report_endpoint,
             incarnation=spec.incarnation,
-            core_board=(spec.core_board, spec.core_slot),
         )
 
     def pid(self) -> int:

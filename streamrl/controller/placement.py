@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from streamrl.config import Config
 from streamrl.controller.rundir import RunError
-from streamrl.core_lending import create_board
 
 # Threads per role are ``streamrl.cores``' (the workers read them too); the controller takes
 # them from here with the rest of its placement.
@@ -157,18 +155,6 @@ def cpu_split(config: Config, available: list[int]) -> dict[str, list[list[int]]
     else:
         pools = {"learner": cores, "generator": cores}
     return {role: _share(pools[role], n) for role, n in cpu_roles.items() if n}
-
-
-def core_board(config: Config, address: str | None, run_dir: Path, pinned: bool) -> str | None:
-    """Make the run's core board (``streamrl.core_lending``) where its roles share a host's
-    cores: local mode, unpinned, some role on the CPU, ``placement.lend_idle_cores``. Its
-    path, or None."""
-    cpu_roles = any(getattr(config, r).device == "cpu" for r in ("learner", "generator"))
-    if address is not None or pinned or not cpu_roles or not config.placement.lend_idle_cores:
-        return None
-    path = run_dir / "cores.board"
-    create_board(path)
-    return str(path.resolve())
 
 
 def describe_split(split: dict[str, list[list[int]]]) -> str:

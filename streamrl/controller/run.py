@@ -59,7 +59,6 @@ from streamrl.controller.intake import ReportIntake
 from streamrl.controller.placement import (
     Placement,
     check_port_free,
-    core_board,
     cpu_split,
     describe_split,
     init_ray,
@@ -134,7 +133,6 @@ class Controller:
             # Pinning is a local-mode affair: cores are per node.
             cores = cpu_split(cfg, self.available_cores) if self.address is None else {}
             run_dir = prepare_run_dir(cfg)
-            board = core_board(cfg, self.address, run_dir, pinned=bool(cores))
             self.ctx = RunContext(
                 config=cfg,
                 state=self.state,
@@ -148,7 +146,6 @@ class Controller:
                     bind_host_for(self.address),
                     cores=cores,
                     available_cores=self.available_cores,
-                    core_board=board,
                 ),
                 run_dir=run_dir,
                 metrics=MetricsLog(run_dir / "metrics.jsonl", self.console, cfg),
@@ -196,9 +193,8 @@ class Controller:
         if cpu_roles:
             split = ", ".join(f"{r} {ctx.specs.threads(r, 0)}" for r in cpu_roles)
             n = len(self.available_cores)
-            lent = "; a waiting one lends its threads" if ctx.specs.core_board else ""
             print(
-                f"torch threads per process: {split} ({n} cores here{lent})",
+                f"torch threads per process: {split} ({n} cores here)",
                 file=self.console,
                 flush=True,
             )

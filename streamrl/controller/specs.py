@@ -20,7 +20,6 @@ from pathlib import Path
 import msgspec
 
 from streamrl.config import BufferConfig, Config
-from streamrl.core_lending import board_slot
 from streamrl.cores import role_threads
 
 NODE = "node"  # bind_host value: this node's address, resolved in the role's process
@@ -30,10 +29,6 @@ class RoleSpec(msgspec.Struct, kw_only=True):
     log_file: str
     bind_host: str
     cores: list[int] | None = None  # CPU affinity when placement.pin_cpus (local mode)
-    # The run's core board and this process's slot on it (``streamrl.core_lending``); None:
-    # it lends and borrows no cores.
-    core_board: str | None = None
-    core_slot: int | None = None
 
 
 class ShardSpec(RoleSpec):
@@ -99,7 +94,6 @@ class SpecFactory:
     admission_endpoint: str = ""
     cores: dict[str, list[list[int]]] = field(default_factory=dict)  # per role instance
     available_cores: list[int] = field(default_factory=list)
-    core_board: str | None = None  # the run's core board (``streamrl.core_lending``), if any
     shard_endpoints: list[tuple[str, str]] = field(default_factory=list)  # (ingest, requests)
     weight_endpoints: list[tuple[str, str]] = field(default_factory=list)  # (PUB, anchors)
 
@@ -132,7 +126,6 @@ class SpecFactory:
             log_file=self.log_file(f"learner-{rank}"),
             bind_host=self.bind_host,
             cores=self.cores_of("learner", rank),
-            **self.board_of("learner", rank),
             config=config,
             rank=rank,
             world_size=self.config.learner.count,
@@ -152,7 +145,6 @@ class SpecFactory:
             log_file=self.log_file(f"generator-{generator_id}"),
             bind_host=self.bind_host,
             cores=self.cores_of("generator", generator_id),
-            **self.board_of("generator", generator_id),
             config=self.role_config("generator", generator_id),
             generator_id=generator_id,
             model_dir=self.model_dir,
@@ -167,13 +159,6 @@ class SpecFactory:
     def cores_of(self, role: str, index: int) -> list[int] | None:
         sets = self.cores.get(role)
         return sets[index % len(sets)] if sets else None  # generators added live share
-
-    def board_of(self, role: str, index: int) -> dict[str, str | int | None]:
-        """The spec fields that put a role instance on the core board (none without one)."""
-        if self.core_board is None:
-            return {}
-        slot = board_slot(role, index, self.config.learner.count)
-        return {"core_board": self.core_board if slot is not None else None, "core_slot": slot}
 
     def threads(self, role: str, index: int) -> int:
         cores = self.cores_of(role, index)

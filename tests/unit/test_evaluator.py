@@ -32,9 +32,7 @@ class _Engine:
         self.answers, self.samples = answers, samples
         self.params: SamplingParams | None = None
 
-    def generate(
-        self, batch: list[list[int]], params: SamplingParams, on_step=None
-    ) -> list[GenerationOutput]:
+    def generate(self, batch: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         self.params = params
         texts = [
             self.answers[i // self.samples] if i % self.samples == 0 else "no idea"

@@ -62,10 +62,6 @@ class Engine(ABC):
     """Generates with the weights of ``self.version``; updated in place by ``update_weights``."""
 
     version: int = 0
-    # Whether torch.set_num_threads between calls and decode steps is safe: a host process
-    # then borrows the cores of waiting roles (streamrl.core_lending). vLLM's CPU backend
-    # plans its attention for the thread count it was built with.
-    threads_may_change: bool = False
 
     @abstractmethod
     def generate(

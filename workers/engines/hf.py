@@ -201,8 +201,6 @@ def _attach_float32_logprobs(
 
 
 class HFEngine(Engine):
-    threads_may_change = True  # every op reads torch's thread count when it runs
-
     def __init__(
         self,
         model_dir: Path,
