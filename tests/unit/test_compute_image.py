@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from support import whole
 
 from streamrl.models import TINY, load_causal_lm, resolve_model
 from streamrl.transport import free_port
@@ -18,7 +19,6 @@ from streamrl.workers.fsdp import (
     shard_for_training,
 )
 from streamrl.workers.learner import rendezvous
-from support import whole
 
 pytestmark = pytest.mark.slow  # a process group and a model per test
 
