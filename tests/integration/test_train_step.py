@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
 import random
 from pathlib import Path
 
@@ -124,7 +125,11 @@ def _recorded_grads(config: Config, model_dir: Path, world_size: int, rank: int)
     }
 
 
-def _two_rank_main(rank: int, master: str, model_dir: str, out: str) -> None:
+def _two_rank_main(rank: int, master: str, model_dir: str, out: str, log: str) -> None:
+    # Both streams, C++ included (an abort's message), into this rank's file.
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
     torch.set_num_threads(1)
     _process_group(2, rank, master)
     results = {
@@ -138,6 +143,8 @@ def _two_rank_main(rank: int, master: str, model_dir: str, out: str) -> None:
     )
     if rank == 0:
         torch.save(results, out)
+    # Neither rank tears down its gloo pairs while the other may still be using them.
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -148,10 +155,11 @@ def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def two_rank_grads(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("grads") / "two_ranks.pt"
+    logs = [out.with_name(f"rank{r}.log") for r in range(2)]
     ctx = mp.get_context("spawn")
     master = f"127.0.0.1:{free_port()}"
     procs = [
-        ctx.Process(target=_two_rank_main, args=(r, master, str(model_dir), str(out)))
+        ctx.Process(target=_two_rank_main, args=(r, master, str(model_dir), str(out), str(logs[r])))
         for r in range(2)
     ]
     for p in procs:
@@ -162,7 +170,8 @@ def two_rank_grads(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     for p in procs:  # only ours, by handle
         if p.is_alive():
             p.kill()
-    assert codes == [0, 0], codes
+    tails = [log.read_text()[-2000:] if log.is_file() else "(no log)" for log in logs]
+    assert codes == [0, 0], (codes, tails)
     return torch.load(out)
 
 
