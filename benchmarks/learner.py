@@ -27,6 +27,12 @@ parameter count (embedding included when tied) and the peak dense bf16 FLOP/s gi
     python benchmarks/learner.py --prompt-tokens 64 --response-tokens 256 --spread \
         --micro-batch-tokens 2560
     python benchmarks/learner.py --threads 1 --adamw
+    # the default job's step: 4 groups of 8 sharing 29-token prompts, 1-4 token answers
+    python benchmarks/learner.py --threads 1 --batch 32 --group-size 8 --share-prompts \
+        --prompt-tokens 29 --response-tokens 4 --spread --micro-batch 32 --steps 5
+
+With ``--share-prompts`` streamrl encodes each group's prompt once, the plain loop once per
+sequence (as a plain loop does); tokens/s counts the same nominal tokens for both.
 """
 
 from __future__ import annotations
@@ -57,17 +63,21 @@ def response_lengths(args: argparse.Namespace, seed: int) -> list[int]:
 
 
 def synthetic_groups(args: argparse.Namespace, vocab: int, seed: int) -> list[TrajectoryGroup]:
-    """``args.batch`` trajectories in groups of 4, random tokens, random rewards."""
+    """``args.batch`` trajectories in groups of ``--group-size``, random tokens, random
+    rewards; with ``--share-prompts`` a group's trajectories share one prompt, as a group's
+    samples do in a run (the learner then encodes it once: ``workers/batching.py``)."""
     rng = random.Random(seed)
     lengths = iter(response_lengths(args, seed))
     groups = []
-    for g in range(args.batch // 4):
+    for g in range(args.batch // args.group_size):
+        shared = [rng.randrange(4, vocab) for _ in range(args.prompt_tokens)]
         trajectories = []
-        for _ in range(4):
+        for _ in range(args.group_size):
             n = next(lengths)
+            prompt = shared if args.share_prompts else None
             trajectories.append(
                 Trajectory.from_lists(
-                    [rng.randrange(4, vocab) for _ in range(args.prompt_tokens)],
+                    prompt or [rng.randrange(4, vocab) for _ in range(args.prompt_tokens)],
                     [rng.randrange(4, vocab) for _ in range(n)],
                     [-2.0] * n,
                     [0] * n,
@@ -89,7 +99,7 @@ def bench_config(args: argparse.Namespace, ranks: int) -> Config:
             f"learner.device={args.device}",
             f"learner.backend={'nccl' if args.device == 'cuda' else 'gloo'}",
             f"learner.count={ranks}",
-            f"learner.groups_per_step={args.batch // 4}",
+            f"learner.groups_per_step={args.batch // args.group_size}",
             f"learner.micro_batch_size={args.micro_batch}",
             f"learner.micro_batch_tokens={args.micro_batch_tokens}",
             f"generator.max_new_tokens={args.response_tokens}",
@@ -235,7 +245,11 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    parser.add_argument("--batch", type=int, default=16, help="sequences per step (x4)")
+    parser.add_argument("--batch", type=int, default=16, help="sequences per step")
+    parser.add_argument("--group-size", type=int, default=4, help="sequences per group")
+    parser.add_argument(
+        "--share-prompts", action="store_true", help="a group's sequences share their prompt"
+    )
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--response-tokens", type=int, default=64)

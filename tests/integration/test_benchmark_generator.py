@@ -1,4 +1,4 @@
-"""benchmarks/generator.py and benchmarks/peer_loop.py run end to end on the tiny model."""
+"""benchmarks/generator.py, learner.py and peer_loop.py run end to end on the tiny model."""
 
 from __future__ import annotations
 
@@ -35,6 +35,18 @@ def test_generator_benchmark_prints_its_table(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())["rows"]
     assert [r["batch"] for r in rows] == [1, 2]
     assert all(r[k] > 0 for r in rows for k in ("engine", "greedy", "sampled", "roofline"))
+
+
+@pytest.mark.slow
+def test_learner_benchmark_times_a_shared_prompt_step(tmp_path: Path) -> None:
+    out = tmp_path / "learner.json"
+    args = ["--model", "tiny-random-llama", "--batch", "8", "--group-size", "4"]
+    args += ["--share-prompts", "--prompt-tokens", "8", "--response-tokens", "4", "--spread"]
+    proc = _benchmark("learner.py", *args, "--steps", "1", "--threads", "1", "--json", str(out))
+    assert "streamrl (1 rank):" in proc.stdout
+    results = json.loads(out.read_text())["results"]
+    assert {"plain (1 process)", "streamrl (1 rank)"} <= set(results)
+    assert all(r["s_per_step"] > 0 for r in results.values())
 
 
 @pytest.mark.slow
