@@ -137,6 +137,9 @@ class GeneratorHealth:
     last_heartbeat: float | None = None
     last_failure: str = ""
     retiring: bool = False
+    # Released (retired, replaced or forgotten): its totals are in ``RunState.ended``, where a
+    # report still in flight from it goes too (not back among the live ones).
+    released: bool = False
     # The incarnation's delivery sender base (``buffers.delivery``): the shards' receipts of
     # its groups are under ``shard_sender(sender, shard_id)``.
     sender: str = ""
@@ -278,6 +281,9 @@ class RunState:
         budget and their prompts to the ledger (``PromptLedger.release``). Returns how
         many."""
         with self.lock:
+            health = self.health.get(generator_id)
+            if health is not None:
+                health.released = True
             report = self.generators.pop(generator_id, None)
             if report is not None:
                 if arrived is not None and arrived > report.groups_pushed:
@@ -315,9 +321,23 @@ class RunState:
             health = self.health.setdefault(report.generator_id, GeneratorHealth())
             if report.incarnation != health.incarnation:
                 return False
+            if health.released:
+                self._late_report(report)
+                return True
             self.generators[report.generator_id] = report
             self.prompts.delivered(report.generator_id, report.groups_pushed)
             return True
+
+    def _late_report(self, report: GeneratorReport) -> None:
+        """A released generator's report that was still in flight: it updates that
+        incarnation's totals in ``ended`` (counted once; the prompt ledger already settled
+        it from the shards' receipts)."""
+        for i, old in enumerate(self.ended):
+            if (old.generator_id, old.incarnation) == (report.generator_id, report.incarnation):
+                pushed = max(old.groups_pushed, report.groups_pushed)
+                self.ended[i] = msgspec.structs.replace(report, groups_pushed=pushed)
+                return
+        self.ended.append(report)
 
     def heartbeat(self, beat: Heartbeat) -> None:
         """A generator's heartbeat; one from a replaced incarnation is ignored."""

@@ -57,7 +57,8 @@ class GeneratorPool:
                 health = state.health[generator_id] = GeneratorHealth()
             elif generator_id not in self.slots:
                 health.incarnation += 1  # reports of the one before are ignored from now
-            health.retiring, health.last_heartbeat, health.sender = False, None, ""
+            health.retiring, health.released = False, False
+            health.last_heartbeat, health.sender = None, ""
         spec = ctx.specs.generator(generator_id, health.incarnation)
         options = ctx.placement.options("generator", generator_id)
         actor = GeneratorActor.options(**options).remote(spec)

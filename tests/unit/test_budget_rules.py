@@ -56,6 +56,26 @@ def test_a_dead_generators_groups_are_reconciled_from_the_shards_receipts():
     assert state.ended[-1].groups_pushed == 4  # the run's totals count what arrived
 
 
+def test_a_report_in_flight_when_its_generator_was_released_is_counted_once():
+    """A retiring generator's last report can reach the controller after its release: it
+    updates that incarnation's totals, and does not come back as a live generator (which
+    counted its groups twice: ``groups_lost_in_transit`` 8 with every group delivered)."""
+    state = state_with_policy()
+    state.health[2] = GeneratorHealth()
+    state.prompts.grant(2, 8)
+    state.generator_report(GeneratorReport(2, 5, 60, 6, 0, 0, 1.0))
+    assert state.release_generator(2, arrived=8) == 0
+    assert state.generator_report(GeneratorReport(2, 8, 80, 8, 0, 0, 2.0))
+    assert 2 not in state.generators
+    assert sum(r.groups_pushed for r in state.all_generator_reports()) == 8
+    assert state.ended[-1].applied_version == 8  # the newer report's other totals
+    # A later incarnation under the same id is live again.
+    state.health[2].incarnation, state.health[2].released = 1, False
+    state.generator_report(GeneratorReport(2, 9, 10, 1, 0, 0, 3.0, incarnation=1))
+    assert 2 in state.generators
+    assert sum(r.groups_pushed for r in state.all_generator_reports()) == 9
+
+
 def test_a_group_reported_pushed_that_never_arrived_is_generated_again():
     ledger = PromptLedger()
     ledger.grant(0, 3)
