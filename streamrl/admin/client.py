@@ -8,6 +8,7 @@ addressed directly, usually on loopback.
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -61,7 +62,18 @@ class AdminClient:
             raise AdminError(
                 f"cannot reach the run at {self.url} ({reason}); has it finished?"
             ) from None
-        return json.loads(payload) if kind == "application/json" else payload
+        except http.client.HTTPException as exc:
+            # Something else listens there now: a finished run's port, taken by another process.
+            raise AdminError(
+                f"{self.url} does not answer as the run's admin endpoint "
+                f"({type(exc).__name__}); has the run finished?"
+            ) from None
+        if kind != "application/json":
+            return payload
+        try:
+            return json.loads(payload)
+        except ValueError:
+            raise AdminError(f"{self.url} answered {method} {path} with malformed JSON") from None
 
     def status(self) -> dict[str, Any]:
         return self.call("GET", "/status")

@@ -405,6 +405,35 @@ def test_cli_errors_without_a_run(served, tmp_path, capsys):
     assert main(["admin", "set", "buffer.capacity", "--run", str(run_dir)]) == 2  # not KEY=VALUE
 
 
+def test_cli_errors_when_something_else_holds_the_runs_port(tmp_path, capsys):
+    """A finished run's admin port taken by a process that does not speak HTTP: one line."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer_garbage() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f\r\n\r\n")
+
+    thread = threading.Thread(target=answer_garbage, daemon=True)
+    thread.start()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "admin.url").write_text(f"http://127.0.0.1:{port}")
+    write_token(run_dir, "a-token")
+    try:
+        assert main(["admin", "stop", "--run", str(run_dir)]) == 1
+    finally:
+        thread.join(5)
+        listener.close()
+    err = capsys.readouterr().err
+    assert "does not answer as the run's admin endpoint" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_cli_stays_light():
     """``streamrl --help`` and ``streamrl admin`` import neither the server side nor torch/ray."""
     import subprocess
