@@ -70,14 +70,14 @@ def synthetic_groups(args: argparse.Namespace, vocab: int, seed: int) -> list[Tr
     lengths = iter(response_lengths(args, seed))
     groups = []
     for g in range(args.batch // args.group_size):
-        shared = [rng.randrange(4, vocab) for _ in range(args.prompt_tokens)]
         trajectories = []
-        for _ in range(args.group_size):
+        for i in range(args.group_size):
             n = next(lengths)
-            prompt = shared if args.share_prompts else None
+            if i == 0 or not args.share_prompts:
+                prompt = [rng.randrange(4, vocab) for _ in range(args.prompt_tokens)]
             trajectories.append(
                 Trajectory.from_lists(
-                    prompt or [rng.randrange(4, vocab) for _ in range(args.prompt_tokens)],
+                    prompt,
                     [rng.randrange(4, vocab) for _ in range(n)],
                     [-2.0] * n,
                     [0] * n,
