@@ -234,6 +234,9 @@ class OverlongConfig(_Section):
 
 class AlgorithmConfig(_Section):
     advantage: Literal["grpo", "dr_grpo", "rloo", "gae"] = "grpo"
+    # GRPO only: divide by max(group std, std_floor), so that groups differing only by small
+    # shaping rewards are not scaled up to a right-vs-wrong group's size (0: plain GRPO).
+    std_floor: float = 0.0
     correction: Literal["none", "token-tis", "seq-tis", "token-mask", "seq-mask"] = "token-tis"
     is_cap: float = 2.0
     is_low: float | None = None
@@ -475,6 +478,11 @@ def _finalize(config: Config) -> Config:
         (config.env.max_tokens >= 1, "env.max_tokens must be >= 1"),
         (config.env.step_timeout_s > 0, "env.step_timeout_s must be > 0"),
         (config.algorithm.is_cap > 0, "algorithm.is_cap must be > 0"),
+        (config.algorithm.std_floor >= 0, "algorithm.std_floor must be >= 0"),
+        (
+            config.algorithm.std_floor == 0 or config.algorithm.advantage == "grpo",
+            "algorithm.std_floor applies to advantage grpo only",
+        ),
         (
             config.algorithm.dual_clip is None or config.algorithm.dual_clip > 1,
             "algorithm.dual_clip must be > 1",

@@ -57,13 +57,25 @@ def _group_stats(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Ten
 
 
 def grpo(
-    scores: Tensor, group_ids: Tensor, *, std_normalize: bool = True, eps: float = 1e-6
+    scores: Tensor,
+    group_ids: Tensor,
+    *,
+    std_normalize: bool = True,
+    eps: float = 1e-6,
+    std_floor: float = 0.0,
 ) -> Tensor:
     """GRPO group-normalised advantage (Shao et al. 2024, DeepSeekMath, arXiv 2402.03300).
 
     Shapes: ``scores[N]``, ``group_ids[N]`` (int64) -> ``Tensor[N]`` (float32 or wider).
 
         A_i = (s_i - mean_g(s)) / (std_g(s) + eps)      std: unbiased (divides by n_g - 1)
+
+    With ``std_floor > 0`` the divisor is ``max(std_g, std_floor)``: a group whose scores differ
+    only by small shaping terms (a format bonus, part credit for a near miss) keeps a small
+    advantage instead of being scaled up to the size of a right-versus-wrong group's. Why: with
+    plain std normalisation a group of eight wrong answers 0.1 apart in part credit pulls as hard
+    as a group with a right answer, and the default job drifted to near misses ("0" for every
+    negative result, one repeated number) for tens of steps (benchmarks/README.md).
 
     With ``std_normalize=False`` this is Dr.GRPO's ``A_i = s_i - mean_g(s)`` (Liu et al. 2025,
     arXiv 2503.20783), which drops the division by std that over-weights easy and hard prompts.
@@ -79,7 +91,7 @@ def grpo(
     centred = scores - mean
     if not std_normalize:
         return centred
-    std = torch.where(singleton, torch.ones_like(var), var.sqrt())
+    std = torch.where(singleton, torch.ones_like(var), var.sqrt().clamp(min=std_floor))
     return centred / (std + eps)
 
 

@@ -221,3 +221,26 @@ def test_advantages_do_not_sync_on_cuda() -> None:
         adv.masked_whiten(advantages, mask)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_std_floor_keeps_small_shaping_differences_small() -> None:
+    """A group whose scores differ only by part credit (std 0.05) keeps advantages of that
+    size under a floor of 0.5; a right-vs-wrong group (std above the floor) is unchanged."""
+    shaping_only = torch.tensor([0.25, 0.35, 0.25, 0.25])
+    right_wrong = torch.tensor([2.0, 0.25, 0.25, 0.25])
+    scores = torch.cat([shaping_only, right_wrong])
+    ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    plain = adv.grpo(scores, ids)
+    floored = adv.grpo(scores, ids, std_floor=0.5)
+    centred = shaping_only - shaping_only.mean()
+    torch.testing.assert_close(floored[:4], centred / (0.5 + 1e-6))
+    torch.testing.assert_close(floored[4:], plain[4:])
+    assert plain[:4].abs().max() > 1.0 > 0.2 > floored[:4].abs().max()
+
+
+def test_std_floor_is_refused_for_other_estimators() -> None:
+    from streamrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="std_floor applies to advantage grpo only"):
+        load_config(None, ["algorithm.advantage=rloo", "algorithm.std_floor=0.5"])
+    assert load_config(None, ["algorithm.std_floor=0.5"]).algorithm.std_floor == 0.5
