@@ -342,8 +342,8 @@ class TrainStep:
         """Group advantages ([B] per micro-batch), or GAE from the critic ([B, T])."""
         alg = self.config.algorithm
         if self.critic is None:
-            floor = {"std_floor": alg.std_floor} if alg.std_floor > 0 else {}
-            advantages = adv.ADVANTAGES[alg.advantage](scores, torch.tensor(group_ids), **floor)
+            extra = {"std_floor": alg.std_floor} if alg.advantage == "grpo" else {}
+            advantages = adv.ADVANTAGES[alg.advantage](scores, torch.tensor(group_ids), **extra)
             for batch in batches:
                 batch.advantages = advantages[batch.rows]
             return
