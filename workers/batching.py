@@ -91,15 +91,21 @@ class MicroBatch:
     def shares_prompts(self) -> bool:
         return self.attention is not None
 
-    def model_inputs(self) -> dict[str, torch.Tensor]:
+    def model_inputs(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The forward's keyword arguments: the ids, and in the shared-prompt layout an
-        additive mask with the position ids. The mask is float32 (eager attention adds it to
-        its scores, SDPA takes it as is); its blocked value is bfloat16's lowest, which stays
-        finite when FSDP2 casts the inputs to a bf16 compute dtype."""
+        additive mask with the position ids. The mask has the forward's compute ``dtype``
+        (eager attention adds it to its scores, SDPA takes it as is), and its blocked value is
+        bfloat16's lowest, finite in float32 and bfloat16 alike.
+
+        Why the compute dtype: SDPA's cuDNN backend, the default on Hopper GPUs (torch 2.11),
+        reads a float32 mask beside bf16 queries as bf16, element by element, without an
+        error (pytorch/pytorch#191612); on an H100 the learner's bf16 logprobs then missed the
+        engine's by 0.58 on average. FSDP2 casts floating inputs to its ``param_dtype``, one
+        rank's ``ComputeImage`` does not, so the mask is made in that dtype here."""
         inputs = {"input_ids": self.input_ids}
         if self.attention is not None:
             blocked = torch.finfo(torch.bfloat16).min
-            mask = torch.zeros(self.attention.shape, device=self.attention.device)
+            mask = torch.zeros(self.attention.shape, dtype=dtype, device=self.attention.device)
             inputs["attention_mask"] = mask.masked_fill_(~self.attention, blocked)[:, None]
             inputs["position_ids"] = self.positions
         return inputs

@@ -67,7 +67,7 @@ class Critic:
         self.grad_clip = lc.grad_clip
 
     def values(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """A micro-batch's ``model_inputs()`` -> [S, W] values; column c is the value of the
+        """A micro-batch's ``model_inputs(dtype)`` -> [S, W] values; column c is the value of the
         state that predicts the token after it, as the policy's logits there."""
         return self.model(**inputs)
 

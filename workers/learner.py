@@ -120,6 +120,7 @@ def build_train_step(
         ref_model=ref_model,
         critic=critic,
         kl_controller=kl_lib.make_controller(kl.coef, kl.adaptive_target, kl.adaptive_horizon),
+        compute_dtype=getattr(torch, compute),
     )
 
 

@@ -189,8 +189,10 @@ class TrainStep:
         ref_model: torch.nn.Module | None = None,
         critic=None,
         kl_controller: kl_lib.KLController | None = None,
+        compute_dtype: torch.dtype = torch.float32,
     ) -> None:
         self.config, self.policy, self.optimizer = config, policy, optimizer
+        self.compute_dtype = compute_dtype  # the forward's (fsdp.shard_for_training)
         self.device, self.world_size, self.pad_id = device, world_size, pad_id
         self.ref_model, self.critic = ref_model, critic
         self.kl_controller = kl_controller or kl_lib.FixedController(0.0)
@@ -476,11 +478,13 @@ class TrainStep:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [B, T, V], logprobs [B, T]) of each response token; the logprobs at each
         response's sampling temperature, the logits unscaled (layouts: ``batching``)."""
-        logits = batch.gather(model(**batch.model_inputs(), logits_to_keep=batch.keep).logits)
+        inputs = batch.model_inputs(self.compute_dtype)
+        logits = batch.gather(model(**inputs, logits_to_keep=batch.keep).logits)
         return logits, at_sampling_temperature(losses.token_logprobs, batch, logits, batch.targets)
 
     def _values(self, batch: MicroBatch) -> torch.Tensor:
-        return batch.gather(self.critic.values(batch.model_inputs())[:, batch.start :])
+        values = self.critic.values(batch.model_inputs(self.compute_dtype))
+        return batch.gather(values[:, batch.start :])
 
     def _mismatch(
         self, batch: MicroBatch, learner: torch.Tensor, version: int, metrics: StepMetrics

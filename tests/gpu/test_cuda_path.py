@@ -71,9 +71,9 @@ def _sampled_groups(model_dir, engine: HFEngine, n_groups: int, seed: int) -> li
     [
         (TINY, "float32", 1e-3, True),
         ("random-smollm2-135m", "float32", 1e-3, True),
-        # 2026-11-26, H100, torch 2.11.0+cu130: mean 0.58, max 2.0 with shared prompts (CPU,
-        # the same model and samples: mean 0.0066, max 0.026); the rows below tell the
-        # learner's 4-D shared-prompt mask under CUDA SDPA from the rest.
+        # 2026-11-26, H100, torch 2.11.0+cu130, before the shared-prompt mask was made in the
+        # compute dtype (batching.model_inputs): mean 0.58, max 2.0 (CPU, the same model and
+        # samples: mean 0.0066, max 0.026). Without shared prompts there is no mask at all.
         ("random-smollm2-135m", "bfloat16", 0.5, True),
         ("random-smollm2-135m", "bfloat16", 0.5, False),
     ],

@@ -83,6 +83,26 @@ def model_dir() -> str:
     return str(resolve_model(TINY))
 
 
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_the_shared_prompt_mask_comes_in_the_forward_dtype(model_dir: str, attention) -> None:
+    """The 4-D mask has the compute dtype it is asked for (a float32 mask beside bf16
+    queries is misread by SDPA's cuDNN backend on Hopper GPUs: ``batching.model_inputs``),
+    and on a CPU a bf16 forward gives the same logits with it as with a float32 mask."""
+    from streamrl.models import load_causal_lm
+
+    groups = random_groups(2, 4, seed=3, shared_prompt=True)
+    (batch,) = build_micro_batches(groups, size=8, pad_id=0, share_prompts_hidden=64)
+    model = load_causal_lm(resolve_model(TINY), dtype="bfloat16").eval()
+    model.set_attn_implementation(attention)
+    logits = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        inputs = batch.model_inputs(dtype)
+        assert inputs["attention_mask"].dtype == dtype
+        with torch.no_grad():
+            logits[dtype] = model(**inputs).logits
+    assert torch.equal(logits[torch.bfloat16], logits[torch.float32])
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
