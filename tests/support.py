@@ -166,3 +166,17 @@ def whole(tensor):
     """A parameter's or gradient's full value: an FSDP2 DTensor gathered, a plain tensor (one
     learner rank) as it is."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def learner_logprobs(model, prompt: list[int], response: list[int], temperature: float):
+    """The learner's scoring of a sampled response: one uncached forward over prompt +
+    response, ``losses.token_logprobs`` at the sampling temperature -> float32 [len(response)]
+    on the CPU."""
+    import torch
+
+    from streamrl.algorithms.losses import token_logprobs
+
+    ids = torch.tensor([prompt + response], device=model.device)
+    logits = model(input_ids=ids).logits[:, len(prompt) - 1 : -1]
+    targets = torch.tensor([response], device=model.device)
+    return token_logprobs(logits, targets, temperature=temperature)[0].float().cpu()

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from support import whole
+from support import learner_logprobs, whole
 
 from streamrl.config import load_config
 from streamrl.models import TINY, load_causal_lm, load_tokenizer, resolve_model
@@ -150,14 +150,10 @@ def test_cuda_engine_logprobs_match_an_fp32_forward():
     groups = _sampled_groups(model_dir, engine, 2, seed=1)
     reference = load_causal_lm(model_dir, dtype="float32", device="cuda").eval()
     gaps = []
-    for group in groups:
-        for t in group.trajectories:
-            prompt, response = t.prompt_list(), t.response_list()
-            ids = torch.tensor([prompt + response], device=CUDA)
-            with torch.no_grad():
-                logits = reference(ids).logits[0, len(prompt) - 1 : -1].float() / t.temperature
-            exact = logits.log_softmax(-1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
-            gaps.append((exact.cpu() - torch.tensor(t.logprob_list())).abs())
+    with torch.no_grad():
+        for t in (t for group in groups for t in group.trajectories):
+            exact = learner_logprobs(reference, t.prompt_list(), t.response_list(), t.temperature)
+            gaps.append((exact - torch.tensor(t.logprob_list())).abs())
     gap = torch.cat(gaps)
     print(f"engine bf16 vs fp32 forward: mean {gap.mean():.2e} max {gap.max():.2e}")
     assert gap.max() <= 0.5 and gap.mean() <= 0.05

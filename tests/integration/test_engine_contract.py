@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import learner_logprobs
 
-from streamrl.algorithms.losses import token_logprobs
 from streamrl.hardware import resolve_compute_dtype
 from streamrl.models import SMOLLM2, load_causal_lm, load_tokenizer, resolve_model
 from streamrl.workers.engines.base import Engine, SamplingParams
@@ -106,14 +106,6 @@ def engine(kind, model_dir, dtype):
     eng = build(kind, model_dir, dtype)
     yield eng
     eng.shutdown()
-
-
-def learner_logprobs(model, prompt: list[int], response: list[int], temperature: float):
-    """The learner's scoring: one forward over prompt + response, logprobs at temperature."""
-    ids = torch.tensor([prompt + response], device=model.device)
-    logits = model(input_ids=ids).logits[:, len(prompt) - 1 : -1]
-    targets = torch.tensor([response], device=model.device)
-    return token_logprobs(logits, targets, temperature=temperature)[0].float().cpu()
 
 
 def test_building_an_engine_leaves_what_child_processes_inherit(engine):
