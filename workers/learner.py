@@ -117,10 +117,10 @@ def build_train_step(
         device=device,
         world_size=world_size,
         pad_id=int(load_tokenizer(model_dir).pad_token_id or 0),
+        compute_dtype=getattr(torch, compute),
         ref_model=ref_model,
         critic=critic,
         kl_controller=kl_lib.make_controller(kl.coef, kl.adaptive_target, kl.adaptive_horizon),
-        compute_dtype=getattr(torch, compute),
     )
 
 

@@ -186,10 +186,10 @@ class TrainStep:
         device: torch.device,
         world_size: int,
         pad_id: int,
+        compute_dtype: torch.dtype,
         ref_model: torch.nn.Module | None = None,
         critic=None,
         kl_controller: kl_lib.KLController | None = None,
-        compute_dtype: torch.dtype = torch.float32,
     ) -> None:
         self.config, self.policy, self.optimizer = config, policy, optimizer
         self.compute_dtype = compute_dtype  # the forward's (fsdp.shard_for_training)

@@ -50,7 +50,13 @@ def _trajectory(prompt: list[int], response: list[int], temperature: float) -> T
 def _response_logprobs(trajectories: list[Trajectory], row: int) -> torch.Tensor:
     model = BF16Logits()
     step = TrainStep(
-        load_config(None), model, None, device=torch.device("cpu"), world_size=1, pad_id=0
+        load_config(None),
+        model,
+        None,
+        device=torch.device("cpu"),
+        world_size=1,
+        pad_id=0,
+        compute_dtype=torch.bfloat16,
     )
     group = TrajectoryGroup("g", "p", trajectories, 0.0, 0.0)
     (batch,) = build_micro_batches([group], len(trajectories), pad_id=0)

@@ -19,12 +19,10 @@ from streamrl.evaluation import eval_prompts
 from streamrl.models import load_causal_lm, load_tokenizer, resolve_model
 
 
-def first_token_minus(model_dir, system_prompt: str | None, below_zero: bool) -> list[float]:
-    overrides = [f"data.system_prompt={system_prompt}"] if system_prompt else []
-    prompts = eval_prompts(load_config(shipped_config("default"), overrides))
+def first_token_minus(model, tokenizer, prompts: list, below_zero: bool) -> list[float]:
+    """P("-") at the first response position for 12 of ``prompts`` whose answer is below zero
+    (``below_zero``) or not."""
     chosen = [p for p in prompts if (int(p.ground_truth) < 0) == below_zero][:12]
-    tokenizer = load_tokenizer(model_dir)
-    model = load_causal_lm(model_dir, dtype="float32").eval()
     (minus,) = tokenizer.encode("-", add_special_tokens=False)
     out = []
     for prompt in chosen:
@@ -39,6 +37,8 @@ def first_token_minus(model_dir, system_prompt: str | None, below_zero: bool) ->
 def main() -> None:
     for name in sys.argv[1:]:
         model_dir = resolve_model(name)
+        tokenizer = load_tokenizer(model_dir)
+        model = load_causal_lm(model_dir, dtype="float32").eval()
         systems = [None]
         if name == "smollm2-135m-instruct":
             systems += [
@@ -46,8 +46,10 @@ def main() -> None:
                 "Answer with the number only, with a minus sign if it is negative.",
             ]
         for system in systems:
-            below = first_token_minus(model_dir, system, True)
-            above = first_token_minus(model_dir, system, False)
+            overrides = [f"data.system_prompt={system}"] if system else []
+            prompts = eval_prompts(load_config(shipped_config("default"), overrides))
+            below = first_token_minus(model, tokenizer, prompts, True)
+            above = first_token_minus(model, tokenizer, prompts, False)
             print(
                 f"{name} | system prompt {system or 'of the job'!r} | P('-' first): answers < 0 "
                 f"median {statistics.median(below):.1e} [{min(below):.1e}-{max(below):.1e}], "
