@@ -8,7 +8,9 @@ needed and every decision sees a consistent store. Three tasks share it:
 - requests: ROUTER <- learners and the controller. ``Peek`` and ``BatchRequest`` (both long
   polls: parked until they can be answered or their wait runs out), ``StatsRequest``,
   ``Reconfigure``, ``Checkpoint``;
-- upkeep:   PUSH -> controller, a ``ShardReport`` twice a second; periodic log compaction.
+- upkeep:   PUSH -> controller, a ``ShardReport`` twice a second (and right after a burst that
+  dropped groups: admission returns a dropped group's budget only when it hears of it);
+  periodic log compaction.
 
 Sockets are read with non-blocking drains once asyncio says they are readable: one wake-up
 per burst, not per frame (within noise of a plain ``zmq.Poller`` loop on the benchmark).
@@ -77,6 +79,10 @@ log = logging.getLogger(__name__)
 
 INGEST_BURST = 256  # frames read per ingest turn before requests get a turn
 REPORT_EVERY_S = 0.5
+# At most this often an extra report after drops: generators wait for admission while drops
+# go unheard (a default-job group is dropped 6 times in 10), so a report per burst pays; the
+# floor keeps many generators' bursts from flooding the controller.
+DROP_REPORT_MIN_S = 0.02
 MAX_REQUEST_BYTES = 1 << 20
 MAX_WAIT_MS = 600_000  # a longer long poll is cut to this
 # Parked long polls per peer and in all: past either cap the oldest one (that peer's, or any)
@@ -195,6 +201,8 @@ class BufferShard:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handling_requests = False
         self._drain_scheduled = False
+        self._last_report = 0.0  # time.monotonic() of the last ShardReport sent
+        self._drop_report_scheduled = False
         self._stopping: asyncio.Event | None = None
         self._space: asyncio.Event | None = None
         self._marked_since_compact = 0
@@ -298,6 +306,7 @@ class BufferShard:
     def _ingest(self) -> None:
         assert self._space is not None
         accepted: list[StoredGroup] = []
+        dropped = False
         for _ in range(INGEST_BURST):
             try:
                 frames = self.pull.recv_multipart(zmq.NOBLOCK)
@@ -315,6 +324,7 @@ class BufferShard:
                 continue
             if group.refused:  # acknowledged (never resent), counted, dropped
                 self._refuse_invalid(group)
+                dropped = True
                 continue
             result = self.store.offer(group)
             if result is Offer.ACCEPTED:
@@ -326,9 +336,29 @@ class BufferShard:
                 break
             else:
                 self._refused.append((group.group_id, result.value))
+                dropped = True
         self._log_accepted(accepted)
         if accepted and self.waiting:
             self._answer_waiting()
+        if dropped:
+            self._report_drops()
+
+    def _report_drops(self) -> None:
+        """Report now, or once ``DROP_REPORT_MIN_S`` after the last report: the controller
+        counts a dropped group against the staleness budget until a report says it was dropped,
+        and a generator at the budget waits for admission meanwhile."""
+        if self._drop_report_scheduled:
+            return
+        wait = self._last_report + DROP_REPORT_MIN_S - time.monotonic()
+        if wait <= 0 or self._loop is None:
+            self._report()
+            return
+        self._drop_report_scheduled = True
+        self._loop.call_later(wait, self._scheduled_drop_report)
+
+    def _scheduled_drop_report(self) -> None:
+        self._drop_report_scheduled = False
+        self._report()
 
     def _refuse_invalid(self, group: StoredGroup) -> None:
         reason = group.refused
@@ -599,6 +629,7 @@ class BufferShard:
     def _report(self) -> None:
         if self.reporter is None:
             return
+        self._last_report = time.monotonic()
         with contextlib.suppress(zmq.Again):
             # Receipts only on request (the controller reads them at a learner restart).
             report = ShardReport(self.stats(with_receipts=False), time.time())

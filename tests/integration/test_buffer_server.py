@@ -15,6 +15,7 @@ import msgspec
 import pytest
 import zmq
 
+from streamrl.buffers import server
 from streamrl.buffers.client import BufferClient, FetchStopped, plan_takes
 from streamrl.buffers.delivery import Outbox, new_sender, shard_sender
 from streamrl.buffers.durable_log import DurableLog, scan_shard
@@ -496,6 +497,28 @@ def test_shard_reports_to_the_controller(ctx, start_shard):
         if report.stats.ingested == 1:
             break
     assert report.stats.shard_id == 3 and report.stats.size == 1
+    pull.close(linger=0)
+
+
+def test_a_drop_is_reported_at_once_not_at_the_next_tick(ctx, start_shard, monkeypatch):
+    """Admission counts a dropped group against the staleness budget until a report says it
+    was dropped, so a burst that drops is reported right away; an accepted group waits for
+    the periodic report (here an hour away)."""
+    monkeypatch.setattr(server, "REPORT_EVERY_S", 3600.0)
+    pull = ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    shard = start_shard(report_endpoint=f"tcp://127.0.0.1:{port}", drop_zero_variance=True)
+    sock = pusher(ctx, shard)
+    push(sock, [make_group("kept")])
+    wait_ingested(client_for(ctx, shard), 1)
+    assert not pull.poll(300), "an accepted group alone should wait for the periodic report"
+    flat = make_group("flat")
+    for trajectory in flat.trajectories:
+        trajectory.reward = 1.0
+    push(sock, [flat])
+    assert pull.poll(10_000), "no report after a drop"
+    report = msgspec.msgpack.decode(pull.recv(), type=ShardReport)
+    assert report.stats.dropped["zero_variance"] == 1 and report.stats.size == 1
     pull.close(linger=0)
 
 
