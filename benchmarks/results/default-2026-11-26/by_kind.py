@@ -1,4 +1,5 @@
-"""Right answers by kind (sums, differences >= 0, differences < 0) in final_evals.json.
+"""Right answers by kind (sums, differences >= 0, differences < 0) in final_evals.json (this
+folder's, or the one in the folder given as the argument).
 
 Run from the checkout's root: ``.venv/bin/python benchmarks/results/default-2026-11-26/by_kind.py``.
 The held-out questions are the default job's (``streamrl.evaluation.eval_prompts``).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import sys
 from pathlib import Path
 
 from streamrl.config import load_config, shipped_config
@@ -17,7 +19,8 @@ from streamrl.evaluation import eval_prompts
 
 def main() -> None:
     questions = {p.prompt_id: p for p in eval_prompts(load_config(shipped_config("default")))}
-    evals = json.loads((Path(__file__).parent / "final_evals.json").read_text())
+    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
+    evals = json.loads((folder / "final_evals.json").read_text())
     for model, result in evals.items():
         right: collections.Counter[str] = collections.Counter()
         total: collections.Counter[str] = collections.Counter()
