@@ -9,8 +9,9 @@ the first ``eval.max_prompts`` of them. Each is decoded ``eval.samples`` times a
   ``eval/accuracy``, the share of responses given the top reward (the sum of the weights);
 - by the exact check of the prompt's task (``exact_answer``, chosen by the prompt's
   ``data_source``): ``eval/exact_match``. Arithmetic, chain and any other source use
-  ``first_line_answer``, which shares no code with the training rewards: the first number on
-  the first non-empty line must equal the ground truth (for a non-numeric ground truth, the
+  ``first_line_answer``, which shares no code with the training rewards: the number the first
+  non-empty line states must equal the ground truth, the number right after its last ``=``
+  when the line is an equation, else its first number (for a non-numeric ground truth, the
   stripped first line must equal it). Countdown's ground truth is a puzzle, not a number: its
   check is the task's verifier (the expression uses the given numbers and reaches the
   target). GSM's reads the number after ``####``.
@@ -28,9 +29,8 @@ the responses never reach the buffer.
 This module says what is evaluated and how it is scored, without torch; running it on an
 engine (the generator's, or ``streamrl eval``'s) is ``workers.evaluator``'s.
 
-Example: ground truth ``"7"``; ``"7"`` and ``" 7.\\nbecause 3 + 4"`` are exact;
-``"3 + 4 = 7"`` is not (its first number is 3), though ``numeric_match`` with ``partial`` may
-give it partial reward.
+Example: ground truth ``"7"``; ``"7"``, ``" 7.\\nbecause 3 + 4"`` and ``"3 + 4 = 7"`` are
+exact; ``"7 + 0 = 8"`` and ``"3 + 4 ="`` are not.
 """
 
 from __future__ import annotations
@@ -55,7 +55,12 @@ def first_line_answer(response: str, ground_truth: str) -> bool:
         truth = float(ground_truth.strip())
     except ValueError:
         return line == ground_truth.strip()
-    match = _FIRST_NUMBER.search(line)
+    if "=" in line:
+        # An equation states its answer on the right: "3 + 4 = 7" answers 7, and "3 + 0 = 5"
+        # does not answer 3 (the first number would say it does).
+        match = _FIRST_NUMBER.match(line.rsplit("=", 1)[1].strip())
+    else:
+        match = _FIRST_NUMBER.search(line)
     return match is not None and float(match.group()) == truth
 
 

@@ -62,15 +62,30 @@ def _numbers_equal(candidate: str | None, truth: str, tol: float = 1e-6) -> bool
     return abs(a - b) <= tol * max(1.0, abs(b))
 
 
+def _first_line(text: str) -> str:
+    return next((part for part in text.splitlines() if part.strip()), "")
+
+
+def stated_number(text: str) -> str | None:
+    """The number a response gives as its answer: when its first non-empty line is an equation,
+    the number right after the line's last ``=`` (``"12 + 8 = 20"`` -> ``"20"``; ``"12 + 8 ="``
+    -> None, though 12 comes first); otherwise the response's first number."""
+    line = _first_line(text)
+    if "=" in line:
+        match = re.match(rf"\s*({_NUMBER.pattern})", line.rsplit("=", 1)[1])
+        return match.group(1) if match else None
+    numbers = _NUMBER.findall(text)
+    return numbers[0] if numbers else None
+
+
 @register("numeric_match")
 def numeric_match(sample: RewardInput, *, partial: float = 0.0) -> float:
-    """1 if the first number in the response equals the ground truth; ``partial`` if the answer
-    appears but not first (keeps a small gradient for chatty models), else 0."""
-    numbers = _NUMBER.findall(sample.response_text)
-    if not numbers:
-        return 0.0
-    if _numbers_equal(numbers[0], sample.ground_truth):
+    """1 if the number the response states (``stated_number``: the first, or an equation's
+    right-hand side) equals the ground truth; ``partial`` if the answer appears elsewhere
+    (keeps a small gradient for chatty models), else 0."""
+    if _numbers_equal(stated_number(sample.response_text), sample.ground_truth):
         return 1.0
+    numbers = _NUMBER.findall(sample.response_text)
     return partial if any(_numbers_equal(n, sample.ground_truth) for n in numbers) else 0.0
 
 
@@ -82,32 +97,61 @@ def number_only(sample: RewardInput, *, alone: bool = False) -> float:
     """1 if the response's first line is a number and nothing else, right or wrong: a format
     reward (as DeepSeek-R1's) that gives a chatty model's groups variance before any answer is
     right. Weighted below ``numeric_match``, it teaches the form and ``numeric_match`` the
-    content. (Rewarding a number merely leading the response taught SmolLM2 to restate the
-    question, "12 + 8 = 9", whose first number is an operand.) With ``alone`` the whole
-    response must be the number: a policy paid for the first line alone learned to write on
-    after it ("19\n\nAnswer with the number only...") to the token limit."""
+    content. With ``alone`` the whole response must be the number: a policy paid for the first
+    line alone learned to write on after it ("19\n\nAnswer with the number only...") to the
+    token limit."""
     pattern = _ALONE_NUMBER if alone else _BARE_NUMBER
     return 1.0 if pattern.match(sample.response_text) else 0.0
 
 
 _ALONE_NUMBER = re.compile(rf"\s*{_NUMBER.pattern}\s*$")
+# Arithmetic (digits, spaces, operators, brackets) = a number: "12 + 8 = 20", "(3 - 5) = -2".
+_EQUATION = re.compile(rf"([\d\s.,+\-*/×÷()]+)=\s*({_NUMBER.pattern})\s*")
+
+
+def _answer_equation(text: str, alone: bool) -> str | None:
+    """The right-hand number of an arithmetic equation that is the response (``alone``) or its
+    first line, else None."""
+    match = _EQUATION.fullmatch(text if alone else _first_line(text))
+    if match is None or not any(c.isdigit() for c in match.group(1)):
+        return None
+    return match.group(2)
+
+
+@register("equation_form")
+def equation_form(sample: RewardInput, *, alone: bool = True) -> float:
+    """1 if the response is an arithmetic equation that ends in a number, right or wrong
+    ("12 + 8 = 19"; ``alone``: nothing after it, else its first line): the default job's
+    format reward. SmolLM2 drifts to restating the question this way, and computes far better
+    when it does: its greedy answers after "a op b =" got 35 of the 106 held-out questions
+    whose result is >= 0 right, its bare first answers 1, and it writes a minus sign after
+    "=" about 50 times as often as at the start of a reply. Paying a bare number instead
+    (``number_only``) left the job near 50% held-out (``configs/default.yaml``)."""
+    return 1.0 if _answer_equation(sample.response_text, alone) is not None else 0.0
 
 
 @register("numeric_close")
-def numeric_close(sample: RewardInput, *, scale: float = 5.0) -> float:
+def numeric_close(
+    sample: RewardInput, *, scale: float = 5.0, equation: bool = False, same_sign: bool = False
+) -> float:
     """Credit for a near miss: ``1 - |answer - truth| / scale`` (at least 0) when the whole
     response is a number, else 0. Why: on a task the model rarely gets right (three-term sums),
     a group's answers are all wrong and ``numeric_match`` gives it no variance, so dynamic
     sampling drops nearly every group and the run learns from almost nothing. Paying the nearer
     answers more gives those groups a direction toward the right one. Only a bare number
-    counts: scored on a chatty response's first number, restating the question ("12 + 8 = 9")
-    would pay for an operand near the answer."""
+    counts, or with ``equation`` an arithmetic equation that is the whole response, by its
+    right-hand number ("12 + 8 = 19" as 19): scored on a chatty response's first number,
+    restating the question would pay for an operand near the answer. With ``same_sign`` an
+    answer on the other side of zero earns nothing: paid for nearness alone, a policy that
+    cannot yet write a minus sign learns "0" or "1" for every result below zero."""
     if scale <= 0:
         raise ValueError(f"numeric_close: scale must be > 0, got {scale}")
-    if not _ALONE_NUMBER.match(sample.response_text):
+    text = sample.response_text
+    stated = _answer_equation(text, alone=True) if equation else None
+    if stated is None and not _ALONE_NUMBER.match(text):
         return 0.0
-    answer, truth = _to_number(sample.response_text), _to_number(sample.ground_truth)
-    if answer is None or truth is None:
+    answer, truth = _to_number(stated or text), _to_number(sample.ground_truth)
+    if answer is None or truth is None or (same_sign and (answer < 0) != (truth < 0)):
         return 0.0
     return max(0.0, 1.0 - abs(answer - truth) / scale)
 

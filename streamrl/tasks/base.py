@@ -75,7 +75,7 @@ def messages(system: str, user: str) -> list[dict[str, str]]:
 class Task:
     """A built-in task: ``question(data, seed, index, split)`` is its prompt ``index``;
     ``exact(response, ground_truth)`` is the held-out exact check of ``streamrl.evaluation``
-    (None: evaluation's ``first_line_answer``, the first number on the first line)."""
+    (None: evaluation's ``first_line_answer``, the number the first line states)."""
 
     name: str
     question: Callable[[DataConfig, int, int, str], Prompt]

@@ -64,6 +64,10 @@ def test_jsonl_string_prompt_and_errors(tmp_path: Path) -> None:
         ("numeric_match", "19", "19", 1.0),
         ("numeric_match", "The answer is 1,024.", "1024", 1.0),
         ("numeric_match", "18", "19", 0.0),
+        ("numeric_match", "12 + 8 = 20", "20", 1.0),  # an equation states its right-hand side
+        ("numeric_match", "20 + 0 = 21", "20", 0.0),  # not its first number
+        ("numeric_match", "20 + 0 =", "20", 0.0),  # cut off before the answer
+        ("numeric_match", "3 - 10 = -7\nso", "-7", 1.0),
         ("number_only", " 18\nbecause", "19", 1.0),
         ("number_only", "-3", "-3", 1.0),
         ("number_only", "1,024.5 ", "0", 1.0),
@@ -145,6 +149,46 @@ def test_number_only_alone_wants_nothing_after_the_number() -> None:
     assert alone(RewardInput("19\n\nAnswer with", [1], "19")) == 1.0
     assert alone(RewardInput("19\n\nAnswer with", [1], "19"), alone=True) == 0.0
     assert alone(RewardInput(" 19 \n", [1], "19"), alone=True) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "form", "close"),
+    [
+        ("12 + 8 = 20", 1.0, 1.0),
+        (" 3 - 10 = -7\n", 1.0, 0.0),  # 27 off of 20
+        ("(12 + 8) = 18", 1.0, 0.6),
+        ("12 + 8 = 20\nso", 0.0, 0.0),  # alone: nothing after it
+        ("12 + 8 =", 0.0, 0.0),  # no answer yet
+        ("x = 20", 0.0, 0.0),  # not arithmetic
+        ("+ = 20", 0.0, 0.0),  # no number on the left
+        ("20", 0.0, 1.0),  # a bare number is no equation, but near
+    ],
+)
+def test_equation_form_and_near_misses_stated_as_equations(
+    text: str, form: float, close: float
+) -> None:
+    """``equation_form`` pays an arithmetic equation that is the whole response, right or
+    wrong; ``numeric_close`` with ``equation`` judges it by its right-hand number (without,
+    only a bare number counts: the table above)."""
+    sample = RewardInput(text, [1], "20")
+    assert resolve_reward("equation_form")(sample) == form
+    assert resolve_reward("numeric_close")(sample, equation=True) == pytest.approx(close)
+
+
+def test_numeric_close_same_sign_pays_nothing_across_zero() -> None:
+    """The policy that cannot write a minus sign yet is not paid for "0" or "1" as the
+    nearest non-negative answers to a result below zero."""
+    close = resolve_reward("numeric_close")
+    for text, truth, plain, signed in [
+        ("3 - 6 = 1", "-3", 0.2, 0.0),
+        ("3 - 6 = 0", "-3", 0.4, 0.0),  # zero is on the non-negative side
+        ("3 - 6 = -5", "-3", 0.6, 0.6),
+        ("5 - 3 = 0", "2", 0.6, 0.6),
+        ("5 - 3 = -1", "2", 0.4, 0.0),
+    ]:
+        sample = RewardInput(text, [1], truth)
+        assert close(sample, equation=True) == pytest.approx(plain), text
+        assert close(sample, equation=True, same_sign=True) == pytest.approx(signed), text
 
 
 def test_numeric_close_pays_near_misses_within_its_scale_and_bad_args_fail_at_load() -> None:

@@ -17,7 +17,10 @@ from streamrl.evaluation import eval_prompts, first_line_answer, format_table, s
         ("7", "7", True),
         (" 7.\nbecause 3 + 4", "7", True),
         ("\n\n-5", "-5", True),
-        ("3 + 4 = 7", "7", False),  # the first number is 3
+        ("3 + 4 = 7", "7", True),  # an equation answers with its right-hand side
+        ("7 + 0 = 8", "7", False),  # not with its first number
+        ("3 + 4 =", "7", False),
+        ("3 - 10 = -7.", "-7", True),
         ("The answer is 7", "7", True),  # the first number on the first line
         ("The answer:\n7", "7", False),  # not on the first non-empty line
         ("", "7", False),
