@@ -99,7 +99,13 @@ def test_chain_answers_follow_the_expression() -> None:
 
 @pytest.mark.parametrize(
     ("response", "expected"),
-    [("42", True), ("42\nbecause", True), ("The answer is 42.", True), ("2 + 40 = 42", False)],
+    [
+        ("42", True),
+        ("42\nbecause", True),
+        ("The answer is 42.", True),
+        ("2 + 40 = 42", True),  # an equation answers with its right-hand side
+        ("42 + 1 = 43", False),  # not with its first number
+    ],
 )
 def test_chain_is_checked_by_the_first_line(response: str, expected: bool) -> None:
     p = TASKS["chain"].question(DataConfig(), 0, 3)
