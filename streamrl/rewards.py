@@ -62,6 +62,9 @@ def _numbers_equal(candidate: str | None, truth: str, tol: float = 1e-6) -> bool
     return abs(a - b) <= tol * max(1.0, abs(b))
 
 
+_LEADING_NUMBER = re.compile(rf"\s*({_NUMBER.pattern})")
+
+
 def _first_line(text: str) -> str:
     return next((part for part in text.splitlines() if part.strip()), "")
 
@@ -72,7 +75,7 @@ def stated_number(text: str) -> str | None:
     -> None, though 12 comes first); otherwise the response's first number."""
     line = _first_line(text)
     if "=" in line:
-        match = re.match(rf"\s*({_NUMBER.pattern})", line.rsplit("=", 1)[1])
+        match = _LEADING_NUMBER.match(line.rsplit("=", 1)[1])
         return match.group(1) if match else None
     numbers = _NUMBER.findall(text)
     return numbers[0] if numbers else None
