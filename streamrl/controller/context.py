@@ -19,7 +19,7 @@ from streamrl.config import Config
 from streamrl.controller.placement import Placement
 from streamrl.controller.roles import Roles
 from streamrl.controller.rundir import RunError
-from streamrl.controller.specs import SpecFactory
+from streamrl.controller.specs import NODE, SpecFactory
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import RunState
 from streamrl.metrics import MetricsLog
@@ -38,6 +38,11 @@ class RunContext:
     run_dir: Path
     metrics: MetricsLog
     console: TextIO
+
+    def __post_init__(self) -> None:
+        # Local mode (loopback binds) runs every role on this host: their processes can be
+        # told apart by start time and reaped here; a cluster's cannot.
+        self.roles.local = self.specs.bind_host != NODE
 
     def note(self, message: str) -> None:
         """A supervision event, for the console and the controller's log."""

@@ -9,6 +9,12 @@ API reads them from its own threads, under the state's lock), keyed by ``str(rol
 ``Roles`` is the registry: the controller and the supervisors (``supervisor.GeneratorPool``,
 ``recovery.Recovery``) put, replace and forget slots; ``pids.json`` is written from it.
 
+In local mode a role's process is known by its identity, pid plus start time
+(``processes.ProcessIdentity``), read when its pid is learned. Teardown (``reap``) signals only a
+process whose start time still matches: the pid of a role replaced hours ago may belong to
+someone else's process by then. A replaced or retired role's process is forgotten once it is
+seen gone. On a cluster the pids are other hosts': they are listed bare and never signalled.
+
 Example::
 
     roles = Roles()
@@ -19,15 +25,14 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from streamrl.controller.processes import ProcessIdentity
 from streamrl.files import atomic_write_text
 
 RoleKind = Literal["buffer shard", "learner rank", "generator"]
@@ -62,20 +67,26 @@ class RoleSlot:
     run_ref: Any = None  # the ref of its running loop (``serve``/``run``); None before it
     pid_ref: Any = None  # the ref of its ``pid()`` call, until the pid is known
     pid: int | None = None  # -1: the actor died before telling it
+    process: ProcessIdentity | None = None  # None: unknown, or gone when the pid was learned
     endpoints: tuple[str, ...] = ()
     incarnation: int = 0
     started_at: float = field(default_factory=time.time)
 
 
 class Roles:
-    def __init__(self) -> None:
+    def __init__(self, local: bool = True) -> None:
+        self.local = local  # every role runs on this host (``RunContext`` sets it)
         self.slots: dict[RoleId, RoleSlot] = {}
-        self.all_pids: set[int] = set()  # every role process ever started (pids.json)
+        # Every role process started and not yet seen gone, replaced ones included (pids.json).
+        self.processes: set[ProcessIdentity] = set()
+        self.all_pids: set[int] = set()  # every role pid ever learned (tests read it)
         self._pids_text = ""
 
     def put(self, role: RoleId, slot: RoleSlot) -> None:
         """Add ``role`` or replace its slot (a restart)."""
         self.slots[role] = slot
+        if slot.process is not None:
+            self.processes.add(slot.process)
 
     def forget(self, role: RoleId) -> RoleSlot | None:
         return self.slots.pop(role, None)
@@ -102,17 +113,31 @@ class Roles:
         ]
 
     def refresh_pids(self, wait: bool = False) -> None:
-        """Learn the pids whose ``pid()`` answered (all of them, with ``wait``)."""
-        import ray
+        """Learn the pids whose ``pid()`` answered (all of them, with ``wait``), each with its
+        process's start time, and remember those processes."""
+        pending = [s for s in self.slots.values() if s.pid is None and s.pid_ref is not None]
+        if pending:
+            import ray
 
-        for slot in self.slots.values():
-            if slot.pid is not None or slot.pid_ref is None:
-                continue
-            if wait or ray.wait([slot.pid_ref], timeout=0)[0]:
+            for slot in pending:
+                if not (wait or ray.wait([slot.pid_ref], timeout=0)[0]):
+                    continue
                 try:
                     slot.pid = ray.get(slot.pid_ref)
                 except ray.exceptions.RayError:  # died starting: its supervisor replaces it
                     slot.pid = -1
+                    continue
+                if self.local:
+                    # Read as soon as the pid is known: gone already means no identity, never
+                    # signalled (its pid may be anyone's by now).
+                    slot.process = ProcessIdentity.of(slot.pid)
+                    if slot.process is not None:
+                        self.processes.add(slot.process)
+        self.all_pids.update(self.pids_by_role().values())
+
+    def forget_ended(self) -> None:
+        """Drop the processes that are gone (a replaced or retired role's, a dead one's)."""
+        self.processes = {p for p in self.processes if p.running()}
 
     def pids_by_role(self) -> dict[str, int]:
         return {
@@ -122,13 +147,20 @@ class Roles:
         }
 
     def write_pids(self, path: Path, controller_pid: int) -> None:
-        """``pids.json``: every process this run started, by role (replacements included);
-        rewritten only when it changed."""
+        """``pids.json``: every process of this run that may still exist, by role (replaced
+        ones until they are gone), with its start time (``/proc/<pid>/stat`` field 22) so a
+        reader can tell it from a later process with the same pid; rewritten only when it
+        changed. On a cluster: every role pid ever learned, bare."""
         self.refresh_pids()
-        by_role = self.pids_by_role()
-        self.all_pids.update(by_role.values())
+        self.forget_ended()
+        pids = [p.pid for p in self.processes] if self.local else self.all_pids
         text = json.dumps(
-            {"controller": controller_pid, "roles": sorted(self.all_pids), "by_role": by_role}
+            {
+                "controller": controller_pid,
+                "roles": sorted(pids),
+                "by_role": self.pids_by_role(),
+                "start_ticks": {str(p.pid): p.start_ticks for p in sorted(self.processes)},
+            }
         )
         if text != self._pids_text:
             self._pids_text = text
@@ -171,24 +203,19 @@ class Roles:
             self.kill(role)
 
     def reap(self, timeout_s: float = 10.0) -> None:
-        """Local mode: every role process this run started (by pid) is gone when ``launch``
-        returns; an actor killed moments ago may still be exiting, so wait for it, then
-        SIGKILL what is left."""
+        """Local mode: every role process this run started is gone when ``launch`` returns;
+        an actor killed moments ago may still be exiting, so wait for it, then SIGKILL what is
+        left. Only the processes themselves: a pid now held by a process that started at
+        another time is someone else's, and is left alone. On a cluster there is nothing
+        here to reap: Ray ends the actors on each node."""
         deadline = time.monotonic() + timeout_s
-        left = set(self.all_pids)
+        left = set(self.processes)
         while left:
-            for pid in list(left):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    left.discard(pid)
-                except PermissionError:  # the pid was reused by someone else's process
-                    left.discard(pid)
+            left = {p for p in left if p.running()}
             if not left:
                 return
             if time.monotonic() > deadline:
-                for pid in left:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+                for process in left:
+                    process.send(signal.SIGKILL)
                 return
             time.sleep(0.1)
