@@ -227,7 +227,8 @@ class KLConfig(_Section):
 
 class OverlongConfig(_Section):
     # DAPO soft overlong punishment: responses longer than generator.max_new_tokens - length
-    # lose up to `penalty` of score, linearly (0 disables).
+    # lose up to `penalty` of score, linearly (0 disables). An episode is judged by its longest
+    # policy turn, which is what max_new_tokens caps (docs/algorithms.md).
     length: int = 0
     penalty: float = 1.0
 

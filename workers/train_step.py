@@ -312,7 +312,15 @@ class TrainStep:
         metrics.max("reward/max", rewards.max())
         scores = rewards.clone()
         if alg.overlong_buffer.length > 0:
-            lengths = torch.tensor([t.num_response_tokens for g in groups for t in g.trajectories])
+            # Per policy turn, the only thing max_new_tokens caps: an episode's environment
+            # tokens and its other turns would penalise tool use (docs/algorithms.md).
+            lengths = torch.tensor(
+                [
+                    shaping.longest_policy_turn(t.action_mask, t.num_response_tokens)
+                    for g in groups
+                    for t in g.trajectories
+                ]
+            )
             scores += shaping.overlong_penalty(
                 lengths, gen.max_new_tokens, alg.overlong_buffer.length, alg.overlong_buffer.penalty
             )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["overlong_penalty", "token_level_rewards"]
+__all__ = ["longest_policy_turn", "overlong_penalty", "token_level_rewards"]
 
 
 def overlong_penalty(
@@ -39,6 +39,21 @@ def overlong_penalty(
         return torch.where(lengths > max_len, -factor, 0.0).to(dtype)
     ramp = (max_len - buffer_len - lengths) / buffer_len
     return ramp.clamp(-1.0, 0.0) * factor
+
+
+def longest_policy_turn(action_mask: bytes, num_tokens: int) -> int:
+    """The length that ``overlong_penalty`` judges: the tokens of the longest policy turn.
+
+    ``action_mask`` is a trajectory's (one byte per response token, 1: sampled by the policy,
+    0: written by the environment), so a turn is a run of 1s. Each turn was sampled under its
+    own ``max_new_tokens`` cap; the environment's tokens and the other turns do not count
+    towards it. An empty mask is a single-turn response, one turn of ``num_tokens``.
+
+    Example: mask ``1 1 1 0 0 1 1 1 1 1 0 1`` -> 5 (not 12, nor the 9 policy tokens).
+    """
+    if not action_mask:
+        return num_tokens
+    return max(map(len, action_mask.split(b"\x00")))
 
 
 def token_level_rewards(

@@ -64,6 +64,50 @@ def test_group_filter_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=repo_root)
 
 
+def test_longest_policy_turn_is_a_run_of_policy_tokens() -> None:
+    assert rewards.longest_policy_turn(bytes([1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 0, 1]), 12) == 5
+    assert rewards.longest_policy_turn(bytes([0, 0, 1, 0]), 4) == 1
+    assert rewards.longest_policy_turn(b"", 7) == 7  # single-turn: the whole response
+
+
+def _episode(turns: list[int], observation: int, reward: float = 1.0):
+    """A trajectory of policy turns of the given lengths, ``observation`` environment tokens
+    after each but the last (a single-turn response for one turn and no observation)."""
+    from streamrl.protocol import Trajectory
+
+    mask: list[int] = []
+    for i, n in enumerate(turns):
+        mask += [1] * n + ([0] * observation if i < len(turns) - 1 else [])
+    t = Trajectory.from_lists(
+        [1, 5], [7] * len(mask), [-1.0] * len(mask), [0] * len(mask), reward, "stop", 0,
+        action_mask=mask if observation else None,
+    )  # fmt: skip
+    return t
+
+
+def test_overlong_penalty_counts_each_policy_turn_not_the_episode() -> None:
+    """max_new_tokens caps one policy turn: a tool-using episode of short turns (its
+    environment tokens make it long) is not penalised; a direct answer cut at the cap is."""
+    from types import SimpleNamespace
+
+    from streamrl.config import load_config
+    from streamrl.protocol import TrajectoryGroup
+    from streamrl.workers.train_step import StepMetrics, TrainStep
+
+    root = Path(__file__).resolve().parents[2]
+    config = load_config(
+        root / "configs" / "tiny.yaml",
+        ["generator.max_new_tokens=16", "algorithm.overlong_buffer.length=4"],
+    )
+    tool_use = _episode([6, 6, 6], observation=20)  # 58 tokens, 18 the policy's, turns of 6
+    near_cap = _episode([6, 14], observation=20)  # its second turn ends in the buffer
+    direct = _episode([16], observation=0)  # cut at max_new_tokens
+    group = TrajectoryGroup("g", "p", [tool_use, near_cap, direct], 0.0, 0.0)
+    step = SimpleNamespace(config=config, ref_model=None)  # what ``_scores`` reads
+    scores = TrainStep._scores(step, [group], [], StepMetrics(torch.device("cpu")))  # type: ignore[arg-type]
+    torch.testing.assert_close(scores, torch.tensor([1.0, 1.0 - 2 / 4, 0.0]))
+
+
 def test_token_level_rewards() -> None:
     scores = torch.tensor([1.0, 2.0, 3.0])
     mask = torch.tensor([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]])
