@@ -9,7 +9,9 @@ and go, and a resumed run continues the stream instead of replaying it.
 
 ``data.source`` names a task (``TASKS``: ``arithmetic``, ``chain``, ``countdown``, ``gsm``)
 or a file. File layout follows verl: ``prompt`` (chat messages or a string), the answer in
-``reward_model.ground_truth`` or ``ground_truth``, and an optional ``data_source``.
+``reward_model.ground_truth`` or ``ground_truth``, and an optional ``data_source`` (which
+picks the held-out exact check, ``evaluation.EXACT_CHECKS``: GSM8K's rows, ``openai/gsm8k``,
+are read after ``####``).
 
 ``Prompt``, ``DataError`` and the arithmetic task's functions are defined in
 ``streamrl.tasks`` and re-exported here.

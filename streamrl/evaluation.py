@@ -2,19 +2,28 @@
 
 Prompts come from ``eval.source``: a built-in task's held-out split (questions training
 never draws, ``data.holdout_every``; ``streamrl.tasks``) or a verl-layout Parquet/JSONL file;
-the first ``eval.max_prompts`` of them. Each is decoded ``eval.samples`` times at
-``eval.temperature`` (0 = greedy) and every response is scored twice:
+the first ``eval.max_prompts`` of them. A task's held-out questions are drawn without
+replacement (each key once: ``b + a`` is ``a + b``), so ``eval/prompts`` is the number of
+distinct questions, the n of the figures' standard error; when the split holds fewer than
+``eval.max_prompts``, all of them are asked and a warning says how many. Each is decoded
+``eval.samples`` times at ``eval.temperature`` (0 = greedy) and every response is scored
+twice:
 
 - by the run's verifiers (``rewards:``), as training is: ``eval/reward_mean``, and
   ``eval/accuracy``, the share of responses given the top reward (the sum of the weights);
-- by the exact check of the prompt's task (``exact_answer``, chosen by the prompt's
-  ``data_source``): ``eval/exact_match``. Arithmetic, chain and any other source use
-  ``first_line_answer``, which shares no code with the training rewards: the number the first
-  non-empty line states must equal the ground truth, the number right after its last ``=``
-  when the line is an equation, else its first number (for a non-numeric ground truth, the
-  stripped first line must equal it). Countdown's ground truth is a puzzle, not a number: its
-  check is the task's verifier (the expression uses the given numbers and reaches the
-  target). GSM's reads the number after ``####``.
+- by the exact check of the prompt's ``data_source`` (``exact_answer``, ``EXACT_CHECKS``):
+  ``eval/exact_match``. Arithmetic, chain and any other source use ``first_line_answer``,
+  which shares no code with the training rewards: the number the first non-empty line states
+  must equal the ground truth exactly, the number right after its last ``=`` when the line
+  is an equation, else its first number (for a non-numeric ground truth, the stripped first
+  line must equal it). A number has an optional sign (``+`` or ``-``), commas only between
+  groups of three digits (``1,024``; ``4,2`` states 4) and an optional decimal part. This is
+  the stated answer of ``rewards.stated_number`` too, read by code of its own; a table-driven
+  test holds the two to the same cases. Countdown's ground truth is a puzzle, not a number:
+  its check is the task's verifier (the expression uses the given numbers and reaches the
+  target). GSM's reads the number after ``####``, and so does a file's row whose
+  ``data_source`` is GSM8K's (``openai/gsm8k``, as verl's preprocessing names it, or
+  ``gsm8k``).
 
 ``eval/completed`` counts a response only if it is exact *and* ended on its own (a stop
 token, not the token limit): raw reward and exact match credit an answer whose first line is
@@ -35,48 +44,96 @@ exact; ``"7 + 0 = 8"`` and ``"3 + 4 ="`` are not.
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 import msgspec
 
 from streamrl.config import Config
 from streamrl.data import Prompt, load_prompt_file
-from streamrl.tasks import TASKS
-from streamrl.tasks.arithmetic import arithmetic_prompts
+from streamrl.tasks import TASKS, gsm
+from streamrl.tasks.arithmetic import arithmetic_question
 
-_FIRST_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+log = logging.getLogger(__name__)
+
+# A number as an answer states it (module doc): "-7", "+42", "1,024", "2.5"; not "4,2" (4).
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
+
+
+def _value(number: str) -> Fraction:
+    return Fraction(number.replace(",", ""))
 
 
 def first_line_answer(response: str, ground_truth: str) -> bool:
     """True if the response's first non-empty line answers ``ground_truth`` (module doc)."""
     line = next((part.strip() for part in response.splitlines() if part.strip()), "")
-    try:
-        truth = float(ground_truth.strip())
-    except ValueError:
+    truth = _NUMBER.fullmatch(ground_truth.strip())
+    if truth is None:
         return line == ground_truth.strip()
     if "=" in line:
         # An equation states its answer on the right: "3 + 4 = 7" answers 7, and "3 + 0 = 5"
         # does not answer 3 (the first number would say it does).
-        match = _FIRST_NUMBER.match(line.rsplit("=", 1)[1].strip())
+        match = _NUMBER.match(line.rsplit("=", 1)[1].strip())
     else:
-        match = _FIRST_NUMBER.search(line)
-    return match is not None and float(match.group()) == truth
+        match = _NUMBER.search(line)
+    return match is not None and _value(match.group()) == _value(truth.group())
+
+
+# The exact check of a prompt by its data_source: a built-in task's own, GSM8K's for a file of
+# GSM8K rows; anything else is read by ``first_line_answer``.
+EXACT_CHECKS: dict[str, Callable[[str, str], bool]] = {
+    name: task.exact for name, task in TASKS.items() if task.exact is not None
+} | {"openai/gsm8k": gsm.final_answer, "gsm8k": gsm.final_answer}
 
 
 def exact_answer(prompt: Prompt, response: str) -> bool:
-    """Whether ``response`` answers ``prompt`` exactly, by its task's check (module doc)."""
-    task = TASKS.get(prompt.data_source)
-    check = task.exact if task is not None and task.exact is not None else first_line_answer
+    """Whether ``response`` answers ``prompt`` exactly, by its source's check (module doc)."""
+    check = EXACT_CHECKS.get(prompt.data_source, first_line_answer)
     return check(response, prompt.ground_truth)
 
 
+# Draws per asked prompt before concluding that the held-out split has no more distinct
+# questions: the rarest question of a split of n is drawn with probability >= 1/(2n) (a sum
+# a + b, a != b, is drawn as either order), so 20 draws per asked prompt miss one of the
+# split's questions with probability about e^-10 when more are asked than exist.
+_DRAWS_PER_PROMPT = 20
+
+
+def _eval_indices(config: Config) -> list[int]:
+    """The indices of the held-out stream's first ``eval.max_prompts`` distinct questions
+    (by key), or of all of them if the split holds fewer (with a warning)."""
+    ev = config.eval
+    task = TASKS[ev.source]
+    seen: set[str] = set()
+    indices: list[int] = []
+    for i in range(ev.max_prompts * _DRAWS_PER_PROMPT):
+        key = task.question(config.data, ev.seed, i, "eval").key
+        if key not in seen:
+            seen.add(key)
+            indices.append(i)
+            if len(indices) == ev.max_prompts:
+                return indices
+    log.warning(
+        "eval.max_prompts=%d, but the %s task's held-out split has only %d distinct "
+        "held-out questions with these data settings: evaluating those %d",
+        ev.max_prompts,
+        ev.source,
+        len(indices),
+        len(indices),
+    )
+    return indices
+
+
 def eval_prompts(config: Config) -> list[Prompt]:
-    """The first ``eval.max_prompts`` held-out prompts (the same ones on every call)."""
+    """The first ``eval.max_prompts`` held-out prompts, each question once (the same ones on
+    every call; module doc)."""
     ev = config.eval
     task = TASKS.get(ev.source)
     if task is not None:
-        return [task.question(config.data, ev.seed, i, "eval") for i in range(ev.max_prompts)]
+        return [task.question(config.data, ev.seed, i, "eval") for i in _eval_indices(config)]
     return load_prompt_file(ev.source)[: ev.max_prompts]
 
 
@@ -92,8 +149,10 @@ def unseen_phrasing_prompts(config: Config) -> list[Prompt]:
     if ev.source != "arithmetic" or not ev.unseen_phrasing:
         return []
     phrasing = (ev.unseen_phrasing, "")
-    source = arithmetic_prompts(config.data, ev.seed, 0, 1, split="eval", phrasing=phrasing)
-    return [next(source) for _ in range(ev.max_prompts)]
+    return [
+        arithmetic_question(config.data, ev.seed, i, "eval", phrasing)
+        for i in _eval_indices(config)
+    ]
 
 
 class EvalResult(msgspec.Struct):
@@ -125,6 +184,7 @@ def score(
                 response_ids,
                 prompt.ground_truth,
                 prompt.data_source,
+                prompt.messages[-1]["content"] if prompt.messages else "",
                 finish_reason=finish_reason,
             )
         )

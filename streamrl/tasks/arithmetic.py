@@ -13,13 +13,20 @@ import random
 from collections.abc import Iterator
 
 from streamrl.config import DataConfig
-from streamrl.tasks.base import Prompt, Task, draw, held_out, messages
+from streamrl.tasks.base import Prompt, Task, commuted_key, draw, held_out, messages
+
+
+def question_key(a: int, op: str, b: int) -> str:
+    """What ``a op b`` asks: ``b + a`` and ``b * a`` are ``a + b`` and ``a * b``; ``b - a`` is
+    another question (``commuted_key``)."""
+    return commuted_key(f"{a}{op}{b}")
 
 
 def is_held_out(a: int, op: str, b: int, every: int) -> bool:
     """Whether the question ``a op b`` belongs to the evaluation split: one question in
-    ``every`` (0: none), chosen by a hash of the question, the same on every machine."""
-    return held_out(f"{a}{op}{b}", every)
+    ``every`` (0: none), chosen by a hash of its key (``question_key``: ``a + b`` and
+    ``b + a`` share a split), the same on every machine."""
+    return held_out(question_key(a, op, b), every)
 
 
 def arithmetic_question(
@@ -44,9 +51,9 @@ def arithmetic_question(
     def make(rng: random.Random) -> tuple[str, tuple[int, str, int]]:
         a, b = rng.randint(0, config.max_operand), rng.randint(0, config.max_operand)
         op = rng.choice(config.operations)
-        return f"{a}{op}{b}", (a, op, b)
+        return question_key(a, op, b), (a, op, b)
 
-    a, op, b = draw(rng, split, config.holdout_every, make)
+    key, (a, op, b) = draw(rng, split, config.holdout_every, make)
     answer = {"+": a + b, "-": a - b, "*": a * b}[op]
     template, system = config.question_template, config.system_prompt
     if split == "train" and config.question_templates:
@@ -55,7 +62,7 @@ def arithmetic_question(
         system = "" if rng.random() < config.no_system_prompt_share else system
     template, system = phrasing or (template, system)
     user = template.format(a=a, op=op, b=b)
-    return Prompt(f"arith-{index}", messages(system, user), str(answer), "arithmetic")
+    return Prompt(f"arith-{index}", messages(system, user), str(answer), "arithmetic", key)
 
 
 def arithmetic_prompts(

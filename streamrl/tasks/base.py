@@ -3,8 +3,10 @@
 A task (``streamrl.tasks``) turns ``(seed, index, split)`` into a ``Prompt``: question
 ``index`` of a stream seeded by ``(seed, index)``, the same on every machine. The held-out
 split is chosen by a hash of the question's *key* (what makes two questions the same, e.g.
-``23+8-14+6``), one key in ``data.holdout_every``: ``split="train"`` never yields a held-out
-key and ``split="eval"`` yields only those, so evaluation asks questions training never saw.
+``6+8+23-14`` for ``23 + 8 - 14 + 6``: the same terms in another order are the same question;
+``commuted_key``), one key in ``data.holdout_every``: ``split="train"`` never yields a
+held-out key and ``split="eval"`` yields only those, so evaluation asks questions training
+never saw. A prompt carries its key, so evaluation can ask each question once.
 
 ``Prompt`` and ``DataError`` live here, below ``streamrl.data`` (which re-exports them), so
 that the tasks and the file reader build the same thing.
@@ -13,6 +15,7 @@ that the tasks and the file reader build the same thing.
 from __future__ import annotations
 
 import random
+import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,12 +34,35 @@ class Prompt:
     messages: list[dict[str, str]]
     ground_truth: str
     data_source: str
+    # What makes two questions the same (the held-out key, module doc); "" for a file's row.
+    key: str = ""
 
 
 def held_out(key: str, every: int) -> bool:
     """Whether the question ``key`` belongs to the evaluation split: one key in ``every``
     (0: none), by a hash of the key, the same on every machine."""
     return every > 0 and zlib.crc32(key.encode()) % every == 0
+
+
+_TERM = re.compile(r"([+-]?)([^+-]+)")
+
+
+def commuted_key(expression: str) -> str:
+    """The key of a chain of integers with ``+ - *`` (no brackets, ``*`` first): the same for
+    every order of its terms that keeps its value by commuting, and for every order of a
+    product's factors; a term keeps its sign. ``b+a`` -> ``a+b``; ``23+8-14+6`` ->
+    ``6+8+23-14`` (terms added, ascending, then those subtracted); ``4+3*2`` -> ``2*3+4``;
+    ``7-3`` stays ``7-3`` and ``3-7`` is another question. Spaces are ignored.
+
+    Example: ``commuted_key("8 - 14 + 23 + 6") == commuted_key("23+8-14+6") == "6+8+23-14"``.
+    """
+    terms = [
+        (sign == "-", sorted(int(f) for f in body.split("*")))
+        for sign, body in _TERM.findall(expression.replace(" ", ""))
+    ]
+    terms.sort()  # added before subtracted; each side by its factors, ascending
+    text = "".join(("-" if minus else "+") + "*".join(map(str, f)) for minus, f in terms)
+    return text.removeprefix("+")
 
 
 T = TypeVar("T")
@@ -48,8 +74,9 @@ MAX_DRAWS = 100_000
 
 def draw(
     rng: random.Random, split: str, every: int, make: Callable[[random.Random], tuple[str, T]]
-) -> T:
-    """``make(rng)`` -> (key, question) until the key falls in ``split`` (module doc)."""
+) -> tuple[str, T]:
+    """``make(rng)`` -> (key, question) until the key falls in ``split`` (module doc); the
+    first such (key, question)."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', not {split!r}")
     if split == "eval" and every == 0:
@@ -57,7 +84,7 @@ def draw(
     for _ in range(MAX_DRAWS):
         key, question = make(rng)
         if held_out(key, every) == (split == "eval"):
-            return question
+            return key, question
     raise DataError(
         f"no {split} question in {MAX_DRAWS} draws: the task's question space is too small "
         "for data.holdout_every (widen data.max_operand or the task's knobs)"

@@ -3,8 +3,9 @@
 ``data.chain_terms`` operands in ``[0, data.max_operand]``, each operation from
 ``data.operations`` (``*`` binds first, as written); the answer is an integer, checked on
 held-out questions by evaluation's ``first_line_answer`` and trained with ``numeric_match``
-(plus ``number_only`` for form). The question's key for the held-out split is the expression
-itself (``23+8-14+6``).
+(plus ``number_only`` for form). The question's key for the held-out split is the
+expression with its terms in a fixed order (``commuted_key``: ``23 + 8 - 14 + 6`` and
+``8 + 6 - 14 + 23`` are one question, ``6+8+23-14``; a subtracted term stays subtracted).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import random
 
 from streamrl.config import DataConfig
-from streamrl.tasks.base import Prompt, Task, draw, messages
+from streamrl.tasks.base import Prompt, Task, commuted_key, draw, messages
 from streamrl.tasks.expression import parse, value
 
 SYSTEM_PROMPT = "Answer with the number only."
@@ -27,9 +28,9 @@ def chain_question(config: DataConfig, seed: int, index: int, split: str = "trai
         text = terms[0]
         for term in terms[1:]:
             text += f" {rng.choice(config.operations)} {term}"
-        return text.replace(" ", ""), text
+        return commuted_key(text), text
 
-    text = draw(rng, split, config.holdout_every, make)
+    key, text = draw(rng, split, config.holdout_every, make)
     tree = parse(text)
     answer = value(tree) if tree is not None else None
     assert answer is not None and answer.denominator == 1, text  # + - * of integers
@@ -38,6 +39,7 @@ def chain_question(config: DataConfig, seed: int, index: int, split: str = "trai
         messages(SYSTEM_PROMPT, f"What is {text}?"),
         str(answer.numerator),
         "chain",
+        key,
     )
 
 

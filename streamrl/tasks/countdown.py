@@ -68,10 +68,10 @@ def countdown_question(config: DataConfig, seed: int, index: int, split: str = "
             target, solution = sum(given), " + ".join(map(str, given))
         return f"{sorted(given)}:{target}", (given, target, solution)
 
-    given, target, solution = draw(rng, split, config.holdout_every, make)
+    key, (given, target, solution) = draw(rng, split, config.holdout_every, make)
     truth = json.dumps({"target": target, "numbers": given, "solution": solution})
     user = QUESTION.format(numbers=", ".join(map(str, given)), target=target)
-    return Prompt(f"countdown-{index}", messages(SYSTEM_PROMPT, user), truth, "countdown")
+    return Prompt(f"countdown-{index}", messages(SYSTEM_PROMPT, user), truth, "countdown", key)
 
 
 def _puzzle(ground_truth: str) -> tuple[int, list[int]] | None:

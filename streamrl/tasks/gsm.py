@@ -135,7 +135,7 @@ def gsm_question(config: DataConfig, seed: int, index: int, split: str = "train"
             if quantities is not None:
                 return f"{name}:{quantities}", (name, quantities)
 
-    name, quantities = draw(rng, split, config.holdout_every, make)
+    key, (name, quantities) = draw(rng, split, config.holdout_every, make)
     _, text, answer = TEMPLATES[name]
     (person, pronoun), (friend, _), (other, _) = rng.sample(NAMES, 3)
     fields = {f"q{i}": q for i, q in enumerate(quantities)}
@@ -150,7 +150,8 @@ def gsm_question(config: DataConfig, seed: int, index: int, split: str = "train"
         other=other,
         **fields,
     )
-    return Prompt(f"gsm-{index}", messages(SYSTEM_PROMPT, user), str(answer(*quantities)), "gsm")
+    truth = str(answer(*quantities))
+    return Prompt(f"gsm-{index}", messages(SYSTEM_PROMPT, user), truth, "gsm", key)
 
 
 _FINAL = re.compile(r"####\s*(-?[\d,]*\d(?:\.\d+)?)")

@@ -29,12 +29,13 @@ def guess_question(config: DataConfig, seed: int, index: int, split: str = "trai
         secret = rng.randint(1, top)
         return f"{top}:{secret}", (top, secret)
 
-    top, secret = draw(rng, split, config.holdout_every, make)
+    key, (top, secret) = draw(rng, split, config.holdout_every, make)
     return Prompt(
         f"guess-{index}",
         messages(SYSTEM_PROMPT, QUESTION.format(top=top)),
         f"{top}:{secret}",
         "guess",
+        key,
     )
 
 

@@ -66,6 +66,44 @@ def test_the_held_out_split_is_disjoint_from_training(name: str) -> None:
     assert not train & held_out
 
 
+def _commuted(question: str) -> tuple:
+    """The test's own reading of what a chain question asks, in any order that keeps its value
+    by commuting: a sum of signed products, each product's factors sorted. ``a - b`` and
+    ``b - a`` differ; ``a + b`` and ``b + a``, ``2 * 3 + 4`` and ``4 + 3 * 2`` do not."""
+    tokens = question.removeprefix("What is ").removesuffix("?").split()
+    terms, sign, factors = [], 1, [int(tokens[0])]
+    for op, number in zip(tokens[1::2], tokens[2::2], strict=True):
+        if op == "*":
+            factors.append(int(number))
+        else:
+            terms.append((sign, tuple(sorted(factors))))
+            sign, factors = (1 if op == "+" else -1), [int(number)]
+    terms.append((sign, tuple(sorted(factors))))
+    return tuple(sorted(terms))
+
+
+@pytest.mark.parametrize(("name", "terms"), [("arithmetic", 2), ("chain", 2), ("chain", 4)])
+def test_a_commuted_held_out_question_is_never_a_training_question(name: str, terms: int) -> None:
+    """``b + a`` is the question ``a + b``: both are held out or neither; the same for a
+    chain's terms moved with their signs (``23 + 8 - 14`` is ``8 - 14 + 23``)."""
+    task = TASKS[name]
+    data = DataConfig(max_operand=12, chain_terms=terms, operations=["+", "-", "*"])
+    train = {_commuted(_key(task.question(data, seed, i))) for seed in (0, 1) for i in range(3000)}
+    held_out = {_commuted(_key(task.question(data, 10_007, i, "eval"))) for i in range(300)}
+    assert len(held_out) > 30
+    assert not train & held_out
+
+
+def test_subtraction_is_not_commuted_by_the_held_out_key() -> None:
+    """``7 - 3`` and ``3 - 7`` are different questions (different answers): each its own key."""
+    from streamrl.tasks.arithmetic import is_held_out
+
+    pairs = [(a, b) for a in range(31) for b in range(a + 1, 31)]
+    assert all(is_held_out(a, "+", b, 8) == is_held_out(b, "+", a, 8) for a, b in pairs)
+    assert all(is_held_out(a, "*", b, 8) == is_held_out(b, "*", a, 8) for a, b in pairs)
+    assert any(is_held_out(a, "-", b, 8) != is_held_out(b, "-", a, 8) for a, b in pairs)
+
+
 def test_holding_nothing_out_leaves_nothing_to_evaluate() -> None:
     config = load_config(None, ["eval.source=chain", "data.holdout_every=0", "eval.max_prompts=2"])
     with pytest.raises(DataError, match="holdout_every is 0"):
@@ -304,6 +342,32 @@ def test_gsm_reads_thousands_and_the_gsm8k_reward_agrees() -> None:
     assert reward(RewardInput("x\n#### 1,234", [1], "1234")) == 1.0
     assert reward(RewardInput("x\n#### 12", [1], "1234")) == 0.2
     assert reward(RewardInput("1234", [1], "1234")) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("She sold 48 in April and 24 in May.\n48 + 24 = 72\n#### 72", True),
+        ("72", False),  # GSM8K's answer follows ####: a bare first line is not it
+        ("48 + 24 = 72", False),
+        ("#### 71", False),
+    ],
+)
+def test_a_verl_gsm8k_file_is_checked_after_its_hashes(
+    tmp_path: Path, response: str, expected: bool
+) -> None:
+    """verl's GSM8K preprocessing names its rows ``openai/gsm8k`` with the bare number as the
+    ground truth; the exact check is then GSM8K's (after ``####``), not the first line's."""
+    path = tmp_path / "gsm8k_test.jsonl"
+    row = {
+        "prompt": [{"role": "user", "content": "Natalia sold 48 clips... step by step"}],
+        "reward_model": {"style": "rule", "ground_truth": "72"},
+        "data_source": "openai/gsm8k",
+    }
+    path.write_text(json.dumps(row) + "\n")
+    config = load_config(None, [f"eval.source={path}"])
+    (prompt,) = eval_prompts(config)
+    assert exact_answer(prompt, response) is expected
 
 
 # --------------------------------------------------------------------------- configs and eval
