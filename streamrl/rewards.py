@@ -3,6 +3,14 @@
 A reward function takes a ``RewardInput`` and keyword arguments from the config and returns a
 float. Several rewards combine as a weighted sum (``rewards:`` in the config). Everything is
 resolved when the config loads, so a typo fails before any process starts.
+
+The answer a response states (``stated_number``) is the one the held-out check reads
+(``evaluation.first_line_answer``), in code of its own so that a bug here cannot inflate the
+eval: the first non-empty line's number after its last ``=`` when the line is an equation,
+else the line's first number; a number has an optional ``+``/``-``, commas only between
+groups of three digits, and is compared exactly. ``tests/unit/test_evaluation.py`` runs both
+over one table. Where a reward reads more on purpose it says so (``numeric_match``'s
+``partial``, ``numeric_close``'s near misses).
 """
 
 from __future__ import annotations
@@ -11,11 +19,13 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from streamrl.config import ConfigError, RewardSpec
 from streamrl.plugins import load_named
 from streamrl.tasks import countdown as countdown_task
+from streamrl.tasks import expression
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +36,7 @@ class RewardInput:
     response_ids: list[int]
     ground_truth: str
     data_source: str = ""
+    # The question (the prompt's last user message); "" when the caller does not pass it.
     prompt_text: str = ""
     # "stop" (the model ended it), "length" (cut at the token limit) or "abort"; "" unknown.
     finish_reason: str = ""
@@ -43,23 +54,24 @@ def register(name: str) -> Callable[[RewardFn], RewardFn]:
     return wrap
 
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# "-7", "+42", "1,024", "2.5"; "4,2" is the number 4 (module doc).
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
 
 
-def _to_number(text: str) -> float | None:
-    try:
-        return float(text.replace(",", "").strip())
-    except ValueError:
-        return None
+def _to_number(text: str) -> Fraction | None:
+    """The exact value of a number as ``_NUMBER`` reads it, else None."""
+    match = _NUMBER.fullmatch(text.strip())
+    return Fraction(match.group().replace(",", "")) if match else None
 
 
-def _numbers_equal(candidate: str | None, truth: str, tol: float = 1e-6) -> bool:
+def _numbers_equal(candidate: str | None, truth: str) -> bool:
+    """Equal as numbers, exactly (``42.0`` is 42, ``42.0000001`` is not), else as text."""
     if candidate is None:
         return False
     a, b = _to_number(candidate), _to_number(truth)
     if a is None or b is None:
         return candidate.strip() == truth.strip()
-    return abs(a - b) <= tol * max(1.0, abs(b))
+    return a == b
 
 
 _LEADING_NUMBER = re.compile(rf"\s*({_NUMBER.pattern})")
@@ -70,22 +82,24 @@ def _first_line(text: str) -> str:
 
 
 def stated_number(text: str) -> str | None:
-    """The number a response gives as its answer: when its first non-empty line is an equation,
-    the number right after the line's last ``=`` (``"12 + 8 = 20"`` -> ``"20"``; ``"12 + 8 ="``
-    -> None, though 12 comes first); otherwise the response's first number."""
+    """The number a response gives as its answer (module doc): when its first non-empty line
+    is an equation, the number right after the line's last ``=`` (``"12 + 8 = 20"`` ->
+    ``"20"``; ``"12 + 8 ="`` -> None, though 12 comes first); otherwise the first number of
+    that line (``"The answer:\n7"`` states none)."""
     line = _first_line(text)
     if "=" in line:
         match = _LEADING_NUMBER.match(line.rsplit("=", 1)[1])
         return match.group(1) if match else None
-    numbers = _NUMBER.findall(text)
-    return numbers[0] if numbers else None
+    match = _NUMBER.search(line)
+    return match.group() if match else None
 
 
 @register("numeric_match")
 def numeric_match(sample: RewardInput, *, partial: float = 0.0) -> float:
-    """1 if the number the response states (``stated_number``: the first, or an equation's
-    right-hand side) equals the ground truth; ``partial`` if the answer appears elsewhere
-    (keeps a small gradient for chatty models), else 0."""
+    """1 if the number the response states (``stated_number``: the first line's first, or an
+    equation's right-hand side) equals the ground truth: the held-out check's reading;
+    ``partial`` if the answer is any other number of the response (keeps a small gradient for
+    chatty models; the check gives no such credit), else 0."""
     if _numbers_equal(stated_number(sample.response_text), sample.ground_truth):
         return 1.0
     numbers = _NUMBER.findall(sample.response_text)
@@ -112,25 +126,53 @@ _ALONE_NUMBER = re.compile(rf"\s*{_NUMBER.pattern}\s*$")
 _EQUATION = re.compile(rf"([\d\s.,+\-*/×÷()]+)=\s*({_NUMBER.pattern})\s*")
 
 
-def _answer_equation(text: str, alone: bool) -> str | None:
-    """The right-hand number of an arithmetic equation that is the response (``alone``) or its
-    first line, else None."""
+def _equation(text: str, alone: bool) -> tuple[str, str] | None:
+    """(left side, right-hand number) of an arithmetic equation that is the response
+    (``alone``) or its first line, else None."""
     match = _EQUATION.fullmatch(text if alone else _first_line(text))
     if match is None or not any(c.isdigit() for c in match.group(1)):
         return None
-    return match.group(2)
+    return match.group(1), match.group(2)
+
+
+def _answer_equation(text: str, alone: bool) -> str | None:
+    """The right-hand number of an arithmetic equation (``_equation``), else None."""
+    equation = _equation(text, alone)
+    return equation[1] if equation else None
+
+
+# The arithmetic a question asks: "What is 12 + 8?" -> "12 + 8"; "23 + 8 - 14 + 6".
+_QUESTION = re.compile(r"\d+(?:\s*[-+*]\s*\d+)+")
+
+
+def _restates(left: str, sample: RewardInput) -> bool:
+    """Whether an equation's left side restates the question (``equation_form``)."""
+    asked = _QUESTION.search(sample.prompt_text)
+    if asked is not None:
+        return "".join(left.split()) == "".join(asked.group().split())
+    # No question given: arithmetic of at least two numbers worth the ground truth.
+    tree = expression.parse(left)
+    if tree is None or len(expression.numbers(tree)) < 2:
+        return False
+    return expression.value(tree) == _to_number(sample.ground_truth)
 
 
 @register("equation_form")
 def equation_form(sample: RewardInput, *, alone: bool = True) -> float:
-    """1 if the response is an arithmetic equation that ends in a number, right or wrong
-    ("12 + 8 = 19"; ``alone``: nothing after it, else its first line): the default job's
-    format reward. SmolLM2 drifts to restating the question this way, and computes far better
-    when it does: its greedy answers after "a op b =" got 35 of the 106 held-out questions
-    whose result is >= 0 right, its bare first answers 1, and it writes a minus sign after
-    "=" about 50 times as often as at the start of a reply. Paying a bare number instead
-    (``number_only``) left the job near 50% held-out (``configs/default.yaml``)."""
-    return 1.0 if _answer_equation(sample.response_text, alone) is not None else 0.0
+    """1 if the response restates the question as an equation that ends in a number, right or
+    wrong ("12 + 8 = 19" for "What is 12 + 8?"; ``alone``: nothing after it, else its first
+    line): the default job's format reward. The left side must be the question's arithmetic,
+    its numbers in its order with its operators, spaces aside ("12+8 = 19" counts, "8 + 12 =
+    20" and "1 = 5" do not: paid for any equation, "0 = 42" earned the whole top reward).
+    The question is ``RewardInput.prompt_text``; a caller that does not pass it gets the rule
+    that needs none: a left side of at least two numbers whose value is the ground truth.
+    SmolLM2 drifts to restating the question this way, and computes far better when it does:
+    its greedy answers after "a op b =" got 35 of the 106 held-out questions whose result is
+    >= 0 right, its bare first answers 1, and it writes a minus sign after "=" about 50 times
+    as often as at the start of a reply. Paying a bare number instead (``number_only``) left
+    the job near 50% held-out (``configs/default.yaml``)."""
+    equation = _equation(sample.response_text, alone)
+    return 1.0 if equation is not None and _restates(equation[0], sample) else 0.0
 
 
 @register("numeric_close")

@@ -155,8 +155,8 @@ def test_number_only_alone_wants_nothing_after_the_number() -> None:
     ("text", "form", "close"),
     [
         ("12 + 8 = 20", 1.0, 1.0),
-        (" 3 - 10 = -7\n", 1.0, 0.0),  # 27 off of 20
-        ("(12 + 8) = 18", 1.0, 0.6),
+        (" 12 + 8 = -7\n", 1.0, 0.0),  # 27 off of 20
+        ("12+8=18", 1.0, 0.6),  # whitespace aside
         ("12 + 8 = 20\nso", 0.0, 0.0),  # alone: nothing after it
         ("12 + 8 =", 0.0, 0.0),  # no answer yet
         ("x = 20", 0.0, 0.0),  # not arithmetic
@@ -167,12 +167,54 @@ def test_number_only_alone_wants_nothing_after_the_number() -> None:
 def test_equation_form_and_near_misses_stated_as_equations(
     text: str, form: float, close: float
 ) -> None:
-    """``equation_form`` pays an arithmetic equation that is the whole response, right or
-    wrong; ``numeric_close`` with ``equation`` judges it by its right-hand number (without,
-    only a bare number counts: the table above)."""
-    sample = RewardInput(text, [1], "20")
+    """``equation_form`` pays the question restated as an equation that is the whole
+    response, right or wrong; ``numeric_close`` with ``equation`` judges it by its right-hand
+    number (without, only a bare number counts: the table above)."""
+    sample = RewardInput(text, [1], "20", prompt_text="What is 12 + 8?")
     assert resolve_reward("equation_form")(sample) == form
     assert resolve_reward("numeric_close")(sample, equation=True) == pytest.approx(close)
+
+
+@pytest.mark.parametrize(
+    ("text", "question", "form"),
+    [
+        ("12 + 8 = 19", "What is 12 + 8?", 1.0),  # the question restated, right or wrong
+        ("12 + 8 = -3", "Calculate 12 + 8.", 1.0),
+        ("12+8 = 20", "12 + 8 = ?", 1.0),  # whitespace aside
+        ("1 = 5", "What is 12 + 8?", 0.0),  # an equation, but no restatement
+        ("0 = 20", "What is 12 + 8?", 0.0),
+        ("8 + 12 = 20", "What is 12 + 8?", 0.0),  # the operands in the question's order
+        ("12 - 8 = 4", "What is 12 + 8?", 0.0),  # with its operator
+        ("12 + 9 = 21", "What is 12 + 8?", 0.0),
+        ("2 + 12 + 8 = 22", "What is 12 + 8?", 0.0),
+        ("23 + 8 - 14 = 17", "What is 23 + 8 - 14?", 1.0),  # a chain, all of it
+        ("23 + 8 = 31", "What is 23 + 8 - 14?", 0.0),
+        # Without the question (a caller that passes no prompt_text): a left side of at
+        # least two numbers worth the ground truth (20), whatever the right side says.
+        ("12 + 8 = 19", "", 1.0),
+        ("10 + 10 = 20", "", 1.0),
+        ("12 + 9 = 20", "", 0.0),
+        ("20 = 20", "", 0.0),
+        ("1 = 5", "", 0.0),
+    ],
+)
+def test_equation_form_pays_a_restatement_of_the_question(
+    text: str, question: str, form: float
+) -> None:
+    """An equation ending in a number restates nothing by being one ("1 = 5", "0 = 42")."""
+    sample = RewardInput(text, [1], "20", "arithmetic", prompt_text=question)
+    assert resolve_reward("equation_form")(sample) == form
+
+
+def test_the_default_job_pays_an_equation_that_restates_nothing_less_than_the_top() -> None:
+    """For 20 + 22, "0 = 42" earned the whole 2.0 of the default job: numeric_match,
+    numeric_close, equation_form and stopped. It restates nothing, so not equation_form."""
+    reward = CombinedReward(load_config("default").rewards)
+    for question in ("What is 20 + 22?", ""):
+        bare = RewardInput("0 = 42", [1], "42", "arithmetic", question, "stop")
+        restated = RewardInput("20 + 22 = 42", [1], "42", "arithmetic", question, "stop")
+        assert reward(bare) == pytest.approx(1.75)
+        assert reward(restated) == pytest.approx(2.0)
 
 
 def test_numeric_close_same_sign_pays_nothing_across_zero() -> None:
