@@ -120,8 +120,8 @@ class BufferClient:
         """``epoch``, ``forks``: the learner clock this client speaks for (``streamrl.clock``);
         every request carries them, so shards follow a restarted learner group."""
         self.epoch, self.forks = epoch, list(forks or [])
-        # The learners' newest checkpoint: shards keep take receipts only after it.
-        self.checkpointed = 0
+        # The learners' newest checkpoint (-1: none): shards keep take receipts only after it.
+        self.checkpointed = -1
         self.ctx = ctx or zmq.Context.instance()
         self.name, self.poll_ms, self.log_every_s = name, poll_ms, log_every_s
         self.reply_timeout_s, self.stop_grace_s = reply_timeout_s, stop_grace_s

@@ -8,7 +8,9 @@ the learner's own report of the take ever left.
 
 A durable shard keeps them in ``receipts.jsonl`` beside its log (one line per take, appended;
 rewritten whole when the learners' newest checkpoint makes old ones useless), so a shard that
-restarts in the same incident as the learner group still knows them. Bounded by ``max_kept``.
+restarts in the same incident as the learner group still knows them. Bounded by ``max_kept``
+(plus a quarter, trimmed in one rewrite). Before the learners' first checkpoint a shard keeps
+none: no restart could roll back to one, and a resume without one starts over.
 
 Example::
 
@@ -37,7 +39,9 @@ class Receipts:
 
     def add(self, receipt: TakeReceipt) -> None:
         self.items.append(receipt)
-        if len(self.items) > self.max_kept:
+        if len(self.items) > self.max_kept + self.max_kept // 4:
+            # Over the cap by a quarter: trim to it with one rewrite, so that a learner that
+            # stops checkpointing costs one rewrite per max_kept / 4 takes, not one per take.
             del self.items[: -self.max_kept]
             self._rewrite()
         elif self.path is not None:

@@ -90,8 +90,8 @@ MAX_WAIT_MS = 600_000  # a longer long poll is cut to this
 # and timers, and every poll is still answered exactly once. A learner rank parks one.
 MAX_PARKED_PER_PEER = 16
 MAX_PARKED = 1024
-# Take receipts kept (``ShardStats.receipts``): takes since the learners' newest checkpoint;
-# a learner that never checkpoints would grow them without this cap.
+# Take receipts kept (``ShardStats.receipts``): takes since the learners' newest checkpoint
+# (none before the first); a learner that stops checkpointing would grow them without a cap.
 MAX_RECEIPTS = 4096
 # The request loop's longest sleep without a wakeup from the socket: a backstop for a lost edge
 # (see _reply); an idle shard wakes this often to find nothing.
@@ -512,7 +512,7 @@ class BufferShard:
                 ):
                     return False
                 groups = self.store.take(req.k, req.floor)
-                if groups:
+                if groups and req.checkpointed >= 0:  # without a checkpoint none is needed
                     indices = [g.prompt_index for g in groups]
                     step = req.learner_version + 1  # the step this batch trains
                     self.receipts.add(TakeReceipt(req.learner_epoch, step, indices))

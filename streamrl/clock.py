@@ -31,6 +31,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class LearnerClock:
     """The newest (epoch, version) a reader has heard, with the forks between epochs."""
@@ -64,3 +66,30 @@ class LearnerClock:
             return True
         fork = self.forks[epoch] if 0 <= epoch < len(self.forks) else -1
         return max_version <= fork
+
+
+def live_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl`` on the run's final timeline: step records and eval
+    events of weights a learner restart or a ``--resume`` took back are left out (their step
+    numbers repeat in the next epoch); every other event is kept. The clock is read from the
+    ``epoch`` events the controller writes as each epoch starts; records without an
+    ``epoch`` (written before records carried it) count as epoch 0.
+
+    Example: epoch 0 stepped to 12, then resumed at its checkpoint 10 in epoch 1 (an
+    ``{"event": "epoch", "epoch": 1, "forks": [10]}`` record): epoch 0's steps 11 and 12 go,
+    its steps 1-10 and epoch 1's stay."""
+    clock = LearnerClock()
+    for record in records:
+        if record.get("event") == "epoch":
+            clock.observe(int(record["epoch"]), 0, [int(v) for v in record.get("forks", [])])
+
+    def live(record: dict[str, Any]) -> bool:
+        if "step" in record:
+            version = record["step"]
+        elif record.get("event") == "eval":
+            version = record.get("eval/version", record.get("requested", 0))
+        else:
+            return True
+        return clock.on_timeline(int(record.get("epoch", 0)), int(version))
+
+    return [record for record in records if live(record)]

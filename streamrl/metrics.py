@@ -77,10 +77,17 @@ class MetricsLog:
         if self.progress is not None:
             self.progress.update(self.task, completed=record["step"])
 
-    def eval(self, requested: int, version: int, metrics: dict[str, float]) -> None:
+    def eval(self, requested: int, version: int, metrics: dict[str, float], epoch: int = 0) -> None:
         """A held-out evaluation: an ``eval`` event in metrics.jsonl (step records stay one
-        per learner step), wandb at step ``requested``, and a console line."""
-        line = {"event": "eval", "time": time.time(), "requested": requested, **metrics}
+        per learner step) with the learner epoch of the weights evaluated, wandb at step
+        ``requested``, and a console line."""
+        line = {
+            "event": "eval",
+            "time": time.time(),
+            "requested": requested,
+            "epoch": epoch,
+            **metrics,
+        }
         with self.lock:
             self.file.write(json.dumps(line) + "\n")
             if self.wandb is not None:

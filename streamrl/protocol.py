@@ -304,10 +304,11 @@ class BatchRequest(msgspec.Struct, tag="batch_request"):
     wait_ms: int = 0
     client: Annotated[str, msgspec.Meta(max_length=MAX_CLIENT_NAME)] = ""
     # The learner clock (``streamrl.clock``): the group's epoch, the versions its epochs
-    # resumed at, and its newest checkpoint (the shard keeps take receipts after it).
+    # resumed at, and its newest checkpoint (the shard keeps take receipts after it; -1:
+    # none yet, so it keeps none: no learner could roll back to a checkpoint).
     learner_epoch: int = 0
     forks: Annotated[list[int], msgspec.Meta(max_length=MAX_FORKS)] = []
-    checkpointed: int = 0
+    checkpointed: int = -1
 
 
 class Batch(msgspec.Struct, tag="batch"):
@@ -467,6 +468,9 @@ class Directives(msgspec.Struct, omit_defaults=True):
     # on; None = unchanged.
     temperature: float | None = None
     prompts_per_call: int | None = None
+    # The learner epoch of ``eval_version`` (``streamrl.clock``): weights of an older epoch
+    # past its fork no longer exist, so an evaluation waits for this epoch's version.
+    eval_epoch: int = 0
 
 
 class LearnerClockInfo(msgspec.Struct, omit_defaults=True):
@@ -548,6 +552,7 @@ class AdmissionReply(msgspec.Struct, tag="admission_reply", omit_defaults=True):
                 self.old_eval_version,
                 self.old_temperature,
                 self.old_prompts_per_call,
+                self.old_weights_epoch,
             )
         clock = self.clock
         if clock is None:

@@ -24,9 +24,12 @@ def alive(pid: int) -> bool:
     return True
 
 
-def launch_tiny(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+def launch_tiny(
+    run_dir: Path, *args: str, env: dict[str, str] | None = None, new_session: bool = False
+) -> subprocess.Popen:
     """``streamrl launch configs/tiny.yaml`` into ``run_dir`` as a child process (output
-    captured as text); ``args`` are more overrides or flags."""
+    captured as text); ``args`` are more overrides or flags. ``new_session``: in a process
+    group of its own (``os.killpg(proc.pid, ...)`` then ends exactly it)."""
     cmd = [
         str(Path(sys.executable).parent / "streamrl"),
         "launch",
@@ -37,7 +40,12 @@ def launch_tiny(run_dir: Path, *args: str, env: dict[str, str] | None = None) ->
         *args,
     ]
     return subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=new_session,
     )
 
 

@@ -31,7 +31,7 @@ from streamrl.cores import role_threads
 from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_causal_lm, load_tokenizer
 from streamrl.protocol import BatchTaken, LearnerStep, TrajectoryGroup
-from streamrl.transport import make_socket
+from streamrl.transport import interface_holding, make_socket
 from streamrl.workers import checkpoint
 from streamrl.workers.fsdp import adamw, shard_for_training
 from streamrl.workers.publisher import WeightPublisher
@@ -44,11 +44,12 @@ def rendezvous(master: str, rank: int, world_size: int) -> dist.TCPStore:
     """The process group's store at ``master`` (``host:port``), bound to that host only.
 
     TCPStore's own server listens on every interface, so rank 0 hands it a socket bound to
-    ``host``; with a loopback host, gloo's transport is kept on loopback too.
+    ``host``; with a loopback host, gloo's transport is kept on loopback too (forced: a
+    ``GLOO_SOCKET_IFNAME`` exported for a cluster must not put a local run's group on it).
     """
     host, port = master.rsplit(":", 1)
     if host in ("127.0.0.1", "localhost"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ["GLOO_SOCKET_IFNAME"] = interface_holding(host) or "lo"
     listen_fd = None
     if rank == 0:
         listen_fd = socket.create_server((host, int(port)), backlog=2 * world_size).detach()
@@ -167,7 +168,8 @@ class Learner:
         self.critic, self.kl_controller = self.train_step.critic, self.train_step.kl_controller
         self._checkpoint_requested = False
         self.checkpoint_dir = Path(checkpoint_dir)
-        self.version = self._resume() if config.run.resume else 0
+        resumed = self._resume() if config.run.resume else None
+        self.version = resumed or 0
         # The group owns its clock: a restarted group's fork is the version it resumed at.
         self.forks = list(forks or [])
         if len(self.forks) < incarnation:
@@ -190,7 +192,8 @@ class Learner:
             epoch=incarnation,
             forks=self.forks,
         )
-        self.buffer.checkpointed = self.version
+        # -1: no checkpoint yet, so shards keep no take receipts (nothing could roll back to one).
+        self.buffer.checkpointed = -1 if resumed is None else self.version
         self.ctx = zmq.Context()
         self.reporter = make_socket(self.ctx, zmq.PUSH)
         self.reporter.connect(report_endpoint)
@@ -284,7 +287,9 @@ class Learner:
     def save_checkpoint(self) -> Path:
         """Collective: every rank saves its shards of the policy/critic and optimizers."""
         self._checkpoint_requested = False
-        extra = {"kl_coef": self.kl_controller.value}
+        # The clock goes with the weights: a resume starts an epoch above this one.
+        extra = {"kl_coef": self.kl_controller.value, "epoch": self.incarnation}
+        extra["forks"] = list(self.forks)
         path = checkpoint.save(self._modules(), self.checkpoint_dir, self.version, extra)
         self.buffer.checkpointed = self.version
         return path
@@ -296,11 +301,12 @@ class Learner:
             return path
         return self.save_checkpoint()
 
-    def _resume(self) -> int:
-        """Load the newest checkpoint, if any (collective); returns the version to go on from."""
+    def _resume(self) -> int | None:
+        """Load the newest checkpoint, if any (collective); returns the version to go on from
+        (None: there is none, the run starts over from the base model)."""
         path = checkpoint.latest(self.checkpoint_dir)
         if path is None:
-            return 0
+            return None
         version, extra = checkpoint.load(self._modules(), path)
         if "kl_coef" in extra:
             self.kl_controller.restore(extra["kl_coef"])

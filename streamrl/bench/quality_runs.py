@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from streamrl.clock import live_records
 from streamrl.config import Config, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,7 +186,8 @@ def run_streamrl(config_path: str, arm: str, seed: int, out: Path, user: list[st
         summary = json.loads((run / "summary.json").read_text())
         lines = (run / "metrics.jsonl").read_text().splitlines()
         samples_per_step = config.learner.groups_per_step * config.generator.group_size
-        result = from_metrics([json.loads(line) for line in lines], samples_per_step, started)
+        records = live_records([json.loads(line) for line in lines])  # the live timeline
+        result = from_metrics(records, samples_per_step, started)
     except (OSError, ValueError, KeyError) as exc:
         raise QualityError(f"{arm} seed {seed}: cannot read its run {run}: {exc!r}") from None
     if not result["curve"]:

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from streamrl.clock import live_records
 from streamrl.config import Config, load_config
 
 
@@ -72,7 +73,7 @@ def run_mode(
         if subprocess.run([*command, *args], stdout=log, stderr=log).returncode != 0:
             raise BenchError(f"the {name} run failed: see {log.name}")
     lines = (out / "runs" / name / "metrics.jsonl").read_text().splitlines()
-    result = measure([json.loads(line) for line in lines], warmup, config)
+    result = measure(live_records([json.loads(line) for line in lines]), warmup, config)
     result.update(mode=mode, eta=0 if mode == "sync" else eta, name=name)
     return result
 

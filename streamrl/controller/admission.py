@@ -83,6 +83,7 @@ class AdmissionServer:
                     stop=state.stop,
                     retire=leaving,
                     eval_version=self._eval_for(request.generator_id),
+                    eval_epoch=self.state.weights_epoch,
                     temperature=state.temperature,
                     prompts_per_call=state.prompts_per_call,
                 ),

@@ -106,7 +106,13 @@ class ReportIntake:
             case Heartbeat() as beat:
                 state.heartbeat(beat)
             case EvalReport() as evaluation:
-                state.eval_answered = max(state.eval_answered, evaluation.requested)
+                with state.lock:
+                    live = state.eval_is_live(evaluation)
+                    if live:
+                        state.eval_answered = max(state.eval_answered, evaluation.requested)
+                if not live:  # weights a learner restart took back: asked again on live ones
+                    self._ignore(evaluation, "of weights off the timeline", "")
+                    return
                 self.evals.append(evaluation)
                 self.on_eval(evaluation)
             case ShardReport() as shard:
@@ -124,12 +130,16 @@ class ReportIntake:
             why, detail = "version out of range", f" [{lowest}, {self.max_steps}]"
         else:
             return True
+        self._ignore(report, why, detail)
+        return False
+
+    def _ignore(self, report: LearnerStep | BatchTaken | EvalReport, why: str, detail: str) -> None:
+        """Count a report not taken in ``ignored``, by kind; log each kind once."""
         name = type(report).__name__
         kind = f"{name}: {why}"
         if kind not in self.ignored:
             log.warning("ignored a %s %s%s (version %d)", name, why, detail, report.version)
         self.ignored[kind] = self.ignored.get(kind, 0) + 1
-        return False
 
     def take_steps(self) -> list[LearnerStep]:
         steps, self.steps = self.steps, []

@@ -30,6 +30,7 @@ def step_record(state: RunState, step: LearnerStep, tokens_per_s: float) -> dict
     every = state.all_generator_reports()  # and ended incarnations, for totals
     return {
         "step": step.version,
+        "epoch": step.incarnation,  # the learner clock's: a restart repeats step numbers
         "time": step.time,
         **step.metrics,
         "throughput/tokens_per_s": tokens_per_s,
@@ -131,7 +132,13 @@ def run_summary(
         "ignored_reports": ignored_reports,
         "run_dir": str(run_dir),
         "wall_time_s": wall_time_s,
-        "eval": [{"requested": e.requested, "version": e.version, **e.metrics} for e in evals],
+        # Evaluations of weights still on the timeline (a learner restart takes later ones
+        # back), with the learner epoch of the weights each one evaluated.
+        "eval": [
+            {"requested": e.requested, "version": e.version, "epoch": e.weights_epoch, **e.metrics}
+            for e in evals
+            if state.eval_is_live(e)
+        ],
     }
 
 

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from streamrl import checkpoint_layout
 from streamrl.controller.context import RunContext
 from streamrl.controller.roles import RoleId, RoleSlot
-from streamrl.controller.rundir import RunError, last_line
+from streamrl.controller.rundir import RunError, last_line, save_clock
 
 log = logging.getLogger("streamrl")
 T = TypeVar("T")
@@ -99,6 +99,34 @@ def _kill_quietly(actors: list[Any]) -> None:
             ray.kill(actor, no_restart=True)
         except Exception:  # already gone
             pass
+
+
+def announce_epoch(
+    ctx: RunContext,
+    epoch: int,
+    version: int,
+    forks: list[int],
+    before_each_try: Callable[[], None] | None = None,
+) -> None:
+    """Tell every shard the learner clock's new epoch (forked at ``version``) before anything
+    reads their receipts or figures: each drops what the epoch took back (``dead_timeline``)
+    and cancels the replaced group's parked takes. ``before_each_try``: e.g. restart shards
+    that died in the same incident (a lost node), on their logs and receipts."""
+    from streamrl.buffers.client import BufferClient
+
+    endpoints = [req for _, req in ctx.specs.shard_endpoints]
+    client = BufferClient(endpoints, name="controller", epoch=epoch, forks=forks)
+    pending, deadline = list(range(len(endpoints))), time.monotonic() + ANNOUNCE_S
+    try:
+        while pending and time.monotonic() < deadline:
+            if before_each_try is not None:
+                before_each_try()
+            answered = client.announce(version, pending, reply_timeout_s=5.0)
+            pending = [s for s in pending if s not in answered]
+    finally:
+        client.close()
+    if pending:
+        log.warning("learner epoch %d: shards %s did not answer", epoch, pending)
 
 
 def run_learners(ctx: RunContext) -> list[Any]:
@@ -212,25 +240,14 @@ class Recovery:
     def _roll_back(self, version: int) -> list[int]:
         """Tell the shards the new epoch, then read their receipts and roll the budget and
         the prompt ledger back to ``version`` (``RunState.learners_restarted``)."""
-        from streamrl.buffers.client import BufferClient
 
         ctx = self.ctx
         dead_epoch = ctx.state.weights_epoch
         forks = [*ctx.state.forks, version]
-        endpoints = [req for _, req in ctx.specs.shard_endpoints]
-        client = BufferClient(endpoints, name="controller", epoch=dead_epoch + 1, forks=forks)
-        pending, deadline = list(range(len(endpoints))), time.monotonic() + ANNOUNCE_S
-        try:
-            # Every shard must hear the epoch before its receipts are read; one that died in
-            # the same incident (a lost node) is restarted first, on its log and receipts.
-            while pending and time.monotonic() < deadline:
-                self.restart_dead_shards()
-                answered = client.announce(version, pending, reply_timeout_s=5.0)
-                pending = [s for s in pending if s not in answered]
-        finally:
-            client.close()
-        if pending:
-            log.warning("learner epoch %d: shards %s did not answer", dead_epoch + 1, pending)
+        # Persisted before any learner of the new epoch trains: a later --resume starts above.
+        save_clock(ctx.run_dir, dead_epoch + 1, forks)
+        ctx.metrics.event("epoch", epoch=dead_epoch + 1, forks=forks)
+        announce_epoch(ctx, dead_epoch + 1, version, forks, self.restart_dead_shards)
         ctx.refresh_shard_stats()
         receipts = [
             r

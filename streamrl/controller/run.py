@@ -51,6 +51,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from streamrl import checkpoint_layout
 from streamrl.config import Config
 from streamrl.controller.admission import AdmissionServer
 from streamrl.controller.context import RunContext
@@ -66,15 +67,22 @@ from streamrl.controller.placement import (
 from streamrl.controller.records import outcome, run_summary, step_record
 from streamrl.controller.recovery import (
     Recovery,
+    announce_epoch,
     run_learners,
     start_learner_group,
     start_shard,
 )
 from streamrl.controller.roles import Roles
-from streamrl.controller.rundir import RunError, last_line, prepare_run_dir
+from streamrl.controller.rundir import (
+    RunError,
+    last_line,
+    prepare_run_dir,
+    resume_clock,
+    save_clock,
+)
 from streamrl.controller.specs import SpecFactory, bind_host_for
 from streamrl.controller.staleness import AdmissionPolicy
-from streamrl.controller.state import RunState, load_prompt_ledger
+from streamrl.controller.state import RunState, load_prompt_ledger, shard_drops
 from streamrl.controller.supervisor import GeneratorPool
 from streamrl.files import atomic_write_text
 from streamrl.metrics import MetricsLog
@@ -96,7 +104,9 @@ class Controller:
             self.state,
             config.run.max_steps,
             config.eval.every,
-            on_eval=lambda e: self.ctx.metrics.eval(e.requested, e.version, e.metrics),
+            on_eval=lambda e: self.ctx.metrics.eval(
+                e.requested, e.version, e.metrics, e.weights_epoch
+            ),
             role_health=lambda now: self.ctx.roles.health(self.state, now),
         )
         self.admission: AdmissionServer | None = None
@@ -198,24 +208,20 @@ class Controller:
                 file=self.console,
                 flush=True,
             )
-        learners = start_learner_group(ctx)
+        checkpoint = checkpoint_layout.latest(ctx.run_dir / "checkpoints")
+        if cfg.run.resume:
+            # A resume is a new epoch (``streamrl.clock``) forked at the checkpoint: whatever
+            # the logs hold from weights after it (an unclean end) is off the timeline.
+            version, extra = checkpoint_layout.read_meta(checkpoint) if checkpoint else (0, {})
+            epoch, forks = resume_clock(ctx.run_dir, version if checkpoint else None, extra)
+            state.weights_epoch, state.forks = epoch, forks
+        save_clock(ctx.run_dir, state.weights_epoch, state.forks)
+        ctx.metrics.event("epoch", epoch=state.weights_epoch, forks=state.forks)
+        learners = start_learner_group(ctx, epoch=state.weights_epoch)
         ctx.specs.weight_endpoints = [slot.endpoints for slot in learners]
         start_version = ray.get(learners[0].actor.version.remote())
-        if start_version:
-            # Resumed: the budget of the batches already trained on is spent, and the prompt
-            # stream continues where it was (prompts.json), not from its start.
-            state.version = start_version
-            ctx.refresh_shard_stats()
-            state.restore_admission(
-                start_version, cfg.learner.groups_per_step, cfg.buffer.max_reuse
-            )
-            state.prompts = load_prompt_ledger(ctx.run_dir, start_version)
-            print(
-                f"resumed at version {start_version}, prompt "
-                f"{state.prompts.next_index} of the stream",
-                file=self.console,
-                flush=True,
-            )
+        if cfg.run.resume:
+            self._resume_from(start_version, checkpoint is not None)
         if cfg.eval.every > 0 and cfg.eval.before_train:
             state.eval_requested = start_version  # generator 0's first call evaluates
         for g in range(cfg.generator.count):
@@ -227,6 +233,38 @@ class Controller:
             f"run {cfg.run.name}: {cfg.learner.count} learner(s), {cfg.generator.count} "
             f"generator(s), {cfg.buffer.shards} buffer shard(s), mode {cfg.run.mode}; "
             f"logs in {ctx.run_dir / 'logs'}",
+            file=self.console,
+            flush=True,
+        )
+
+    def _resume_from(self, version: int, from_checkpoint: bool) -> None:
+        """``--resume``: the shards hear the new epoch first (they drop the dead tail and
+        cancel nothing: no learner of the old run is alive), then the budget of the batches
+        already trained on is spent, and the prompt stream continues where the checkpointed
+        model left off (prompts.json, plus what the old epoch's take receipts name for steps
+        after it). Without a checkpoint the stream starts over."""
+        ctx, cfg, state = self.ctx, self.config, self.state
+        state.version = version
+        announce_epoch(ctx, state.weights_epoch, version, state.forks)
+        ctx.refresh_shard_stats()
+        state.restore_admission(version, cfg.learner.groups_per_step, cfg.buffer.max_reuse)
+        if from_checkpoint:
+            old_epoch = state.weights_epoch - 1
+            lost = [
+                i
+                for stats in list(state.shards.values())
+                for r in stats.receipts
+                if r.epoch == old_epoch and r.step > version
+                for i in r.prompt_indices
+                if i >= 0
+            ]
+            state.prompts = load_prompt_ledger(ctx.run_dir, version, lost)
+            state.checkpointed = version
+        dead = sum(shard_drops(s).get("dead_timeline", 0) for s in state.shards.values())
+        print(
+            f"resumed at version {version} in learner epoch {state.weights_epoch}, prompt "
+            f"{state.prompts.next_index} of the stream; {dead} logged group(s) sampled after "
+            "the checkpoint dropped",
             file=self.console,
             flush=True,
         )
@@ -287,6 +325,7 @@ class Controller:
         learners = ctx.roles.actors("learner rank")
         ray.get([learner.final_checkpoint.remote() for learner in learners])
         with state.lock:  # the final checkpoint holds every step; pushes are all in
+            state.checkpointed = state.version
             state.prompts.checkpointed(state.version)
         self._save_prompts()
         hf_dir = str((ctx.run_dir / "hf").resolve())
@@ -306,7 +345,8 @@ class Controller:
             for step in steps:
                 self.intake.last_record = step_record(self.state, step, rate)
                 self.ctx.metrics.write(self.intake.last_record)
-            self._save_prompts()
+            if self.state.checkpointed >= 0:  # before any checkpoint a resume starts over
+                self._save_prompts()
         line = self.drop_watch.observe_state(time.monotonic(), self.state)
         if line is not None:
             self.ctx.note(line)

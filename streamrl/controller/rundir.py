@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import msgspec
 
 from streamrl.config import Config, to_yaml
+from streamrl.files import atomic_write_text
 
 
 class RunError(RuntimeError):
@@ -46,3 +48,46 @@ def last_line(exc: BaseException) -> str:
     if "node was terminated unexpectedly" in line:
         return "its node died (" + line.split(":", 1)[-1].strip() + ")"
     return line
+
+
+CLOCK_FILE = "clock.json"  # the learner clock's epoch and forks (``streamrl.clock``)
+
+
+def save_clock(run_dir: Path, epoch: int, forks: list[int]) -> None:
+    """Persist the learner group's epoch and forks, written before a group of that epoch
+    trains: a resume must start an epoch above every one whose groups a log may hold."""
+    text = json.dumps({"epoch": epoch, "forks": list(forks)})
+    atomic_write_text(Path(run_dir) / CLOCK_FILE, text)
+
+
+def load_clock(run_dir: Path) -> tuple[int, list[int]]:
+    """The newest epoch a run's learner groups reached and its forks; ``(0, [])`` for a run
+    directory without ``clock.json`` (written since resume became a new epoch)."""
+    path = Path(run_dir) / CLOCK_FILE
+    if not path.is_file():
+        return 0, []
+    try:
+        saved = json.loads(path.read_text())
+        epoch, forks = int(saved["epoch"]), [int(v) for v in saved["forks"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RunError(f"{path}: unreadable learner clock ({exc}); cannot resume safely") from None
+    if len(forks) != epoch:
+        raise RunError(f"{path}: epoch {epoch} with {len(forks)} forks; cannot resume safely")
+    return epoch, forks
+
+
+def resume_clock(
+    run_dir: Path, checkpoint_version: int | None, checkpoint_extra: dict | None = None
+) -> tuple[int, list[int]]:
+    """The epoch and forks a ``--resume`` starts its learner group in: one epoch above the
+    newest the run reached (``clock.json``, or the checkpoint's own record if that is newer),
+    forked at the checkpoint it resumes from, so the shards drop every logged group sampled
+    after it (``dead_timeline``). Without a checkpoint the fork is -1: no earlier weights are
+    kept and the prompt stream starts over."""
+    epoch, forks = load_clock(run_dir)
+    extra = checkpoint_extra or {}
+    if int(extra.get("epoch", -1)) > epoch:  # a run directory from before clock.json
+        epoch, forks = int(extra["epoch"]), [int(v) for v in extra.get("forks", [])]
+        forks = (forks + [checkpoint_version or 0] * epoch)[:epoch]
+    fork = -1 if checkpoint_version is None else checkpoint_version
+    return epoch + 1, [*forks, fork]

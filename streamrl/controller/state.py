@@ -30,9 +30,11 @@ from typing import Any
 import msgspec
 
 from streamrl.buffers.delivery import shard_sender
+from streamrl.clock import LearnerClock
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.protocol import (
     BatchTaken,
+    EvalReport,
     GeneratorReport,
     Heartbeat,
     LearnerStep,
@@ -57,10 +59,16 @@ class PromptLedger:
     ) -> None:
         self.next_index = next_index
         self.retry: deque[int] = deque(retry or [])
-        self.outstanding: dict[int, deque[int]] = {}  # generator id -> granted, not pushed
+        # Generator id -> (push position, index) granted to this incarnation, not yet reported
+        # pushed. The push position k is the grant's place in the incarnation's grant order,
+        # which is its push order: push k goes to shard k % S as that shard's seq k // S
+        # (``Generator.push``, round-robin from shard 0), so the shards' delivery floors say
+        # exactly which grants arrived (``release``).
+        self.outstanding: dict[int, deque[tuple[int, int]]] = {}
+        self.granted: dict[int, int] = {}  # generator id -> grants to this incarnation
         self.pushed: dict[int, int] = {}  # generator id -> groups pushed by this incarnation
-        # Generator id -> its newest indices reported pushed, in order (``release``).
-        self.reported: dict[int, deque[int]] = {}
+        # Generator id -> its newest (push position, index) reported pushed (``release``).
+        self.reported: dict[int, deque[tuple[int, int]]] = {}
         # Version -> prompt indices its step trained on, for steps after the newest checkpoint.
         self.trained: dict[int, list[int]] = dict(trained or {})
 
@@ -69,7 +77,8 @@ class PromptLedger:
         self.trained.setdefault(version, []).extend(i for i in indices if i >= 0)
 
     def checkpointed(self, version: int) -> None:
-        """The model at ``version`` is saved: earlier steps' prompts need no record."""
+        """No resume can go back before ``version`` (the model at it is saved, or, before any
+        checkpoint, a resume starts the stream over): earlier steps' prompts need no record."""
         self.trained = {v: ids for v, ids in self.trained.items() if v > version}
 
     def roll_back(self, version: int, extra: list[int] | None = None) -> list[int]:
@@ -90,7 +99,10 @@ class PromptLedger:
             else:
                 indices.append(self.next_index)
                 self.next_index += 1
-        self.outstanding.setdefault(generator_id, deque()).extend(indices)
+        first = self.granted.get(generator_id, 0)
+        self.granted[generator_id] = first + n
+        queue = self.outstanding.setdefault(generator_id, deque())
+        queue.extend(enumerate(indices, start=first))
         return indices
 
     def delivered(self, generator_id: int, groups_pushed: int) -> None:
@@ -103,30 +115,38 @@ class PromptLedger:
                 reported.append(queue.popleft())
         self.pushed[generator_id] = max(self.pushed.get(generator_id, 0), groups_pushed)
 
-    def release(self, generator_id: int, arrived: int | None = None) -> int:
+    def release(self, generator_id: int, floors: dict[int, int] | None = None) -> int:
         """The generator is gone: its undelivered indices go back to be granted first.
         Returns how many (their admission budget returns too).
 
-        ``arrived``: how many of this incarnation's groups the shards acknowledge (their
-        delivery receipts), when known. It overrides the reports, which a generator killed
-        between pushing and reporting never sent (its pushed groups would be generated
-        twice), and which count a group pushed into a socket that died with the process as
-        delivered (one missing group would hang a synchronous run)."""
+        ``floors``: per shard id (every shard of the run), the highest seq up to which that
+        shard acknowledges this incarnation's groups (-1: none; ``buffers.delivery``), when
+        known. They override the reports, which a generator killed between pushing and
+        reporting never sent (its pushed groups would be generated twice), and which count a
+        group pushed into a socket that died with the process as delivered (one missing group
+        would hang a synchronous run). A grant arrived iff its push (shard, seq) is at or
+        under that shard's floor; a sum of floors would not do, since with several shards
+        what arrived is not a prefix of the grant order."""
         queue = self.outstanding.pop(generator_id, deque())
         reported = self.reported.pop(generator_id, deque())
-        pushed = self.pushed.pop(generator_id, 0)
-        if arrived is not None and arrived > pushed:
-            for _ in range(min(arrived - pushed, len(queue))):
-                queue.popleft()
-        elif arrived is not None and arrived < pushed:
-            missing = list(reported)[len(reported) - min(pushed - arrived, len(reported)) :]
-            queue.extendleft(reversed(missing))
-        self.retry.extend(sorted(queue))
-        return len(queue)
+        self.pushed.pop(generator_id, 0)
+        self.granted.pop(generator_id, 0)
+        if floors is None:
+            back = [index for _, index in queue]
+        else:
+            shards = max(1, len(floors))
+            back = [
+                index
+                for k, index in (*reported, *queue)
+                if k // shards > floors.get(k % shards, -1)
+            ]
+        self.retry.extend(sorted(back))
+        return len(back)
 
     def snapshot(self) -> dict[str, Any]:
         """What a resumed run continues from: never-granted and given-back indices alike."""
-        pending = sorted({*self.retry, *(i for q in self.outstanding.values() for i in q)})
+        outstanding = (i for q in self.outstanding.values() for _, i in q)
+        pending = sorted({*self.retry, *outstanding})
         return {"next_index": self.next_index, "retry": pending, "trained": self.trained}
 
 
@@ -150,6 +170,7 @@ class RunState:
     """What the controller knows; updated from reports, read by admission and the admin API."""
 
     version: int = 0
+    checkpointed: int = -1  # the learners' newest checkpoint (-1: none yet)
     weights_epoch: int = 0  # learner-group restarts so far (AdmissionReply.clock.weights_epoch)
     # The version each learner-group restart resumed at, in epoch order (``streamrl.clock``).
     forks: list[int] = field(default_factory=list)
@@ -192,7 +213,10 @@ class RunState:
         with self.lock:
             self.version = step.version
             if "checkpoint/version" in step.metrics:
-                self.prompts.checkpointed(step.version)
+                self.checkpointed = step.version
+            # Before the first checkpoint no resume comes back to a step (it starts over), so
+            # the steps reported so far need no record: the ledger stays small.
+            self.prompts.checkpointed(step.version if self.checkpointed < 0 else self.checkpointed)
             if eval_every > 0 and step.version % eval_every == 0 and step.version < max_steps:
                 self.eval_requested = max(self.eval_requested, step.version)
             self.last_seen["learner rank 0"] = step.time
@@ -274,38 +298,60 @@ class RunState:
             self.version = version
             self.weights_epoch += 1
             self.forks = list(forks)
+            self.evals_forked_at(version)
             return self.prompts.roll_back(version, extra=from_receipts)
 
-    def release_generator(self, generator_id: int, arrived: int | None = None) -> int:
+    def evals_forked_at(self, version: int) -> None:
+        """The learner clock forked at ``version``: evaluations of later versions were of
+        weights that are gone, so they count as neither asked nor answered; the new epoch's
+        steps ask for them again. Call with the lock held."""
+        self.eval_answered = min(self.eval_answered, version)
+        if self.eval_requested > version:
+            self.eval_requested = self.eval_answered
+
+    def eval_is_live(self, report: EvalReport) -> bool:
+        """Whether an evaluation was of weights on the current timeline (``streamrl.clock``):
+        of the current epoch, or of an older one at or before its fork."""
+        return LearnerClock(self.weights_epoch, self.version, self.forks).on_timeline(
+            report.weights_epoch, report.version
+        )
+
+    def release_generator(self, generator_id: int, floors: dict[int, int] | None = None) -> int:
         """A generator is gone: its admitted groups that no shard acknowledges return to the
-        budget and their prompts to the ledger (``PromptLedger.release``). Returns how
-        many."""
+        budget and their prompts to the ledger (``PromptLedger.release``; ``floors`` from
+        ``arrived_from``). Returns how many."""
         with self.lock:
             health = self.health.get(generator_id)
             if health is not None:
                 health.released = True
             report = self.generators.pop(generator_id, None)
             if report is not None:
-                if arrived is not None and arrived > report.groups_pushed:
+                arrived = sum(f + 1 for f in floors.values()) if floors is not None else 0
+                if arrived > report.groups_pushed:
                     # Killed between pushing and reporting: the totals count what arrived.
                     report = msgspec.structs.replace(report, groups_pushed=arrived)
                 self.ended.append(report)
-            n = self.prompts.release(generator_id, arrived)
+            n = self.prompts.release(generator_id, floors)
             if self.policy is not None:
                 self.policy.give_back(n)
             return n
 
-    def arrived_from(self, generator_id: int) -> int | None:
-        """How many groups of ``generator_id``'s current incarnation the shards acknowledge
-        (``buffers.delivery`` floors, from their newest stats); None if its sender is not
-        known yet (it never asked for admission)."""
+    def arrived_from(self, generator_id: int, shards: int) -> dict[int, int] | None:
+        """Per shard id (0 .. ``shards`` - 1), the seq up to which that shard acknowledges
+        ``generator_id``'s current incarnation's groups (``buffers.delivery`` floors, from its
+        newest stats; -1: none or no stats yet); None if its sender is not known yet (it never
+        asked for admission)."""
         health = self.health.get(generator_id)
         if health is None or not health.sender:
             return None
-        return sum(
-            stats.delivered.get(shard_sender(health.sender, shard_id), -1) + 1
-            for shard_id, stats in self.shards.items()
-        )
+        return {
+            shard_id: (
+                self.shards[shard_id].delivered.get(shard_sender(health.sender, shard_id), -1)
+                if shard_id in self.shards
+                else -1
+            )
+            for shard_id in range(shards)
+        }
 
     def buffer_dropped(self) -> int:
         """Groups every shard dropped so far, all reasons (their admission budget returns)."""
@@ -355,16 +401,17 @@ class RunState:
             return self.restarts[role]
 
 
-def load_prompt_ledger(run_dir: Path, version: int) -> PromptLedger:
+def load_prompt_ledger(run_dir: Path, version: int, lost: list[int] | None = None) -> PromptLedger:
     """The ledger a run resumed at checkpoint ``version`` continues from (written by the
-    controller at every step, rolled back to ``version``); a run without one starts at 0."""
+    controller at every step, rolled back to ``version``; ``lost``: prompts the take receipts
+    name for later steps, handed out again too); a run without one starts at 0."""
     path = run_dir / "prompts.json"
     if not path.is_file():
         return PromptLedger()
     saved = json.loads(path.read_text())
     trained = {int(v): [int(i) for i in ids] for v, ids in saved.get("trained", {}).items()}
     ledger = PromptLedger(int(saved["next_index"]), [int(i) for i in saved["retry"]], trained)
-    ledger.roll_back(version)
+    ledger.roll_back(version, lost)
     return ledger
 
 

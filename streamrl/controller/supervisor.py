@@ -149,12 +149,11 @@ class GeneratorPool:
         ctx, role = self.ctx, RoleId.generator(generator_id)
         ctx.roles.kill(role)
         ctx.roles.forget(role)
-        arrived = self._arrived(generator_id)
-        return ctx.state.release_generator(generator_id, arrived)
+        return ctx.state.release_generator(generator_id, self._arrived(generator_id))
 
-    def _arrived(self, generator_id: int) -> int | None:
-        """The shards' count of the dead generator's groups, once it stops rising (what it
-        sent before dying may still be in the shards' queues); None if unknown."""
+    def _arrived(self, generator_id: int) -> dict[int, int] | None:
+        """The shards' delivery floors of the dead generator's groups, once they stop rising
+        (what it sent before dying may still be in the shards' queues); None if unknown."""
         ctx = self.ctx
         deadline, arrived = time.monotonic() + SETTLE_S, None
         while True:
@@ -164,7 +163,7 @@ class GeneratorPool:
                 log.exception("generator %d: shard receipts unreadable", generator_id)
                 return None
             with ctx.state.lock:
-                now = ctx.state.arrived_from(generator_id)
+                now = ctx.state.arrived_from(generator_id, ctx.config.buffer.shards)
             if now is None or now == arrived or time.monotonic() > deadline:
                 return now
             arrived = now

@@ -8,11 +8,13 @@ The step is drawn from ``CHAOS_SEED`` (printed; set it to replay a failure).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import signal
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from support import (
 
 from streamrl.buffers.durable_log import scan_shard, shard_dirs
 from streamrl.cli import main as cli
+from streamrl.clock import live_records
 
 pytestmark = pytest.mark.slow
 
@@ -175,3 +178,86 @@ def test_a_learner_rank_lost_without_a_checkpoint_fails_fast_naming_it(tmp_path:
     assert proc.returncode != 0
     assert "learner rank 1 failed" in out and "no checkpoint to restart from" in out, out[-2000:]
     assert not alive(victim)
+
+
+@pytest.mark.parametrize("checkpoint_every", [6, 0])
+def test_a_run_killed_whole_resumes_in_a_new_epoch(tmp_path: Path, checkpoint_every: int) -> None:
+    """Issue 40: the whole run (controller and every role) is killed with -9 at a step at
+    least checkpoint + η + 2, then ``--resume``d. The logs hold groups sampled from weights
+    after the checkpoint, which exist nowhere now: the resumed learner group is a new epoch
+    forked at the checkpoint, so the shards drop exactly those (``dead_timeline``), and no
+    resumed step trains on a group with negative staleness or staleness above η. Without a
+    checkpoint the fork is -1: every logged group goes and the run starts over."""
+    run_dir, steps, eta = tmp_path / "run", 14, 1
+    proc = launch_tiny(
+        run_dir,
+        f"run.max_steps={steps}",
+        f"run.checkpoint_every={checkpoint_every}",
+        f"buffer.max_staleness={eta}",
+        "buffer.shards=2",
+        "learner.ppo_epochs=8",  # a slower learner: generators fill the buffer ahead of it
+        new_session=True,
+    )
+    checkpoint = 6 if checkpoint_every else None
+    fork = -1 if checkpoint is None else checkpoint
+    at = (checkpoint or 0) + eta + 2
+
+    def logged_tail() -> tuple[int, Counter]:
+        """Groups the logs hold unconsumed from weights after the fork (a log is read safely
+        beside its writer), and every logged group by (consumed, max version)."""
+        logged = Counter(
+            (gone, group.max_version)
+            for shard_dir in shard_dirs(run_dir / "buffer")
+            for group, gone in scan_shard(shard_dir)
+        )
+        return sum(n for (gone, v), n in logged.items() if not gone and v > fork), logged
+
+    with killed_on_error(proc):
+        # The fault: at step >= at, once the logs hold part of the tail (what a kill -9
+        # leaves in them is what a resume finds).
+        wait_for(
+            lambda: proc.poll() is not None
+            or (steps_done(run_dir) >= at and logged_tail()[0] > 0),
+            240,
+            f"step {at} with groups after version {fork} logged",
+        )
+        assert proc.poll() is None, "the run ended before the fault"
+        roles = json.loads((run_dir / "pids.json").read_text())["roles"]
+        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in roles:  # Ray may have placed a role outside the launcher's group
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+    wait_for(lambda: not any(alive(pid) for pid in roles), 30, "the killed roles to be gone")
+    killed_at = steps_done(run_dir)
+    assert killed_at >= at and (checkpoint is None or killed_at < 2 * checkpoint_every)
+    tail, logged = logged_tail()
+    assert tail > 0, f"no group of the lost tail was logged: {sorted(logged.items())}"
+
+    resumed = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "streamrl"),
+            "launch",
+            "--resume",
+            str(run_dir),
+            "logging.progress=false",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    with killed_on_error(resumed):
+        out, summary = finish_run(resumed, run_dir)
+    assert summary["version"] == steps
+    assert "in learner epoch 1, " in out and f"{tail} logged group(s)" in out, out[-3000:]
+    dead = sum(s["removed_total"].get("dead_timeline", 0) for s in summary["buffer"])
+    assert dead == tail, (dead, tail)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    after = [r for r in records if r.get("epoch") == 1 and "step" in r]
+    assert [r["step"] for r in after] == list(range((checkpoint or 0) + 1, steps + 1))
+    assert min(r["staleness/mean"] for r in after) >= 0
+    assert max(r["staleness/max"] for r in after) <= eta, after
+    assert min(r["staleness/max"] for r in after) >= 0
+    live = live_records(records)
+    assert [r["step"] for r in live if "step" in r] == list(range(1, steps + 1))
+    print(f"killed at step {killed_at}; lost tail {tail} groups, dropped {dead} as dead_timeline")

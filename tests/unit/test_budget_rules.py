@@ -50,8 +50,9 @@ def test_a_dead_generators_groups_are_reconciled_from_the_shards_receipts():
     # Shards 0 and 1 acknowledge seqs 0..1 and 0..1 of its sender: 4 groups arrived.
     state.shards = {s: stats(s, delivered={shard_sender("0123456789ab", s): 1}) for s in (0, 1)}
     state.generators[0] = GeneratorReport(0, 3, 100, 2, 0, 0, 1.0)
-    assert state.arrived_from(0) == 4
-    assert state.release_generator(0, state.arrived_from(0)) == 2  # only 4 and 5 come back
+    assert state.arrived_from(0, shards=2) == {0: 1, 1: 1}
+    assert state.release_generator(0, state.arrived_from(0, shards=2)) == 2  # only 4 and 5
+
     assert state.prompts.grant(1, 2) == [4, 5]
     assert state.ended[-1].groups_pushed == 4  # the run's totals count what arrived
 
@@ -64,7 +65,7 @@ def test_a_report_in_flight_when_its_generator_was_released_is_counted_once():
     state.health[2] = GeneratorHealth()
     state.prompts.grant(2, 8)
     state.generator_report(GeneratorReport(2, 5, 60, 6, 0, 0, 1.0))
-    assert state.release_generator(2, arrived=8) == 0
+    assert state.release_generator(2, {0: 7}) == 0
     assert state.generator_report(GeneratorReport(2, 8, 80, 8, 0, 0, 2.0))
     assert 2 not in state.generators
     assert sum(r.groups_pushed for r in state.all_generator_reports()) == 8
@@ -80,8 +81,29 @@ def test_a_group_reported_pushed_that_never_arrived_is_generated_again():
     ledger = PromptLedger()
     ledger.grant(0, 3)
     ledger.delivered(0, 3)  # reported all three; one died in its socket with the process
-    assert ledger.release(0, arrived=2) == 1
+    assert ledger.release(0, {0: 1}) == 1
     assert ledger.grant(1, 1) == [2]
+
+
+def test_with_several_shards_exactly_the_grants_no_shard_has_come_back():
+    """Pushes go round-robin from shard 0: grants 0, 2, 4 to shard 0 (seqs 0-2), 1, 3, 5 to
+    shard 1. Shard 0 acknowledges all three, shard 1 only its first: what arrived is grants
+    0, 1, 2, 4, not a prefix of the grant order, so a sum of floors (4 arrived) would hand
+    out prompt 4 again and lose 3."""
+    ledger = PromptLedger()
+    ledger.grant(0, 6)  # prompts 0..5
+    ledger.delivered(0, 6)
+    assert ledger.release(0, {0: 2, 1: 0}) == 2
+    assert ledger.grant(1, 3) == [3, 5, 6]
+
+
+def test_a_restarted_generator_s_grants_count_from_its_own_first_push():
+    ledger = PromptLedger()
+    ledger.grant(0, 2)
+    ledger.release(0, {0: 1, 1: -1})  # 0 arrived on shard 0; 1 never reached shard 1
+    assert ledger.grant(0, 3) == [1, 2, 3]  # the new incarnation's pushes 0, 1, 2
+    assert ledger.release(0, {0: 0, 1: -1}) == 2  # push 0 (prompt 1) arrived
+    assert list(ledger.retry) == [2, 3]
 
 
 def test_without_receipts_the_reports_decide_as_before():

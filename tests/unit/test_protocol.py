@@ -109,7 +109,9 @@ def test_a_group_identity_out_of_bounds_is_refused(field: str, value: object) ->
 
 REPLY_PARTS = ReplyParts(
     Grant(granted=2, min_version=3, prompt_indices=[8, 9]),
-    Directives(stop=True, retire=False, eval_version=4, temperature=0.7, prompts_per_call=5),
+    Directives(
+        stop=True, retire=False, eval_version=4, temperature=0.7, prompts_per_call=5, eval_epoch=1
+    ),
     LearnerClockInfo(learner_version=6, weights_epoch=1, max_staleness=2),
     Receipts(delivered={0: 11, 1: -1}, shard_epochs={1: 2}),
 )

@@ -26,11 +26,22 @@ def test_receipts_come_back_after_a_restart_and_prune_to_the_newest_checkpoint(t
 
 
 def test_receipts_stay_bounded_and_memory_only_without_a_path(tmp_path):
-    receipts = Receipts(None, max_kept=3)
+    receipts = Receipts(None, max_kept=4)
     for step in range(10):
         receipts.add(TakeReceipt(0, step, [step]))
-    assert [r.step for r in receipts.items] == [7, 8, 9]
-    bounded = Receipts(tmp_path / "r.jsonl", max_kept=2)
-    for step in range(5):
+    assert len(receipts.items) <= 5 and receipts.items[-1].step == 9
+    bounded = Receipts(tmp_path / "r.jsonl", max_kept=4)
+    for step in range(12):
         bounded.add(TakeReceipt(0, step, [step]))
-    assert [r.step for r in Receipts(tmp_path / "r.jsonl", max_kept=2).items] == [3, 4]
+    assert [r.step for r in Receipts(tmp_path / "r.jsonl", max_kept=4).items] == [8, 9, 10, 11]
+
+
+def test_past_the_cap_the_file_is_rewritten_once_per_quarter_of_it(tmp_path, monkeypatch):
+    """A learner that stopped checkpointing: its receipts reach the cap, and from then on a
+    take must not rewrite the file (two fsyncs on the shard's event loop) every time."""
+    receipts = Receipts(tmp_path / "r.jsonl", max_kept=400)
+    rewrites = []
+    monkeypatch.setattr(receipts, "_rewrite", lambda: rewrites.append(len(receipts.items)))
+    for step in range(1400):
+        receipts.add(TakeReceipt(0, step, [step]))
+    assert 0 < len(rewrites) <= 1000 // 100 and len(receipts.items) <= 500
