@@ -250,12 +250,17 @@ class StreamrlReward:
         from streamrl.rewards import RewardInput
 
         values = []
-        for ids, truth, source in zip(completion_ids, ground_truth, data_source, strict=True):
+        prompts = prompts or [None] * len(completion_ids)
+        rows = zip(prompts, completion_ids, ground_truth, data_source, strict=True)
+        for prompt, ids, truth, source in rows:
             # TRL's completion ids end at the first stop token, kept (as streamrl's response ids).
             ids = [int(t) for t in ids]
             text = self.tokenizer.decode(ids, skip_special_tokens=True)  # as streamrl decodes
             finish = "stop" if ids and ids[-1] in self.stops else "length"
-            values.append(self.reward(RewardInput(text, ids, truth, source, finish_reason=finish)))
+            # The question, as the generator passes it: the prompt's last message.
+            question = prompt[-1]["content"] if isinstance(prompt, list) and prompt else ""
+            reward_input = RewardInput(text, ids, truth, source, question, finish_reason=finish)
+            values.append(self.reward(reward_input))
         state = kw.get("trainer_state")
         step = (state.global_step if state is not None else len(self.means)) + 1
         self.means.append([float(step * self.per_step), sum(values) / max(len(values), 1)])

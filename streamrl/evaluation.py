@@ -178,16 +178,7 @@ def score(
     samples = []
     for i, (text, response_ids, finish_reason) in enumerate(responses):
         prompt = prompts[i // config.eval.samples]
-        value = reward(
-            RewardInput(
-                text,
-                response_ids,
-                prompt.ground_truth,
-                prompt.data_source,
-                prompt.messages[-1]["content"] if prompt.messages else "",
-                finish_reason=finish_reason,
-            )
-        )
+        value = reward(RewardInput.of(prompt, text, response_ids, finish_reason))
         samples.append(
             {
                 "prompt_id": prompt.prompt_id,

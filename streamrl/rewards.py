@@ -41,6 +41,22 @@ class RewardInput:
     # "stop" (the model ended it), "length" (cut at the token limit) or "abort"; "" unknown.
     finish_reason: str = ""
 
+    @classmethod
+    def of(
+        cls, prompt: Any, text: str, response_ids: list[int], finish_reason: str = ""
+    ) -> RewardInput:
+        """What a reward sees of one response to ``prompt`` (a ``data.Prompt``): training and
+        evaluation build it here alike, the question included (``equation_form`` reads it)."""
+        question = prompt.messages[-1]["content"] if prompt.messages else ""
+        return cls(
+            text,
+            response_ids,
+            prompt.ground_truth,
+            prompt.data_source,
+            question,
+            finish_reason=finish_reason,
+        )
+
 
 RewardFn = Callable[..., float]
 REWARDS: dict[str, RewardFn] = {}

@@ -216,8 +216,7 @@ def test_a_run_killed_whole_resumes_in_a_new_epoch(tmp_path: Path, checkpoint_ev
         # The fault: at step >= at, once the logs hold part of the tail (what a kill -9
         # leaves in them is what a resume finds).
         wait_for(
-            lambda: proc.poll() is not None
-            or (steps_done(run_dir) >= at and logged_tail()[0] > 0),
+            lambda: proc.poll() is not None or (steps_done(run_dir) >= at and logged_tail()[0] > 0),
             240,
             f"step {at} with groups after version {fork} logged",
         )
@@ -261,3 +260,44 @@ def test_a_run_killed_whole_resumes_in_a_new_epoch(tmp_path: Path, checkpoint_ev
     live = live_records(records)
     assert [r["step"] for r in live if "step" in r] == list(range(1, steps + 1))
     print(f"killed at step {killed_at}; lost tail {tail} groups, dropped {dead} as dead_timeline")
+
+
+def test_evaluations_across_a_learner_restart_are_of_live_weights_once_each(
+    tmp_path: Path,
+) -> None:
+    """Issue 40: a learner rank killed after an evaluation was asked for (every 2 steps) and
+    past its checkpoint (every 4): the one generator must neither evaluate the dead epoch's
+    weights under a live version's name nor wait for a version the restarted group has not
+    reached (it is the only generator: the learner would starve). On the live timeline each
+    asked version is evaluated once, with its epoch, and the run finishes."""
+    run_dir, steps = tmp_path / "run", 12
+    proc = launch_tiny(
+        run_dir,
+        f"run.max_steps={steps}",
+        "run.heartbeat_timeout_s=5",
+        "run.checkpoint_every=4",
+        "generator.count=1",
+        "eval.every=2",
+        "eval.max_prompts=16",
+        "buffer.max_staleness=1",
+    )
+    with killed_on_error(proc):
+        at = random.Random(f"{SEED}-eval").choice([6, 7])
+        print(f"CHAOS_SEED={SEED}: SIGKILL learner rank 1 at step {at}")
+        wait_for(lambda: proc.poll() is not None or steps_done(run_dir) >= at, 240, f"step {at}")
+        assert proc.poll() is None, "the run ended before the fault"
+        os.kill(pid_of(run_dir, "learner rank 1"), signal.SIGKILL)
+    out, summary = finish_run(proc, run_dir, timeout=240)
+    assert summary["version"] == steps
+    (restart,) = events(run_dir, "restart")
+    assert restart["version"] == 4, restart
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    live = [r for r in live_records(records) if r.get("event") == "eval"]
+    asked = [r["requested"] for r in live]
+    assert len(asked) == len(set(asked)), asked  # each version once
+    assert set(range(0, steps + 1, 2)) <= set(asked), asked
+    for r in live:  # the version asked for or newer; past the fork, of the new epoch's
+        assert r["eval/version"] >= r["requested"] and (r["requested"] <= 4 or r["epoch"] == 1), r
+    summary_evals = [(e["epoch"], e["requested"]) for e in summary["eval"]]
+    assert summary_evals == [(r["epoch"], r["requested"]) for r in live]
+    print(f"evaluations on the live timeline: {[(r['epoch'], r['requested']) for r in live]}")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -259,3 +260,21 @@ def test_stopped_rewards_a_response_the_model_ended_itself() -> None:
     assert after(RewardInput("9", [1], "22", finish_reason="stop")) == 0.0  # a wrong stop
     with pytest.raises(ConfigError, match="unknown reward 'nope'"):
         check_rewards([RewardSpec(name="stopped", args={"after": "nope"})])
+
+
+def test_training_rewards_see_the_question_as_evaluation_does() -> None:
+    """The generator scores with ``RewardInput.of`` (as evaluation does): a training prompt's
+    question reaches ``equation_form``, so another equation worth the answer is not paid as a
+    restatement."""
+    from streamrl.data import PromptStream
+
+    config = load_config("default")
+    prompt = PromptStream(config.data, seed=0)[0]
+    question = prompt.messages[-1]["content"]
+    a, op, b = re.search(r"(-?\d+) ([-+*]) (-?\d+)", question).groups()
+    assert RewardInput.of(prompt, "x", [1], "stop").prompt_text == question
+    truth = prompt.ground_truth
+    restated = RewardInput.of(prompt, f"{a} {op} {b} = {truth}", [1], "stop")
+    other = RewardInput.of(prompt, f"{truth} + 0 = {truth}", [1], "stop")
+    form = resolve_reward("equation_form")
+    assert form(restated) == 1.0 and form(other) == 0.0
