@@ -31,6 +31,21 @@ def resolve_host(bind_host: str) -> str:
     return bind_host
 
 
+def interface_holding(host: str) -> str | None:
+    """The network interface that holds ``host`` (``lo`` for 127.0.0.1), or ``None``.
+
+    For ``GLOO_SOCKET_IFNAME``: without it gloo listens on whatever address the machine's
+    hostname resolves to (a network address on most cluster nodes), whatever host the
+    process group's store was given."""
+    import psutil  # a dependency of accelerate and of vLLM
+
+    address = socket.gethostbyname(host)
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addresses):
+            return name
+    return None
+
+
 def free_port(host: str = LOOPBACK) -> int:
     """A port that is free right now (for endpoints that cannot bind to port 0, e.g. gloo)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

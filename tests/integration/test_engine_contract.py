@@ -10,6 +10,9 @@ embeddings), in the compute dtype the run would pick on this machine.
   them) the engine samples exactly what an engine loaded fresh with the new weights samples
   under the same seed: same tokens, same logprobs, i.e. the same next-token distributions.
 - Stop tokens, max tokens and finish reasons follow one rule on every engine.
+- vLLM: after an update, the weights its own kernels compute with equal the host image
+  (checksummed); a call vLLM refuses leaves no request behind; a reload vLLM does not carry
+  out is logged and raised.
 
 References are the learner's own scoring (``losses.token_logprobs`` on a full-sequence forward of
 the bf16 image) and a second engine of the same kind built from a checkpoint on disk.
@@ -18,6 +21,7 @@ the bf16 image) and a second engine of the same kind built from a checkpoint on 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -29,6 +33,7 @@ from support import learner_logprobs
 from streamrl.hardware import resolve_compute_dtype
 from streamrl.models import SMOLLM2, load_causal_lm, load_tokenizer, resolve_model
 from streamrl.workers.engines.base import Engine, SamplingParams
+from streamrl.workers.weight_codec import as_i16, checksum
 
 # Noise levels of docs/algorithms.md (sync mode, SmolLM2-135M), with headroom for 128 tokens.
 NOISE = {"bfloat16": (0.06, 0.6), "float32": (1e-3, 1e-2)}  # (mean |Δ|, max |Δ|)
@@ -176,6 +181,8 @@ def test_partial_update_equals_a_fresh_engine(engine, kind, model_dir, dtype, pr
 
     engine.update_weights(list(original.items()), version=engine.version + 1)  # a known start
     engine.update_weights([(n, new[n]) for n in changed], version=engine.version + 1)
+    if kind == "vllm":
+        assert_vllm_computes_with(engine, new)
     fresh = build(kind, fresh_dir, dtype)
     try:
         if kind in SEEDED:
@@ -251,3 +258,119 @@ def test_episodes_match_the_learner_on_every_policy_token(engine, kind, model_di
     diff = torch.cat(diffs)
     mean_bound, max_bound = NOISE[dtype]
     assert diff.mean() < mean_bound and diff.max() < max_bound, (kind, diff.mean(), diff.max())
+
+
+def _vllm_only(kind: str) -> None:
+    if kind != "vllm":
+        pytest.skip("vLLM's own engine core (in-process)")
+
+
+def _read_vllm_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """vLLM's parameters as its kernels compute with them. On CPU a linear layer's (and the LM
+    head's) only copy is the kernel's prepacked one, so those are read through the kernel:
+    the identity times W^T is W^T exactly (one nonzero product per output)."""
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    out = {}
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, LinearBase):
+                width = module.input_size_per_partition
+            elif isinstance(module, ParallelLMHead):
+                width = module.embedding_dim
+            else:
+                continue
+            eye = torch.eye(width, dtype=module.weight.dtype, device=module.weight.device)
+            out[f"{name}.weight"] = module.quant_method.apply(module, eye).T.cpu()
+        for name, param in model.named_parameters():
+            if param.numel() and name not in out:
+                out[name] = param.detach().cpu().clone()
+    return out
+
+
+def assert_vllm_computes_with(engine: Engine, image: dict[str, torch.Tensor]) -> None:
+    """Checksum each checkpoint tensor of ``image`` against the engine's own copy: vLLM's
+    model in the engine core, fused layers (q/k/v, gate/up) cut into their parts, and a tied
+    LM head's own copy against the embedding."""
+    own = engine.llm.apply_model(_read_vllm_weights)[0]
+    packed = engine.llm.apply_model(lambda m: dict(getattr(m, "packed_modules_mapping", {})))[0]
+    fused_of = {part: fused for fused, parts in packed.items() for part in parts}
+    expected = dict(image)
+    if "lm_head.weight" not in image:  # tied
+        expected["lm_head.weight"] = image["model.embed_tokens.weight"]
+    wrong = []
+    for name, tensor in expected.items():
+        module, _, param = name.rpartition(".")
+        parent, _, leaf = module.rpartition(".")
+        row = 0
+        if leaf in fused_of:
+            parts = packed[fused_of[leaf]]
+            row = sum(image[f"{parent}.{p}.{param}"].shape[0] for p in parts[: parts.index(leaf)])
+            module = f"{parent}.{fused_of[leaf]}"
+        held = own[f"{module}.{param}"][row : row + tensor.shape[0], ...]
+        if checksum(as_i16(held.to(torch.bfloat16))) != checksum(as_i16(tensor)):
+            wrong.append(name)
+    assert not wrong, wrong
+
+
+def test_a_refused_call_leaves_no_request_in_the_engine(engine, kind, prompts):
+    """vLLM refuses a prompt longer than its max_model_len when it is added; the rows added
+    before it must not stay in the engine (the next call would step them)."""
+    _vllm_only(kind)
+    too_long = [prompts[0][0]] * 600  # the contract's engines are built with max_model_len=512
+    with pytest.raises(Exception, match="maximum context length"):
+        engine.generate([prompts[0], prompts[1], too_long], SamplingParams(max_new_tokens=4))
+    assert not engine.engine.has_unfinished_requests()
+    outputs = engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=4))
+    assert [len(o.response_ids) for o in outputs] == [4, 4]
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_reload_vllm_does_not_carry_out_is_logged_and_raised(engine, kind, model_dir, caplog):
+    """vLLM warns "Failed to load weights" for every layer a partial reload leaves alone; the
+    engine keeps those lines out and reports, by name, a layer it sent that vLLM did not load
+    (here: a model whose weight loader skips one name, as a renamed tensor would be)."""
+    _vllm_only(kind)
+    from safetensors.torch import load_file
+
+    original = load_file(str(model_dir / "model.safetensors"))
+    name = "model.layers.3.mlp.down_proj.weight"
+    reload_loggers = [
+        logging.getLogger(f"vllm.model_executor.model_loader.reload.{n}")
+        for n in ("layerwise", "inplace")
+    ]
+    seen = _Records()
+    for logger in reload_loggers:
+        logger.addHandler(seen)
+    try:
+        engine.update_weights([(name, original[name] * 1.01)], version=engine.version + 1)
+        assert [r.getMessage() for r in seen.records] == []  # a partial reload is not a failure
+
+        def skip_down_proj(model: torch.nn.Module) -> None:
+            load = type(model).load_weights.__get__(model)
+            model.load_weights = lambda weights: load(
+                (n, t) for n, t in weights if "layers.3.mlp.down_proj" not in n
+            )
+
+        engine.llm.apply_model(skip_down_proj)
+        caplog.set_level(logging.ERROR, logger="streamrl.workers.engines.vllm_engine")
+        with pytest.raises(RuntimeError, match="layers.3.mlp.down_proj.weight"):
+            engine.update_weights([(name, original[name] * 1.02)], version=engine.version + 1)
+        assert [r.levelno for r in caplog.records if "down_proj" in r.getMessage()] == [
+            logging.ERROR
+        ]
+    finally:
+        for logger in reload_loggers:
+            logger.removeHandler(seen)
+        engine.llm.apply_model(lambda model: model.__dict__.pop("load_weights", None))
+    engine.update_weights(list(original.items()), version=engine.version + 1)
+    assert_vllm_computes_with(engine, original)

