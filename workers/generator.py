@@ -141,6 +141,7 @@ class Generator:
         report_endpoint: str,
         *,
         incarnation: int = 0,
+        bind_host: str = "127.0.0.1",
     ) -> None:
         gen = config.generator
         # The controller resolves threads (0 = auto); a role built directly resolves its own.
@@ -169,6 +170,7 @@ class Generator:
                 config.eval.max_new_tokens or 0,
                 config.env.max_tokens if config.env.name else 0,
             ),
+            bind_host=bind_host,  # the engine's own sockets (vLLM's process groups)
         )
         image = self.engine.shared_weights()
         if image is None:

@@ -153,6 +153,7 @@ class GeneratorActor:
             spec.admission_endpoint,
             spec.report_endpoint,
             incarnation=spec.incarnation,
+            bind_host=resolve_host(spec.bind_host),
         )
 
     def pid(self) -> int:

@@ -63,7 +63,8 @@ class LearnerSpec(RoleSpec):
 
 
 class GeneratorSpec(RoleSpec):
-    """A generator binds nothing (every socket connects); ``bind_host`` is kept for symmetry."""
+    """A generator's own sockets connect; ``bind_host`` is where its engine listens (vLLM's
+    process groups, world size 1)."""
 
     config: Config  # threads resolved for this generator
     generator_id: int

@@ -14,7 +14,9 @@ own; the test talks to it with signals and reads its answers from files:
 Ray's reaper watches the helper's stdin (a pipe from this test): however the helper ends,
 closing that pipe makes the reaper kill the helper's session, so nothing is left behind.
 Everything binds 127.0.0.1 (checked: the nodes' addresses and every listening socket of the
-cluster's and the run's processes).
+cluster's and the run's processes). The same check runs on a local run (no cluster) on each
+engine, vLLM's in-process gloo groups included, with ``GLOO_SOCKET_IFNAME`` naming a network
+interface as a cluster's environment may: local mode must stay on loopback regardless.
 
 Two ways a node's death is seen: at once (health checks every 200 ms) and Ray's default
 (about 15 s), during which Ray may place a restarted role on the dead node; it then dies before
@@ -26,10 +28,12 @@ the lost steps took are counted exactly.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -209,6 +213,56 @@ def _assert_loopback_only(*root_pids: int) -> None:
     assert not exposed, exposed
 
 
+def _network_interface() -> str | None:
+    """A network interface with a non-loopback IPv4 address, if this machine has one."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        for a in addresses:
+            if a.family == socket.AF_INET and not ipaddress.ip_address(a.address).is_loopback:
+                return name
+    return None
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_a_local_run_listens_on_loopback_only_whatever_gloo_is_told(
+    tmp_path: Path, engine: str
+) -> None:
+    """Local mode: every listening socket of the run is on loopback (Ray's, the roles', the
+    learners' gloo group and vLLM's in-process groups), though the environment names a
+    network interface for gloo. On a host whose name resolves to a network address gloo
+    picks that address by itself; this machine's may resolve to loopback, so the variable
+    stands in for it."""
+    if engine == "vllm":
+        pytest.importorskip("vllm")
+    interface = _network_interface()
+    if interface is None:
+        pytest.skip("no network interface to listen on besides loopback")
+    overrides = [f"generator.engine={engine}", "generator.count=1", "run.max_steps=6"]
+    if engine == "vllm":  # heads of 32: vLLM's CPU attention has no kernel for 16
+        overrides += ["model.tiny_hidden=128", "generator.kv_cache_mb=64"]
+    run_dir = tmp_path / "run"
+    proc = launch_tiny(run_dir, *overrides, env={**os.environ, "GLOO_SOCKET_IFNAME": interface})
+    with killed_on_error(proc):
+        # A step: the learners' group is up and the generator's engine has sampled.
+        wait_for(lambda: proc.poll() is not None or steps_done(run_dir) >= 1, 300, "step 1")
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert cli(["admin", "pause", "--run", str(run_dir)]) == 0  # held while we look
+        by_role = _by_role(run_dir)
+        exposed = {
+            role: ips
+            for role, pid in by_role.items()
+            if (ips := [ip for ip in _listening(pid) if ip not in LOOPBACK])
+        }
+        assert not exposed, exposed
+        if engine == "vllm":  # its gloo groups are there to be checked
+            assert _listening(by_role["generator 0"]), by_role
+        _assert_loopback_only(proc.pid)
+        assert cli(["admin", "resume", "--run", str(run_dir)]) == 0
+    _, summary = finish_run(proc, run_dir, timeout=300)
+    assert summary["version"] == 6
+
+
 def _by_role(run_dir: Path) -> dict[str, int]:
     return json.loads((run_dir / "pids.json").read_text())["by_role"]
 
@@ -364,8 +418,10 @@ def test_a_lost_worker_node_s_roles_restart_on_the_head(
             )
             expected = {_restart_role(role) for role in lost}
             wait_for(
-                lambda: proc.poll() is not None
-                or expected <= {e["role"] for e in events(run_dir, "restart")},
+                lambda: (
+                    proc.poll() is not None
+                    or expected <= {e["role"] for e in events(run_dir, "restart")}
+                ),
                 180,
                 f"restarts of {sorted(expected)}",
             )

@@ -54,11 +54,13 @@ def make_engine(
     seed: int,
     compute_dtype: str = "bfloat16",
     max_model_len: int = 2048,
+    bind_host: str = "127.0.0.1",
 ) -> Engine:
     """The factory: the config names the engine; heavy imports happen only for the one used.
     ``compute_dtype`` is resolved already (``hardware.resolve_compute_dtype``); the weights
     are the bf16 image either way (an fp32 engine holds them upcast, exactly).
-    ``max_model_len`` bounds prompt + response tokens (engines that reserve KV by length)."""
+    ``max_model_len`` bounds prompt + response tokens (engines that reserve KV by length).
+    ``bind_host`` (resolved) is where an engine that listens (vLLM's process groups) listens."""
     if config.engine == "hf":
         from streamrl.workers.engines.hf import HFEngine
 
@@ -80,6 +82,7 @@ def make_engine(
             max_batch_size=config.max_batch_size,
             max_model_len=max_model_len,
             kv_cache_mb=config.kv_cache_mb,
+            bind_host=bind_host,
         )
     if config.engine == "sglang":
         from streamrl.workers.engines.sglang_engine import SGLangEngine
