@@ -209,7 +209,9 @@ class Generator:
             stop_token_ids=stop_token_ids(self.tokenizer),
         )
         self.learner_version = 0
-        self.evaluated = -1  # the newest version an evaluation was asked for and answered
+        # The newest (learner epoch, version) an evaluation was asked for and answered: a
+        # restarted learner group's epoch repeats version numbers of weights that are gone.
+        self.evaluated = (-1, -1)
         self.prompts_per_call = gen.prompts_per_call
         self.tokens_generated = self.groups_pushed = 0
         self._last_report = 0.0
@@ -239,6 +241,8 @@ class Generator:
         self.subscriber = self._subscribe(old.image, version=-1)
         old.close()
         self.weights_epoch = epoch
+        if self.engine.version == 0:  # the base model: version 0 of every epoch
+            self.held_epoch = epoch
         self._request_anchors()
 
     def _request_anchors(self) -> None:
@@ -265,23 +269,35 @@ class Generator:
             self.report(force=True)
 
     def wait_for_version(
-        self, version: int, stop_at: float = float("inf"), watch_stop: bool = False
+        self,
+        version: int,
+        stop_at: float = float("inf"),
+        watch_stop: bool = False,
+        epoch: int | None = None,
     ) -> bool:
-        """Apply versions until ``version`` is held; False if ``stop_at`` passes first or, with
-        ``watch_stop``, the run stops meanwhile (asked once a second: a stopped learner would
-        never publish the version waited for)."""
+        """Apply versions until ``version`` is held (of learner epoch ``epoch``, if given);
+        False if ``stop_at`` passes first or, with ``watch_stop``, the run stops or the
+        learners restart past ``epoch`` meanwhile (asked once a second: a stopped learner
+        would never publish the version waited for, a restarted one may never reach it)."""
+
+        def held() -> bool:
+            same_epoch = epoch is None or self.held_epoch == epoch
+            return same_epoch and self.engine.version >= version
+
         next_check = time.monotonic() + 1.0
-        while self.engine.version < version and time.monotonic() < stop_at:
+        while not held() and time.monotonic() < stop_at:
+            if epoch is not None and self.weights_epoch > epoch:
+                return False  # those weights are gone
             self.poll_weights()
             self.subscriber.wait(0.01)
             if watch_stop and time.monotonic() > next_check:
                 next_check = time.monotonic() + 1.0
                 _, directives, clock, receipts = self.admission.request(0).parts()
                 self.take_receipts(receipts)
-                self.learner_version = clock.learner_version
+                self.follow_clock(clock)
                 if directives.stop:
                     return False
-        return self.engine.version >= version
+        return held()
 
     # ------------------------------------------------------------------ loop
 
@@ -320,9 +336,10 @@ class Generator:
             return "retire"
         if directives.stop:
             return "stop"
-        if directives.eval_version > self.evaluated:
+        asked = (directives.eval_epoch, directives.eval_version)
+        if directives.eval_version >= 0 and asked > self.evaluated:
             with self._timing("eval_s"):
-                self.evaluate(directives.eval_version)
+                self.evaluate(directives.eval_version, directives.eval_epoch)
         return None
 
     def generate_granted(self, grant: Grant) -> bool:
@@ -358,9 +375,10 @@ class Generator:
                 self.learner_version, time.monotonic() + self.config.run.drain_timeout_s
             )
             evaluator = self.generator_id == 0 and self.config.eval.every > 0
-            if evaluator and self.engine.version > self.evaluated:
+            held = (self.held_epoch, self.engine.version)
+            if evaluator and held > self.evaluated:
                 # The final weights: what the run produced.
-                self.evaluate(self.engine.version, final=True)
+                self.evaluate(self.engine.version, self.held_epoch, final=True)
         self.await_receipts()
         self.report(force=True)
         return {"version": self.engine.version, "groups": self.groups_pushed}
@@ -376,23 +394,35 @@ class Generator:
             spent = time.perf_counter() - start - (self.timers.weights_pause_s - paused)
             setattr(self.timers, activity, getattr(self.timers, activity) + spent)
 
-    def evaluate(self, version: int, final: bool = False) -> None:
-        """Held-out evaluation on weights >= ``version`` (``streamrl.evaluation``); its
-        responses go to the controller as figures, never to the buffer. The first and the
-        ``final`` one also ask the questions in a wording training never uses
-        (``eval.unseen_phrasing``)."""
+    def evaluate(self, version: int, epoch: int, final: bool = False) -> None:
+        """Held-out evaluation on weights >= ``version`` of learner epoch ``epoch``
+        (``streamrl.evaluation``); its responses go to the controller as figures, never to
+        the buffer. The first and the ``final`` one also ask the questions in a wording
+        training never uses (``eval.unseen_phrasing``). Not run if those weights cannot come
+        (the run stopped, or the learners restarted meanwhile: the controller asks again)."""
         from streamrl.evaluation import eval_prompts
         from streamrl.workers.evaluator import add_unseen_phrasing, evaluate
 
         if self.eval_set is None:
             self.eval_set = eval_prompts(self.config)
-        self.wait_for_version(version, time.monotonic() + self.config.run.drain_timeout_s)
+        stop_at = time.monotonic() + self.config.run.drain_timeout_s
+        if not self.wait_for_version(version, stop_at, watch_stop=not final, epoch=epoch):
+            log.warning(
+                "generator[%d]: evaluation of version %d (epoch %d) abandoned: holding %d "
+                "(epoch %d)",
+                self.generator_id,
+                version,
+                epoch,
+                self.engine.version,
+                self.held_epoch,
+            )
+            return
         start = time.monotonic()
         result = evaluate(self.engine, self.tokenizer, self.config, self.eval_set)
-        if final or self.evaluated < 0:
+        if final or self.evaluated[1] < 0:
             add_unseen_phrasing(result, self.engine, self.tokenizer, self.config)
         result.metrics["eval/seconds"] = time.monotonic() - start
-        self.evaluated = version
+        self.evaluated = (epoch, version)
         report = EvalReport(
             self.generator_id,
             version,
@@ -460,15 +490,7 @@ class Generator:
         for row, out in enumerate(outputs):
             prompt = prompts[row // size]
             text = self.tokenizer.decode(out.response_ids, skip_special_tokens=True)
-            reward = self.reward(
-                RewardInput(
-                    text,
-                    out.response_ids,
-                    prompt.ground_truth,
-                    prompt.data_source,
-                    finish_reason=out.finish_reason,
-                )
-            )
+            reward = self.reward(RewardInput.of(prompt, text, out.response_ids, out.finish_reason))
             trajectories.append(
                 Trajectory(
                     prompt_ids=prompt_bytes[row // size],
