@@ -245,6 +245,8 @@ class Controller:
         after it). Without a checkpoint the stream starts over."""
         ctx, cfg, state = self.ctx, self.config, self.state
         state.version = version
+        ctx.refresh_shard_stats()
+        dead_before = self._dead_timeline()  # the logs count every process's drops
         announce_epoch(ctx, state.weights_epoch, version, state.forks)
         ctx.refresh_shard_stats()
         state.restore_admission(version, cfg.learner.groups_per_step, cfg.buffer.max_reuse)
@@ -260,7 +262,7 @@ class Controller:
             ]
             state.prompts = load_prompt_ledger(ctx.run_dir, version, lost)
             state.checkpointed = version
-        dead = sum(shard_drops(s).get("dead_timeline", 0) for s in state.shards.values())
+        dead = self._dead_timeline() - dead_before
         print(
             f"resumed at version {version} in learner epoch {state.weights_epoch}, prompt "
             f"{state.prompts.next_index} of the stream; {dead} logged group(s) sampled after "
@@ -268,6 +270,11 @@ class Controller:
             file=self.console,
             flush=True,
         )
+
+    def _dead_timeline(self) -> int:
+        """Groups the shards dropped as sampled from weights a fork took back, so far."""
+        shards = list(self.state.shards.values())
+        return sum(shard_drops(s).get("dead_timeline", 0) for s in shards)
 
     def _start_admin(self) -> None:
         from streamrl.controller.live import start_live_admin
