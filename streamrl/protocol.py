@@ -493,7 +493,7 @@ class Receipts(msgspec.Struct, omit_defaults=True):
 
 
 class ReplyParts(NamedTuple):
-    """An ``AdmissionReply``'s four parts, whichever form its frame had."""
+    """An ``AdmissionReply``'s four parts."""
 
     grant: Grant
     directives: Directives
@@ -506,63 +506,23 @@ class AdmissionReply(msgspec.Struct, tag="admission_reply", omit_defaults=True):
     handles one method each: the ``grant``, the ``directives``, the learner ``clock`` and the
     delivery ``receipts``. Read them with ``parts()``.
 
+    A reply never outlives the launch that sent it (controller and generators start together),
+    so unlike ``TrajectoryGroup`` it keeps no older form: a part left out decodes to its default.
+
     Example::
 
         reply = AdmissionReply(grant=Grant(2, 5, [40, 41]), clock=LearnerClockInfo(6))
         grant, directives, clock, receipts = reply.parts()
         grant.granted, directives.stop, receipts.delivered   # (2, False, {})
-
-    Old frames: the reply used to be flat (``granted``, ``min_version``, ... at the top). Those
-    keys still decode, into the ``old_*`` fields (renamed so that no reader mistakes them for
-    the reply's values), and are never written (``omit_defaults``: a new frame carries the
-    parts only); ``parts()`` builds each part a frame lacks from them, so an old frame gives
-    the same parts.
     """
 
-    # The flat form (before the parts), under its wire names: read by ``parts()`` alone.
-    old_granted: int = msgspec.field(default=0, name="granted")
-    old_min_version: int = msgspec.field(default=0, name="min_version")
-    old_learner_version: int = msgspec.field(default=0, name="learner_version")
-    old_max_staleness: int = msgspec.field(default=0, name="max_staleness")
-    old_stop: bool = msgspec.field(default=False, name="stop")
-    old_temperature: float | None = msgspec.field(default=None, name="temperature")
-    old_prompts_per_call: int | None = msgspec.field(default=None, name="prompts_per_call")
-    old_eval_version: int = msgspec.field(default=-1, name="eval_version")
-    old_prompt_indices: list[int] = msgspec.field(default_factory=list, name="prompt_indices")
-    old_retire: bool = msgspec.field(default=False, name="retire")
-    old_weights_epoch: int = msgspec.field(default=0, name="weights_epoch")
-    old_delivered: dict[int, int] = msgspec.field(default_factory=dict, name="delivered")
-    old_shard_epochs: dict[int, int] = msgspec.field(default_factory=dict, name="shard_epochs")
-    # The parts; None: a frame from before them.
-    grant: Grant | None = None
-    directives: Directives | None = None
-    clock: LearnerClockInfo | None = None
-    receipts: Receipts | None = None
+    grant: Grant = msgspec.field(default_factory=Grant)
+    directives: Directives = msgspec.field(default_factory=Directives)
+    clock: LearnerClockInfo = msgspec.field(default_factory=LearnerClockInfo)
+    receipts: Receipts = msgspec.field(default_factory=Receipts)
 
     def parts(self) -> ReplyParts:
-        """The four parts: those the frame carries, the others from its flat fields."""
-        grant = self.grant
-        if grant is None:
-            grant = Grant(self.old_granted, self.old_min_version, self.old_prompt_indices)
-        directives = self.directives
-        if directives is None:
-            directives = Directives(
-                self.old_stop,
-                self.old_retire,
-                self.old_eval_version,
-                self.old_temperature,
-                self.old_prompts_per_call,
-                self.old_weights_epoch,
-            )
-        clock = self.clock
-        if clock is None:
-            clock = LearnerClockInfo(
-                self.old_learner_version, self.old_weights_epoch, self.old_max_staleness
-            )
-        receipts = self.receipts
-        if receipts is None:
-            receipts = Receipts(self.old_delivered, self.old_shard_epochs)
-        return ReplyParts(grant, directives, clock, receipts)
+        return ReplyParts(self.grant, self.directives, self.clock, self.receipts)
 
 
 # --------------------------------------------------------------------------- weights

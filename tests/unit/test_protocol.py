@@ -1,5 +1,5 @@
 """Trajectory arrays as raw bytes: packing, accessors, version ranges and ``check``; old
-frames of a group and of an admission reply still read."""
+frames of a group still read; an admission reply's parts round-trip."""
 
 from __future__ import annotations
 
@@ -117,41 +117,13 @@ REPLY_PARTS = ReplyParts(
 )
 
 
-def test_an_admission_reply_frame_from_before_the_parts_gives_the_same_parts() -> None:
-    old = {  # the flat reply, as controllers sent it before the parts
-        "type": "admission_reply",
-        "granted": 2,
-        "min_version": 3,
-        "learner_version": 6,
-        "max_staleness": 2,
-        "stop": True,
-        "temperature": 0.7,
-        "prompts_per_call": 5,
-        "eval_version": 4,
-        "prompt_indices": [8, 9],
-        "retire": False,
-        "weights_epoch": 1,
-        "delivered": {0: 11, 1: -1},
-        "shard_epochs": {1: 2},
-    }
-    reply = msgspec.msgpack.decode(msgspec.msgpack.encode(old), type=AdmissionReply)
-    assert reply.parts() == REPLY_PARTS
-    assert not hasattr(reply, "granted")  # read through the parts, never flat
-    # The oldest replies carried only the four positional fields: defaults for the rest.
-    minimal = {k: old[k] for k in ("type", "granted", "min_version", "learner_version")}
-    minimal["max_staleness"] = 2
-    parts = msgspec.msgpack.decode(msgspec.msgpack.encode(minimal), type=AdmissionReply).parts()
-    assert parts.directives == Directives() and parts.receipts == Receipts()
-    assert parts.grant == Grant(2, 3) and parts.clock == LearnerClockInfo(6, 0, 2)
-
-
-def test_an_admission_reply_carries_its_parts_and_nothing_flat() -> None:
+def test_an_admission_reply_round_trips_its_parts() -> None:
     grant, directives, clock, receipts = REPLY_PARTS
     reply = AdmissionReply(grant=grant, directives=directives, clock=clock, receipts=receipts)
     frame = msgspec.msgpack.encode(reply)
     assert set(msgspec.msgpack.decode(frame)) == {"type", *ReplyParts._fields}
     assert msgspec.msgpack.decode(frame, type=AdmissionReply).parts() == REPLY_PARTS
-    # Parts left at their defaults are still sent (empty maps), so a new frame never falls
-    # back to the flat fields.
-    empty = msgspec.msgpack.encode(AdmissionReply(grant=Grant(), clock=LearnerClockInfo()))
-    assert msgspec.msgpack.decode(empty) == {"type": "admission_reply", "grant": {}, "clock": {}}
+    # A part left out decodes to its default.
+    bare = msgspec.msgpack.encode(AdmissionReply(grant=grant))
+    parts = msgspec.msgpack.decode(bare, type=AdmissionReply).parts()
+    assert parts == ReplyParts(grant, Directives(), LearnerClockInfo(), Receipts())
