@@ -480,7 +480,6 @@ class LearnerClockInfo(msgspec.Struct, omit_defaults=True):
     # The learner group's incarnation: it rises when the group restarts from a checkpoint, whose
     # versions repeat numbers a generator may hold already, so it re-anchors every rank.
     weights_epoch: int = 0
-    max_staleness: int = 0
 
 
 class Receipts(msgspec.Struct, omit_defaults=True):

@@ -90,7 +90,6 @@ class AdmissionServer:
                 clock=LearnerClockInfo(
                     learner_version=state.version,
                     weights_epoch=state.weights_epoch,
-                    max_staleness=self.policy.max_staleness,
                 ),
                 receipts=Receipts(
                     delivered=_receipts(state, request.sender),

@@ -64,7 +64,7 @@ def test_admission_survives_fuzz_and_keeps_granting(ctx: zmq.Context) -> None:
         StatsRequest(),
         Heartbeat("generator", 0, 0, 1.0),
         GeneratorReport(0, 1, 2, 3, 0, 0, 1.0),
-        AdmissionReply(grant=Grant(1), clock=LearnerClockInfo(max_staleness=1)),
+        AdmissionReply(grant=Grant(1), clock=LearnerClockInfo(learner_version=1)),
     ]
     tags = ["admission_request", "admission_reply", "heartbeat", "anchor_request", ""]
     inputs = msgpack_corpus(random.Random(13_001), seeds, N_INPUTS, other_kinds=other, tags=tags)

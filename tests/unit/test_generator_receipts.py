@@ -44,7 +44,7 @@ def leaving_generator(replies: list[AdmissionReply]) -> SimpleNamespace:
 def reply(floor: int, epoch: int = 0) -> AdmissionReply:
     return AdmissionReply(
         directives=Directives(retire=True),
-        clock=LearnerClockInfo(learner_version=5, max_staleness=1),
+        clock=LearnerClockInfo(learner_version=5),
         receipts=Receipts(delivered={0: floor}, shard_epochs={0: epoch}),
     )
 

@@ -112,7 +112,7 @@ REPLY_PARTS = ReplyParts(
     Directives(
         stop=True, retire=False, eval_version=4, temperature=0.7, prompts_per_call=5, eval_epoch=1
     ),
-    LearnerClockInfo(learner_version=6, weights_epoch=1, max_staleness=2),
+    LearnerClockInfo(learner_version=6, weights_epoch=1),
     Receipts(delivered={0: 11, 1: -1}, shard_epochs={1: 2}),
 )
 
