@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamrl.config import BufferConfig
 from streamrl.controller.staleness import AdmissionPolicy
 
 LABEL = "SIMULATION"
@@ -96,7 +97,7 @@ class Simulation:
         self.rng = random.Random(seed)
         self.now, self.version = 0.0, 0
         self.published = 0  # the newest version generators can apply (after the latency)
-        self.policy = AdmissionPolicy(w.groups_per_step, eta, self)
+        self.policy = AdmissionPolicy(w.groups_per_step, BufferConfig(max_staleness=eta), self)
         self.buffer: list[_Group] = []
         self._heap: list[tuple[float, int, Coroutine]] = []
         self._seq = itertools.count()

@@ -7,7 +7,7 @@ each role is derived from the row, never written per key:
 
 | role         | how the new value gets there                                            |
 |--------------|-------------------------------------------------------------------------|
-| `admission`  | ``policy.<field>`` set under ``state.lock``: the next admission decision |
+| `admission`  | the run's config, set under ``state.lock``; the policy reads it there    |
 | `shards`     | ``Reconfigure(<field>=value)`` to every shard, all or nothing           |
 | `learners`   | ``LearnerActor.set_live(key, value)``: read at the next batch request    |
 | `generators` | ``state.<field>``, on ``AdmissionReply.directives.<field>``: next call   |

@@ -153,9 +153,8 @@ class LiveRun:
             with state.lock:
                 for row in rows:
                     value = changes[row.key]
-                    set_key(config, row.key, value)  # the supervisor reads the config
-                    if "admission" in row.reaches:
-                        setattr(self.policy, row.field, value)
+                    # The supervisor and the admission policy read the config.
+                    set_key(config, row.key, value)
                     if "generators" in row.reaches:
                         # Rides on AdmissionReply.directives.<field>.
                         setattr(state, row.field, value)

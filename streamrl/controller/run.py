@@ -95,9 +95,7 @@ class Controller:
     def __init__(self, config: Config, address: str | None = None, console=sys.stdout) -> None:
         self.config, self.address, self.console = config, address, console
         self.state = RunState()
-        self.policy = AdmissionPolicy(
-            config.learner.groups_per_step, config.buffer.max_staleness, self.state
-        )
+        self.policy = AdmissionPolicy(config.learner.groups_per_step, config.buffer, self.state)
         self.state.policy = self.policy
         self.zmq = zmq.Context()
         self.intake = ReportIntake(

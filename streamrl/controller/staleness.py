@@ -13,6 +13,10 @@ With ``max_staleness = 0`` this is synchronous RL: one batch per version, genera
 Example (groups_per_step=4, max_staleness=1, learner at v=0): 8 groups may start (two
 batches); group 5 is budgeted for step 1 and needs weights >= 0; after the learner reaches
 v=1, groups 8..11 open up and need weights >= 1.
+
+``max_staleness`` is live (``controller.knobs``) and has one owner in the controller, the run's
+config section ``buffer``: the policy reads it there at every decision and keeps no copy, so a
+``PATCH /config`` that sets the config has set the policy.
 """
 
 from __future__ import annotations
@@ -25,6 +29,12 @@ class VersionSource(Protocol):
     def current_version(self) -> int: ...
 
 
+class StalenessBound(Protocol):
+    """Where the bound lives: the run's ``BufferConfig`` (tests may pass any holder)."""
+
+    max_staleness: int
+
+
 @dataclass(frozen=True)
 class Grant:
     granted: int
@@ -32,13 +42,19 @@ class Grant:
 
 
 class AdmissionPolicy:
-    def __init__(self, groups_per_step: int, max_staleness: int, versions: VersionSource) -> None:
+    def __init__(
+        self, groups_per_step: int, bound: StalenessBound, versions: VersionSource
+    ) -> None:
         self.groups_per_step = groups_per_step
-        self.max_staleness = max_staleness
+        self.bound = bound
         self.versions = versions
         self.started = 0
         self.dropped = 0  # groups the buffer dropped (stale, overflow): their budget returns
         self.returned = 0  # groups admitted to a generator that died or left before pushing
+
+    @property
+    def max_staleness(self) -> int:
+        return self.bound.max_staleness
 
     def capacity(self) -> int:
         v = self.versions.current_version()

@@ -14,6 +14,7 @@ import pytest
 import zmq
 from fuzzgen import Tally, classify, msgpack_corpus, send_all, wait_until
 
+from streamrl.config import BufferConfig
 from streamrl.controller.admission import MAX_REQUEST_BYTES, AdmissionServer
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import GeneratorHealth, RunState
@@ -39,7 +40,9 @@ def serve(ctx: zmq.Context) -> tuple[RunState, AdmissionServer]:
     state = RunState()
     state.health[0] = GeneratorHealth()
     state.health[1] = GeneratorHealth(incarnation=2)
-    return state, AdmissionServer(ctx, AdmissionPolicy(4, 1, state), state)
+    return state, AdmissionServer(
+        ctx, AdmissionPolicy(4, BufferConfig(max_staleness=1), state), state
+    )
 
 
 def dealer(ctx: zmq.Context, endpoint: str) -> zmq.Socket:

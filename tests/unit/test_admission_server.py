@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import zmq
 
+from streamrl.config import BufferConfig
 from streamrl.controller.admission import AdmissionServer
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import GeneratorHealth, PromptLedger, RunState
@@ -28,7 +29,7 @@ def _ask(
 def test_grants_pause_stop_and_live_knobs(ctx: zmq.Context) -> None:
     state = RunState()
     state.health[0] = GeneratorHealth()
-    server = AdmissionServer(ctx, AdmissionPolicy(2, 0, state), state)
+    server = AdmissionServer(ctx, AdmissionPolicy(2, BufferConfig(max_staleness=0), state), state)
     sock = make_socket(ctx, zmq.DEALER)
     sock.connect(server.endpoint)
     codec: Codec[AdmissionReply] = Codec(AdmissionReply, "test")
@@ -58,7 +59,7 @@ def test_prompts_return_when_a_generator_goes_and_stale_incarnations_get_nothing
     budget come back, the next grant hands 3 out first; its old incarnation is told to leave."""
     state = RunState()
     state.health[0], state.health[1] = GeneratorHealth(), GeneratorHealth()
-    server = AdmissionServer(ctx, AdmissionPolicy(2, 1, state), state)
+    server = AdmissionServer(ctx, AdmissionPolicy(2, BufferConfig(max_staleness=1), state), state)
     sock = make_socket(ctx, zmq.DEALER)
     sock.connect(server.endpoint)
     codec: Codec[AdmissionReply] = Codec(AdmissionReply, "test")

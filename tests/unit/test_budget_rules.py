@@ -4,6 +4,7 @@ no Ray, no sockets."""
 from __future__ import annotations
 
 from streamrl.buffers.delivery import shard_sender
+from streamrl.config import BufferConfig
 from streamrl.controller.roles import RoleId, Roles, RoleSlot
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import GeneratorHealth, PromptLedger, RunState
@@ -12,7 +13,7 @@ from streamrl.protocol import GeneratorReport, ShardStats, TakeReceipt
 
 def state_with_policy(gps: int = 2, eta: int = 1) -> RunState:
     state = RunState()
-    state.policy = AdmissionPolicy(gps, eta, state)
+    state.policy = AdmissionPolicy(gps, BufferConfig(max_staleness=eta), state)
     return state
 
 

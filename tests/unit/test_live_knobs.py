@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from streamrl.admin.live import config_key_types, validate_patch
-from streamrl.config import load_config, to_dict
+from streamrl.config import BufferConfig, load_config, to_dict
 from streamrl.controller.admission import AdmissionServer
 from streamrl.controller.knobs import LIVE_KEYS, ROLES, get_key
 from streamrl.controller.live import LiveRun
@@ -52,7 +52,7 @@ def test_every_row_names_known_roles_and_fields() -> None:
             assert row.field in Directives.__struct_fields__, row.key
             assert hasattr(RunState(), row.field), row.key
         if "admission" in row.reaches:
-            assert hasattr(AdmissionPolicy(1, 0, RunState()), row.field), row.key
+            assert hasattr(AdmissionPolicy(1, BufferConfig(), RunState()), row.field), row.key
 
 
 @pytest.mark.parametrize("key", sorted(LIVE_KEYS))
@@ -65,7 +65,7 @@ def test_a_live_key_reaches_every_role_it_names(key: str, tmp_path: Path) -> Non
     new = validate_patch({key: _changed(key, old)}, to_dict(config))[key]
     state = RunState()
     state.health[0] = GeneratorHealth()
-    policy = AdmissionPolicy(config.learner.groups_per_step, config.buffer.max_staleness, state)
+    policy = AdmissionPolicy(config.learner.groups_per_step, config.buffer, state)
     ctx = zmq.Context()
     admission = AdmissionServer(ctx, policy, state)
     shard = BufferShard(config.buffer, 0, log_dir=tmp_path)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from streamrl.config import BufferConfig
 from streamrl.controller.staleness import AdmissionPolicy
 
 
@@ -13,7 +14,9 @@ class FakeVersions:
 
 def test_admits_staleness_plus_one_batches_ahead() -> None:
     versions = FakeVersions()
-    policy = AdmissionPolicy(groups_per_step=4, max_staleness=1, versions=versions)
+    policy = AdmissionPolicy(
+        groups_per_step=4, bound=BufferConfig(max_staleness=1), versions=versions
+    )
     grants = [policy.request(3) for _ in range(4)]
     assert [g.granted for g in grants] == [3, 3, 2, 0]
     # Group 5 (0-based) belongs to batch 1 and may start on version 0 (staleness 1 allowed).
@@ -27,7 +30,9 @@ def test_admits_staleness_plus_one_batches_ahead() -> None:
 
 def test_sync_mode_one_batch_per_version_on_fresh_weights() -> None:
     versions = FakeVersions()
-    policy = AdmissionPolicy(groups_per_step=2, max_staleness=0, versions=versions)
+    policy = AdmissionPolicy(
+        groups_per_step=2, bound=BufferConfig(max_staleness=0), versions=versions
+    )
     assert policy.request(5).granted == 2
     assert policy.request(1).granted == 0
     versions.version = 1
@@ -37,7 +42,9 @@ def test_sync_mode_one_batch_per_version_on_fresh_weights() -> None:
 
 def test_dropped_groups_return_their_budget() -> None:
     versions = FakeVersions()
-    policy = AdmissionPolicy(groups_per_step=2, max_staleness=0, versions=versions)
+    policy = AdmissionPolicy(
+        groups_per_step=2, bound=BufferConfig(max_staleness=0), versions=versions
+    )
     assert policy.request(2).granted == 2
     policy.set_dropped(1)
     assert policy.request(2).granted == 1
