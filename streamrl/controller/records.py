@@ -47,7 +47,9 @@ def step_record(state: RunState, step: LearnerStep, tokens_per_s: float) -> dict
         "weights/image_mismatches": sum(g.image_mismatches for g in every),
         # Cumulative over generators, for rates over any window (`streamrl bench`).
         "generators/count": len(gens),
-        "generators/restarts": sum(h.restarts for h in state.health.values()),
+        "generators/restarts": sum(
+            n for role, n in state.restarts.items() if role.startswith("generator ")
+        ),
         "generators/reward_errors_total": sum(g.reward_errors for g in every),
         **{f"episodes/{k}_total": v for k, v in episode_totals(every)["ended"].items()},
         "generators/tokens_total": sum(g.tokens_generated for g in every),

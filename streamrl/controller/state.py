@@ -152,10 +152,10 @@ class PromptLedger:
 
 @dataclass
 class GeneratorHealth:
+    """A generator slot's lifecycle. Its restarts, last failure and last heartbeat are kept
+    with every other role's, by role name (``RunState.restarts``, ``failures``, ``last_seen``)."""
+
     incarnation: int = 0
-    restarts: int = 0
-    last_heartbeat: float | None = None
-    last_failure: str = ""
     retiring: bool = False
     # Released (retired, replaced or forgotten): its totals are in ``RunState.ended``, where a
     # report still in flight from it goes too (not back among the live ones).
@@ -390,7 +390,6 @@ class RunState:
         with self.lock:
             health = self.health.get(beat.index)
             if health is not None and health.incarnation == beat.incarnation:
-                health.last_heartbeat = beat.time
                 self.last_seen[f"generator {beat.index}"] = beat.time
 
     def count_restart(self, role: str, failure: str) -> int:

@@ -57,8 +57,8 @@ class GeneratorPool:
                 health = state.health[generator_id] = GeneratorHealth()
             elif generator_id not in self.slots:
                 health.incarnation += 1  # reports of the one before are ignored from now
-            health.retiring, health.released = False, False
-            health.last_heartbeat, health.sender = None, ""
+            health.retiring, health.released, health.sender = False, False, ""
+            state.last_seen.pop(str(RoleId.generator(generator_id)), None)  # not heard from yet
         spec = ctx.specs.generator(generator_id, health.incarnation)
         options = ctx.placement.options("generator", generator_id)
         actor = GeneratorActor.options(**options).remote(spec)
@@ -95,7 +95,8 @@ class GeneratorPool:
                 else:
                     self._replace(generator_id, failure)
                 continue
-            silent_for = now - (health.last_heartbeat or slot.started_at + FIRST_BEAT_GRACE_S)
+            heard = state.last_seen.get(str(RoleId.generator(generator_id)))
+            silent_for = now - (heard or slot.started_at + FIRST_BEAT_GRACE_S)
             if silent_for > ctx.config.run.heartbeat_timeout_s:
                 reason = f"no heartbeat for {silent_for:.0f} s"
                 if health.retiring or state.stop:
@@ -122,17 +123,15 @@ class GeneratorPool:
     def _replace(self, generator_id: int, failure: str) -> None:
         ctx, limit = self.ctx, self.ctx.config.run.max_restarts
         role = RoleId.generator(generator_id)
-        health = ctx.state.health[generator_id]
-        health.restarts = ctx.count_restart(str(role), failure)
-        health.last_failure = failure
+        restarts = ctx.count_restart(str(role), failure)
         returned = self._release(generator_id)
         self.start(generator_id)
         ctx.note(
-            f"{role}: {failure}; replaced (restart {health.restarts}/{limit}), "
+            f"{role}: {failure}; replaced (restart {restarts}/{limit}), "
             f"{returned} admitted group(s) returned to the budget"
         )
         ctx.metrics.event(
-            "restart", role=str(role), failure=failure, restarts=health.restarts, returned=returned
+            "restart", role=str(role), failure=failure, restarts=restarts, returned=returned
         )
 
     def _forget(self, generator_id: int, why: str) -> None:

@@ -147,7 +147,7 @@ def test_reports_survive_fuzz_and_valid_reports_are_still_taken(tmp_path: Path) 
             push.send(encode(message))
         drain_until_sentinel(controller, tally)
         assert state.generators[0] == report
-        assert state.health[0].last_heartbeat == 1e9 + 1
+        assert state.last_seen["generator 0"] == 1e9 + 1
         assert controller.steps[-1] == step and state.version == poisoned + 1
         assert codec.malformed_total == sum(expected.values())
     finally:
