@@ -111,7 +111,6 @@ class Controller:
         self.admin = self.live = None
         self.placement = Placement(config, address)
         self.drop_watch = DropWatch()
-        self.stopping = False
         self.started_at = time.time()
         self.available_cores = sorted(os.sched_getaffinity(0))
 
@@ -296,7 +295,7 @@ class Controller:
                     self._record_reports()  # the last step's report may still be in flight
                     return
             except KeyboardInterrupt:
-                if self.stopping:
+                if self.state.stop:
                     raise
                 print(
                     "stopping: finishing the current step (Ctrl-C again to abort)",
@@ -325,7 +324,8 @@ class Controller:
         import ray
 
         ctx, state = self.ctx, self.state
-        state.stop = True
+        with state.lock:
+            state.stop = True
         self._wait_generators()
         learners = ctx.roles.actors("learner rank")
         ray.get([learner.final_checkpoint.remote() for learner in learners])
@@ -379,7 +379,7 @@ class Controller:
                 ray.get(ref)
                 continue
             except ray.exceptions.RayError as exc:
-                if self.stopping:
+                if self.state.stop:
                     raise RunError(
                         f"{role} failed: {last_line(exc)} (see {self.ctx.run_dir / 'logs'})"
                     ) from None
@@ -421,12 +421,14 @@ class Controller:
 
     def request_stop(self) -> None:
         """Graceful stop: no new groups start, learners finish their current step, the model
-        is exported and every process ends."""
-        if not self.stopping:
-            self.stopping = True
+        is exported and every process ends. ``RunState.stop`` is the run's one stop flag: the
+        admin API's thread and Ctrl-C both come here, and admission reads it."""
+        with self.state.lock:
+            if self.state.stop:
+                return
             self.state.stop = True
-            for learner in self.ctx.roles.actors("learner rank"):
-                learner.stop.remote()
+        for learner in self.ctx.roles.actors("learner rank"):
+            learner.stop.remote()
 
     def shutdown(self) -> None:
         import ray

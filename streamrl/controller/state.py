@@ -177,6 +177,8 @@ class RunState:
     # Restarts of each buffer shard so far (AdmissionReply.receipts.shard_epochs): generators
     # resend it what it has not acknowledged.
     shard_epochs: dict[int, int] = field(default_factory=dict)
+    # The run's one stop flag (``Controller.request_stop``, or the learners finished): admission
+    # closes, generators drain, and a role failing now ends the run instead of restarting.
     stop: bool = False
     paused: bool = False
     generators: dict[int, GeneratorReport] = field(default_factory=dict)
