@@ -1,11 +1,20 @@
 """The control plane: ``streamrl launch`` places every role, supervises it and drives the run.
 
 - ``run``: the ``Controller`` (start, report loop, end of run) and ``launch``.
-- ``state``/``admission``/``staleness``: the run's live state, its admission server and policy.
+- ``context``: what the controller shares with its collaborators (``RunContext``), instead of
+  itself.
+- ``state``: the run's mutable state (``RunState``) and its one lock.
+- ``intake``: every role's reports, each turned into one ``RunState`` change.
+- ``admission``/``staleness``: the admission server and its pure off-policy budget.
 - ``knobs``: the table of live config keys and the roles each one reaches.
 - ``live``: the admin API's view of a running controller.
 - ``specs``: what each role is started with (typed, torch-free).
-- ``supervisor``: role health, restarts and elastic generators.
+- ``roles``: one typed id and slot per started role; role health for ``/status``.
+- ``supervisor``: generators replaced when dead or silent, added and retired on demand.
+- ``recovery``: buffer shards and the learner group started, and restarted when one dies.
+- ``processes``: a process named by pid and start time, so a reused pid is never signalled.
+- ``records``/``drops``: the step records, the summary and the console's lines; the warning
+  when every group is being dropped.
 - ``placement``/``rundir``/``actors``: Ray placement and cores, the run directory, actor shells.
 
 Importing this package imports nothing heavy. Workers and buffers never import it
