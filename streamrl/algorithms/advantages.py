@@ -75,7 +75,7 @@ def grpo(
     advantage instead of being scaled up to the size of a right-versus-wrong group's. Why: with
     plain std normalisation a group of eight wrong answers 0.1 apart in part credit pulls as hard
     as a group with a right answer. Measured on the default job (floor 0.5, three seeds,
-    benchmarks/README.md 2026-11-26) it did not make learning more robust; it stays off there.
+    docs/experiments.md, 2026-11-26) it did not make learning more robust; it stays off there.
 
     With ``std_normalize=False`` this is Dr.GRPO's ``A_i = s_i - mean_g(s)`` (Liu et al. 2025,
     arXiv 2503.20783), which drops the division by std that over-weights easy and hard prompts.

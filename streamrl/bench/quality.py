@@ -25,7 +25,6 @@ there, also while a bench runs.
     streamrl bench quality --report                     # the table and plots so far
     streamrl bench quality --config configs/tiny.yaml --seeds 0,1 --arms sync,async-eta1 \\
         --out /tmp/q run.max_steps=4 eval.every=2
-    python benchmarks/quality.py ...                    # the same
 """
 
 from __future__ import annotations

@@ -244,10 +244,10 @@ def predict(w: Workload, etas: list[int], steps: int, warmup: int, seed: int = 0
 
 
 # How a decode step's time grows with its rows, for the HF engine (``fixed_rows``):
-# CPU: benchmarks/README.md's engine figures on the 2-core AVX512 EPYC, 78.1 tok/s at batch 8
-# and 115.3 at 16, are steps of 102 and 139 ms: 66 ms + 4.6 ms per row, so the fixed part
-# equals 14.5 rows. CUDA: on the H100 a step took 102, 100 and 91 ms at batch 8, 64 and 256:
-# launch-bound, the same at any batch (None).
+# CPU: the engine figures on the 2-core AVX512 EPYC (docs/experiments.md, 2026-11-23), 78.1
+# tok/s at batch 8 and 115.3 at 16, are steps of 102 and 139 ms: 66 ms + 4.6 ms per row, so
+# the fixed part equals 14.5 rows. CUDA: on the H100 a step took 102, 100 and 91 ms at batch
+# 8, 64 and 256: launch-bound, the same at any batch (None).
 ENGINE_FIXED_ROWS: dict[str, float | None] = {"cpu": 14.5, "cuda": None}
 
 
