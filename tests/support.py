@@ -49,14 +49,54 @@ def launch_tiny(
     )
 
 
-def wait_for(predicate: Callable[[], T], timeout: float, what: str) -> T:
+def wait_until(
+    predicate: Callable[[], T], timeout: float = 20.0, what: str = "", every: float = 0.05
+) -> T:
+    """Call ``predicate`` every ``every`` seconds until it returns something true, and return
+    that; fail naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         value = predicate()
         if value:
             return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
+        time.sleep(every)
+
+
+def make_group(
+    gid: str,
+    version: int = 0,
+    *,
+    rewards: tuple[float, ...] = (0.0, 1.0),
+    tokens: int = 5,
+    finished_at: float = 0.0,
+):
+    """A small ``TrajectoryGroup`` ``gid``: one trajectory per reward, each of ``tokens``
+    tokens (the first ``tokens // 2`` the prompt, ids 1, 2, ...; the rest the response, every
+    one sampled at ``version``, logprobs -0.1, -0.2, ...), created and finished at
+    ``finished_at``. The default is 2 prompt and 3 response tokens."""
+    from streamrl.protocol import Trajectory, TrajectoryGroup
+
+    half = tokens // 2
+    response = list(range(half + 1, tokens + 1))
+    trajectories = [
+        Trajectory.from_lists(
+            prompt_ids=list(range(1, half + 1)),
+            response_ids=response,
+            behavior_logprobs=[-(k + 1) / 10 for k in range(len(response))],
+            token_versions=[version] * len(response),
+            reward=reward,
+            finish_reason="stop",
+            generator_id=0,
+        )
+        for reward in rewards
+    ]
+    return TrajectoryGroup(gid, f"p-{gid}", trajectories, finished_at, finished_at)
+
+
+def ids(groups: list) -> list[str]:
+    """The groups' ids, in order."""
+    return [g.group_id for g in groups]
 
 
 def random_groups(

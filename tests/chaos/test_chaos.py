@@ -28,7 +28,7 @@ from support import (
     launch_tiny,
     pid_of,
     steps_done,
-    wait_for,
+    wait_until,
 )
 
 from streamrl.buffers.durable_log import scan_shard, shard_dirs
@@ -52,7 +52,7 @@ def _kill_at_random_step(
     ``pause``: pause admission (``admin pause``) just before the signal."""
     at = random.Random(f"{SEED}-{role}-{how}").randrange(2, STEPS // 2 + 1)
     print(f"CHAOS_SEED={SEED}: {signal.Signals(how).name} {role} at step {at}")
-    wait_for(lambda: proc.poll() is not None or steps_done(run_dir) >= at, 240, f"step {at}")
+    wait_until(lambda: proc.poll() is not None or steps_done(run_dir) >= at, 240, f"step {at}")
     assert proc.poll() is None, "the run ended before the fault"
     if pause:
         assert cli(["admin", "pause", "--run", str(run_dir)]) == 0
@@ -70,7 +70,7 @@ def test_a_lost_generator_is_replaced(tmp_path: Path, how: int) -> None:
         stopped = how == signal.SIGSTOP
         victim = _kill_at_random_step(run_dir, proc, "generator 1", how, pause=stopped)
         if how == signal.SIGSTOP:
-            wait_for(lambda: events(run_dir, "restart"), 60, "the silent generator replaced")
+            wait_until(lambda: events(run_dir, "restart"), 60, "the silent generator replaced")
             assert cli(["admin", "resume", "--run", str(run_dir)]) == 0
     out, summary = finish_run(proc, run_dir)
     assert summary["version"] == STEPS
@@ -104,7 +104,7 @@ def test_a_killed_learner_rank_restarts_the_group_from_its_checkpoint(tmp_path: 
     run_dir = tmp_path / "run"
     proc = _launch(run_dir, "run.checkpoint_every=2")
     with killed_on_error(proc):
-        wait_for(lambda: (run_dir / "checkpoints" / "latest").is_file(), 240, "a checkpoint")
+        wait_until(lambda: (run_dir / "checkpoints" / "latest").is_file(), 240, "a checkpoint")
         victim = _kill_at_random_step(run_dir, proc, "learner rank 1", signal.SIGKILL)
     out, summary = finish_run(proc, run_dir)
     assert summary["version"] == STEPS
@@ -149,7 +149,7 @@ def test_a_restart_far_past_its_checkpoint_does_not_livelock(tmp_path: Path) -> 
     with killed_on_error(proc):
         at = random.Random(f"{SEED}-livelock").randrange(11, 13)
         print(f"CHAOS_SEED={SEED}: SIGKILL learner rank 1 at step {at}")
-        wait_for(lambda: proc.poll() is not None or steps_done(run_dir) >= at, 240, f"step {at}")
+        wait_until(lambda: proc.poll() is not None or steps_done(run_dir) >= at, 240, f"step {at}")
         assert proc.poll() is None, "the run ended before the fault"
         os.kill(pid_of(run_dir, "learner rank 1"), signal.SIGKILL)
     out, summary = finish_run(proc, run_dir)
@@ -215,7 +215,7 @@ def test_a_run_killed_whole_resumes_in_a_new_epoch(tmp_path: Path, checkpoint_ev
     with killed_on_error(proc):
         # The fault: at step >= at, once the logs hold part of the tail (what a kill -9
         # leaves in them is what a resume finds).
-        wait_for(
+        wait_until(
             lambda: proc.poll() is not None or (steps_done(run_dir) >= at and logged_tail()[0] > 0),
             240,
             f"step {at} with groups after version {fork} logged",
@@ -227,7 +227,7 @@ def test_a_run_killed_whole_resumes_in_a_new_epoch(tmp_path: Path, checkpoint_ev
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
-    wait_for(lambda: not any(alive(pid) for pid in roles), 30, "the killed roles to be gone")
+    wait_until(lambda: not any(alive(pid) for pid in roles), 30, "the killed roles to be gone")
     killed_at = steps_done(run_dir)
     assert killed_at >= at and (checkpoint is None or killed_at < 2 * checkpoint_every)
     tail, logged = logged_tail()
@@ -284,7 +284,7 @@ def test_evaluations_across_a_learner_restart_are_of_live_weights_once_each(
     with killed_on_error(proc):
         at = random.Random(f"{SEED}-eval").choice([6, 7])
         print(f"CHAOS_SEED={SEED}: SIGKILL learner rank 1 at step {at}")
-        wait_for(lambda: proc.poll() is not None or steps_done(run_dir) >= at, 240, f"step {at}")
+        wait_until(lambda: proc.poll() is not None or steps_done(run_dir) >= at, 240, f"step {at}")
         assert proc.poll() is None, "the run ended before the fault"
         os.kill(pid_of(run_dir, "learner rank 1"), signal.SIGKILL)
     out, summary = finish_run(proc, run_dir, timeout=240)

@@ -49,7 +49,7 @@ from support import (
     killed_on_error,
     launch_tiny,
     steps_done,
-    wait_for,
+    wait_until,
 )
 
 from streamrl.cli import main as cli
@@ -159,7 +159,7 @@ class _Cluster:
 
     def _answer(self, name: str, timeout: float) -> dict:
         path = self.state / name
-        wait_for(lambda: path.is_file() or self.proc.poll() is not None, timeout, name)
+        wait_until(lambda: path.is_file() or self.proc.poll() is not None, timeout, name)
         assert path.is_file(), f"cluster helper exited {self.proc.returncode}: {self._log()}"
         return json.loads(path.read_text())
 
@@ -240,12 +240,12 @@ def test_a_local_run_listens_on_loopback_only_whatever_gloo_is_told(
         pytest.skip("no network interface to listen on besides loopback")
     overrides = [f"generator.engine={engine}", "generator.count=1", "run.max_steps=6"]
     if engine == "vllm":  # heads of 32: vLLM's CPU attention has no kernel for 16
-        overrides += ["model.tiny_hidden=128", "generator.kv_cache_mb=64"]
+        overrides += ["model.tiny_hidden=128", "generator.engine_options.kv_cache_mb=64"]
     run_dir = tmp_path / "run"
     proc = launch_tiny(run_dir, *overrides, env={**os.environ, "GLOO_SOCKET_IFNAME": interface})
     with killed_on_error(proc):
         # A step: the learners' group is up and the generator's engine has sampled.
-        wait_for(lambda: proc.poll() is not None or steps_done(run_dir) >= 1, 300, "step 1")
+        wait_until(lambda: proc.poll() is not None or steps_done(run_dir) >= 1, 300, "step 1")
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         assert cli(["admin", "pause", "--run", str(run_dir)]) == 0  # held while we look
         by_role = _by_role(run_dir)
@@ -323,7 +323,7 @@ def _launch(cluster: _Cluster, run_dir: Path, env: dict[str, str]) -> subprocess
         env=env,
     )
     with killed_on_error(proc):
-        wait_for(
+        wait_until(
             lambda: (
                 proc.poll() is not None
                 or ((run_dir / "pids.json").is_file() and len(_by_role(run_dir)) == N_ROLES)
@@ -340,7 +340,7 @@ def _end(proc: subprocess.Popen, run_dir: Path) -> None:
     proc.kill()
     proc.communicate()
     pids = _by_role(run_dir).values()
-    wait_for(lambda: not [pid for pid in pids if alive(pid)], 60, "the run's roles to end")
+    wait_until(lambda: not [pid for pid in pids if alive(pid)], 60, "the run's roles to end")
 
 
 def _launch_on_both_nodes(
@@ -389,7 +389,7 @@ def test_a_lost_worker_node_s_roles_restart_on_the_head(
             # The cluster's processes (the roles among them) and the run's: loopback only.
             _assert_loopback_only(cluster.proc.pid, proc.pid)
             # A checkpoint to restart learners from, and a few steps into the run.
-            wait_for(
+            wait_until(
                 lambda: (
                     proc.poll() is not None
                     or ((run_dir / "checkpoints" / "latest").is_file() and steps_done(run_dir) >= 2)
@@ -411,13 +411,13 @@ def test_a_lost_worker_node_s_roles_restart_on_the_head(
                 f"lost: {lost}"
             )
             # A role's process ends when it sees its raylet gone (nothing signals it).
-            wait_for(
+            wait_until(
                 lambda: not [role for role in lost if alive(by_role[role])],
                 60,
                 "the worker node's role processes to end",
             )
             expected = {_restart_role(role) for role in lost}
-            wait_for(
+            wait_until(
                 lambda: (
                     proc.poll() is not None
                     or expected <= {e["role"] for e in events(run_dir, "restart")}
@@ -436,7 +436,7 @@ def test_a_lost_worker_node_s_roles_restart_on_the_head(
         # Every replacement ran on the head, the one node left. With Ray's default health
         # checks the GCS declares the worker dead ~15 s after its raylet went, which can be
         # after the run has finished (its roles were restarted on their missed heartbeats).
-        wait_for(
+        wait_until(
             lambda: [n["NodeID"] for n in cluster.actors()["nodes"] if n["Alive"]] == [head],
             60,
             "the GCS to declare the worker node dead",

@@ -300,16 +300,6 @@ def send_all(
         after_each()
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
-        time.sleep(0.01)
-
-
 @contextlib.contextmanager
 def serving(shard: Any) -> Iterator[Any]:
     """A ``BufferShard`` serving from a thread of this process; stopped, joined and closed

@@ -13,7 +13,8 @@ import random
 import msgspec
 import pytest
 import zmq
-from fuzzgen import Tally, classify, msgpack_corpus, send, send_all, serving, wait_until
+from fuzzgen import Tally, classify, msgpack_corpus, send, send_all, serving
+from support import make_group, wait_until
 
 from streamrl.buffers.client import BufferClient
 from streamrl.buffers.frames import GroupDecoder
@@ -44,15 +45,6 @@ pytestmark = pytest.mark.slow
 N_INPUTS = 10_000
 MAX_BYTES = 64 * 1024
 encode = msgspec.msgpack.encode
-
-
-def make_group(gid: str, version: int = 0) -> TrajectoryGroup:
-    versions = [version] * 3
-    trajectories = [
-        Trajectory.from_lists([1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], versions, reward, "stop", 0)
-        for reward in (0.0, 1.0)
-    ]
-    return TrajectoryGroup(gid, f"p-{gid}", trajectories, 1.0, 2.0)
 
 
 def group_dict(gid: str) -> dict:

@@ -12,7 +12,8 @@ import random
 import msgspec
 import pytest
 import zmq
-from fuzzgen import Tally, classify, msgpack_corpus, send_all, wait_until
+from fuzzgen import Tally, classify, msgpack_corpus, send_all
+from support import wait_until
 
 from streamrl.config import BufferConfig
 from streamrl.controller.admission import MAX_REQUEST_BYTES, AdmissionServer

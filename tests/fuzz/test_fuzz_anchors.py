@@ -17,7 +17,8 @@ import msgspec
 import pytest
 import torch
 import zmq
-from fuzzgen import Tally, classify, msgpack_corpus, send_all, wait_until
+from fuzzgen import Tally, classify, msgpack_corpus, send_all
+from support import wait_until
 
 from streamrl.config import WeightsConfig
 from streamrl.protocol import (

@@ -17,7 +17,8 @@ from pathlib import Path
 import msgspec
 import pytest
 import zmq
-from fuzzgen import Tally, classify, msgpack_corpus, wait_until
+from fuzzgen import Tally, classify, msgpack_corpus
+from support import wait_until
 
 from streamrl.controller.intake import ReportIntake
 from streamrl.controller.state import GeneratorHealth, RunState

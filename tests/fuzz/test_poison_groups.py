@@ -14,7 +14,8 @@ import random
 import msgspec
 import pytest
 import zmq
-from fuzzgen import Tally, serving, wait_until
+from fuzzgen import Tally, serving
+from support import wait_until
 
 from streamrl.buffers.client import BufferClient
 from streamrl.buffers.delivery import group_id, shard_sender

@@ -19,18 +19,11 @@ from pathlib import Path
 import msgspec
 import pytest
 import zmq
+from support import ids, make_group, wait_until
 
 from streamrl.buffers.client import BufferClient
 from streamrl.buffers.delivery import Outbox, new_sender, shard_sender
-from streamrl.protocol import Trajectory, TrajectoryGroup
-
-
-def make_group(i: int) -> TrajectoryGroup:
-    trajectories = [
-        Trajectory.from_lists([1, 2, i % 100], [3, 4], [-0.1, -0.2], [0, 0], reward, "stop", 0)
-        for reward in (0.0, 1.0)
-    ]
-    return TrajectoryGroup(f"g{i:05d}", f"p{i}", trajectories, float(i), float(i))
+from streamrl.protocol import TrajectoryGroup
 
 
 class ShardProcess:
@@ -73,17 +66,6 @@ def push_all(ctx: zmq.Context, endpoint: str, groups: list[TrajectoryGroup]) -> 
     sock.close(linger=-1)  # deliver everything
 
 
-def wait_until(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-
-
-def ids(groups: list[TrajectoryGroup]) -> list[str]:
-    return [g.group_id for g in groups]
-
-
 def drain(client: BufferClient, n: int) -> list[str]:
     """Fetch exactly ``n`` groups, then check nothing else is left."""
     got = ids(client.fetch(n, 0, 0, timeout_s=20)) if n else []
@@ -93,7 +75,7 @@ def drain(client: BufferClient, n: int) -> list[str]:
 
 
 def test_kill_9_after_n_accepted_recovers_every_unconsumed_group_once(ctx, processes, tmp_path):
-    groups = [make_group(i) for i in range(60)]
+    groups = [make_group(f"g{i:05d}", finished_at=float(i)) for i in range(60)]
     shard = processes(tmp_path)
     push_all(ctx, shard.ingest, groups)
     client = BufferClient([shard.requests], ctx=ctx)
@@ -145,7 +127,7 @@ def produce(endpoint: str, groups: list[TrajectoryGroup], stop: threading.Event)
 def test_kill_9_mid_stream_loses_no_accepted_group(ctx, processes, tmp_path):
     """Kill while a producer is still pushing: every group the shard had counted as accepted
     and not handed out is recovered; none is handed out twice."""
-    groups = [make_group(i) for i in range(20_000)]
+    groups = [make_group(f"g{i:05d}", finished_at=float(i)) for i in range(20_000)]
     shard = processes(tmp_path, capacity=50_000)
     stop = threading.Event()
     producer = threading.Thread(target=produce, args=(shard.ingest, groups, stop))
@@ -182,7 +164,7 @@ def test_acknowledged_delivery_resends_what_a_killed_shard_lost_and_nothing_twic
     and the shard, knowing from its log what arrived, drops exactly those: its log ends with
     every group once, and what it received equals what was sent."""
     box = Outbox(shard_sender(new_sender(), 0))
-    groups = [make_group(i) for i in range(6_000)]
+    groups = [make_group(f"g{i:05d}", finished_at=float(i)) for i in range(6_000)]
     frames = []
     for group in groups:
         seq = box.address(group)

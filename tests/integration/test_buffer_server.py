@@ -14,6 +14,7 @@ import time
 import msgspec
 import pytest
 import zmq
+from support import make_group, wait_until
 
 from streamrl.buffers import server
 from streamrl.buffers.client import BufferClient, FetchStopped, plan_takes
@@ -29,27 +30,8 @@ from streamrl.protocol import (
     RawBatch,
     ShardReport,
     ShardStats,
-    Trajectory,
     TrajectoryGroup,
 )
-
-
-def make_group(gid: str, version: int = 0, finished_at: float = 0.0) -> TrajectoryGroup:
-    trajectories = [
-        Trajectory.from_lists(
-            [1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], [version] * 3, reward, "stop", 0
-        )
-        for reward in (0.0, 1.0)
-    ]
-    return TrajectoryGroup(gid, f"p-{gid}", trajectories, finished_at, finished_at)
-
-
-def wait_until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 @pytest.fixture

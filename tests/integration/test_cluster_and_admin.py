@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support import alive, launch_tiny, wait_for
+from support import alive, launch_tiny, wait_until
 
 from streamrl.cli import main as cli
 from streamrl.transport import free_port
@@ -58,7 +58,7 @@ def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "live"
     proc = launch_tiny(run_dir, "run.max_steps=400", "buffer.max_staleness=2")
     try:
-        url = wait_for(
+        url = wait_until(
             lambda: (
                 (run_dir / "admin.url").is_file() and (run_dir / "admin.url").read_text().strip()
             ),
@@ -73,7 +73,7 @@ def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
         assert http.get("/status").status_code == 401
         assert http.get("/status", headers={"Authorization": "Bearer nope"}).status_code == 401
         status = lambda: http.get("/status", headers=auth).json()  # noqa: E731
-        wait_for(lambda: status()["version"] >= 2, 120, "two learner steps")
+        wait_until(lambda: status()["version"] >= 2, 120, "two learner steps")
         _assert_loopback_only(proc.pid)
 
         assert http.patch("/config", headers=auth, json={"buffer.capacity": 0}).status_code == 422
@@ -84,7 +84,7 @@ def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
         assert answer.status_code == 200, answer.text
         version = status()["version"]
         # The shards' own stats follow within a step.
-        wait_for(
+        wait_until(
             lambda: (
                 status()["version"] >= version + 1
                 and all(s["capacity"] == 7 for s in status()["shards"])
@@ -95,7 +95,7 @@ def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
         assert status()["admission"]["max_staleness"] == 1
         # Two steps later every consumed batch respects the new bound.
         later = status()["version"] + 2
-        wait_for(lambda: status()["version"] >= later, 120, "two more steps")
+        wait_until(lambda: status()["version"] >= later, 120, "two more steps")
         metrics = http.get("/metrics", headers=auth).text
         staleness_max = next(
             float(line.split()[1])
@@ -117,9 +117,9 @@ def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
         time.sleep(3)
         assert status()["version"] <= paused_at + 1
         assert cli(["admin", "resume", "--run", str(run_dir)]) == 0
-        wait_for(lambda: status()["version"] > paused_at + 1, 120, "progress after resume")
+        wait_until(lambda: status()["version"] > paused_at + 1, 120, "progress after resume")
         assert cli(["admin", "set", "generator.temperature=0.8", "--run", str(run_dir)]) == 0
-        wait_for(
+        wait_until(
             lambda: any(
                 "temperature -> 0.8" in f.read_text()
                 for f in (run_dir / "logs").glob("generator-*.log")
@@ -130,7 +130,7 @@ def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
         assert cli(["admin", "status", "--run", str(run_dir)]) == 0
 
         assert cli(["admin", "checkpoint", "--run", str(run_dir)]) == 0
-        wait_for(lambda: (run_dir / "checkpoints" / "latest").is_file(), 120, "a checkpoint")
+        wait_until(lambda: (run_dir / "checkpoints" / "latest").is_file(), 120, "a checkpoint")
         assert cli(["admin", "stop", "--run", str(run_dir)]) == 0
         assert proc.wait(120) == 0, proc.stdout.read()
     finally:
@@ -171,7 +171,7 @@ def test_launch_joins_a_loopback_cluster(tmp_path: Path) -> None:
     )
     run_dir = tmp_path / "cluster"
     try:
-        wait_for(lambda: _port_open(port), 60, "the Ray head")
+        wait_until(lambda: _port_open(port), 60, "the Ray head")
         _assert_loopback_only(head.pid)
         proc = launch_tiny(run_dir, "run.max_steps=3", "--address", f"127.0.0.1:{port}", env=env)
         try:

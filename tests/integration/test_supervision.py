@@ -15,7 +15,7 @@ from support import (
     killed_on_error,
     launch_tiny,
     steps_done,
-    wait_for,
+    wait_until,
 )
 
 from streamrl.cli import main as cli
@@ -42,17 +42,17 @@ def test_generator_count_scales_live(tmp_path: Path) -> None:
         return {role: pid for role, pid in by_role.items() if role.startswith("generator")}
 
     with killed_on_error(proc):
-        wait_for(lambda: proc.poll() is not None or steps_done(run_dir) >= 2, 240, "step 2")
+        wait_until(lambda: proc.poll() is not None or steps_done(run_dir) >= 2, 240, "step 2")
         admin("pause")
         admin("set", "generator.count=3")
-        wait_for(lambda: "generator 2" in generator_pids(), 120, "generator 2 started")
+        wait_until(lambda: "generator 2" in generator_pids(), 120, "generator 2 started")
         third, second = generator_pids()["generator 2"], generator_pids()["generator 1"]
         admin("resume")
         at = steps_done(run_dir)
-        wait_for(lambda: steps_done(run_dir) >= at + 3, 240, "three steps with 3 generators")
+        wait_until(lambda: steps_done(run_dir) >= at + 3, 240, "three steps with 3 generators")
         admin("pause")
         admin("set", "generator.count=1")
-        wait_for(lambda: not alive(third) and not alive(second), 120, "generators 1, 2 retired")
+        wait_until(lambda: not alive(third) and not alive(second), 120, "generators 1, 2 retired")
         admin("resume")
     out, summary = finish_run(proc, run_dir)
     assert summary["version"] == 40

@@ -22,7 +22,7 @@ from streamrl.protocol import Trajectory, TrajectoryGroup, pack_int32
 AWKWARD_LOGPROBS = [-0.1, -(2.0**-149), -math.pi, -0.0, -3.4028234663852886e38, -math.inf, math.nan]
 
 
-def make_group(i: int, n: int = 2, version: int = 0) -> TrajectoryGroup:
+def awkward_group(i: int, n: int = 2, version: int = 0) -> TrajectoryGroup:
     trajectories = [
         Trajectory.from_lists(
             prompt_ids=[i, j, 7],
@@ -61,7 +61,7 @@ def segments(shard_dir: Path) -> list[Path]:
 
 
 def test_append_consume_recover_round_trip_is_exact(tmp_path):
-    groups = [make_group(i) for i in range(6)]
+    groups = [awkward_group(i) for i in range(6)]
     with DurableLog(tmp_path, 0) as log:
         log.append(groups[0])
         log.append_many(groups[1:4])
@@ -75,9 +75,9 @@ def test_append_consume_recover_round_trip_is_exact(tmp_path):
 
 
 def test_queryable_columns_match_the_payload(tmp_path):
-    spans = make_group(0, n=3, version=2)
+    spans = awkward_group(0, n=3, version=2)
     spans.trajectories[1].token_versions = pack_int32([9, 1, 4, 4, 4, 4, 4])
-    empty = make_group(1, n=1)
+    empty = awkward_group(1, n=1)
     empty.trajectories[0].response_ids = b""
     empty.trajectories[0].behavior_logprobs = b""
     empty.trajectories[0].token_versions = b""
@@ -95,10 +95,10 @@ def test_queryable_columns_match_the_payload(tmp_path):
 
 def test_each_process_start_writes_a_new_segment_and_recovery_reads_all(tmp_path):
     with DurableLog(tmp_path, 3) as log:
-        log.append_many([make_group(0), make_group(1)])
+        log.append_many([awkward_group(0), awkward_group(1)])
     with DurableLog(tmp_path, 3) as log:
         log.mark_consumed(["g0"])
-        log.append(make_group(2))
+        log.append(awkward_group(2))
     with DurableLog(tmp_path, 3) as log:
         assert [g.group_id for g in log.recover()] == ["g1", "g2"]
         assert [g.group_id for g in log.iter_all()] == ["g0", "g1", "g2"]
@@ -110,8 +110,8 @@ def test_each_process_start_writes_a_new_segment_and_recovery_reads_all(tmp_path
 
 def test_a_group_logged_twice_is_recovered_once(tmp_path):
     with DurableLog(tmp_path, 0) as log:
-        log.append(make_group(0))
-        log.append(make_group(0))
+        log.append(awkward_group(0))
+        log.append(awkward_group(0))
         assert len(log.recover()) == 1
         log.mark_consumed(["g0"])
         assert log.recover() == []
@@ -126,17 +126,17 @@ def test_second_writer_on_the_same_shard_is_refused(tmp_path):
 
 def test_recover_ignores_a_torn_tail(tmp_path):
     with DurableLog(tmp_path, 0) as log:
-        log.append_many([make_group(0), make_group(1)])
-        log.append_many([make_group(2)])
+        log.append_many([awkward_group(0), awkward_group(1)])
+        log.append_many([awkward_group(2)])
         log.mark_consumed(["g1"])
-        log.append_many([make_group(3), make_group(4)])
+        log.append_many([awkward_group(3), awkward_group(4)])
     (segment,) = segments(tmp_path / "shard-0")
     # The writer's end-of-stream marker is 8 bytes; cutting 40 lands inside the last batch,
     # as if the process had been killed mid-write.
     os.truncate(segment, segment.stat().st_size - 40)
     with DurableLog(tmp_path, 0) as log:
         assert [g.group_id for g in log.recover()] == ["g0", "g2"]
-        log.append(make_group(5))  # the next process carries on in a new segment
+        log.append(awkward_group(5))  # the next process carries on in a new segment
     with DurableLog(tmp_path, 0) as log:
         assert [g.group_id for g in log.recover()] == ["g0", "g2", "g5"]
 
@@ -144,11 +144,11 @@ def test_recover_ignores_a_torn_tail(tmp_path):
 def test_every_truncation_point_recovers_a_state_that_was_acknowledged(tmp_path):
     states: list[list[str]] = [[]]  # what recover() must return after each write returned
     with DurableLog(tmp_path / "log", 0) as log:
-        log.append_many([make_group(0), make_group(1)])
+        log.append_many([awkward_group(0), awkward_group(1)])
         states.append(["g0", "g1"])
         log.mark_consumed(["g0"])
         states.append(["g1"])
-        log.append(make_group(2))
+        log.append(awkward_group(2))
         states.append(["g1", "g2"])
     (segment,) = segments(tmp_path / "log" / "shard-0")
     data = segment.read_bytes()
@@ -167,7 +167,7 @@ def test_a_failed_write_does_not_hide_later_appends(tmp_path, monkeypatch):
     """A write that fails half-way (disk full) leaves a torn batch mid-segment; the log must
     move to a new segment so that what it appends afterwards stays readable."""
     log = DurableLog(tmp_path, 0)
-    log.append(make_group(0))
+    log.append(awkward_group(0))
     real = log._file
     real_write = real.write
 
@@ -177,8 +177,8 @@ def test_a_failed_write_does_not_hide_later_appends(tmp_path, monkeypatch):
 
     monkeypatch.setattr(real, "write", half_then_fail, raising=False)
     with pytest.raises(OSError, match="No space"):
-        log.append(make_group(1))
-    log.append(make_group(2))
+        log.append(awkward_group(1))
+    log.append(awkward_group(2))
     log.close()
     assert len(segments(tmp_path / "shard-0")) == 2
     with DurableLog(tmp_path, 0) as log:
@@ -187,9 +187,9 @@ def test_a_failed_write_does_not_hide_later_appends(tmp_path, monkeypatch):
 
 def test_recover_tolerates_a_segment_torn_inside_its_schema(tmp_path):
     with DurableLog(tmp_path, 0) as log:
-        log.append(make_group(0))
+        log.append(awkward_group(0))
     with DurableLog(tmp_path, 0) as log:
-        log.append(make_group(1))
+        log.append(awkward_group(1))
     second = segments(tmp_path / "shard-0")[1]
     os.truncate(second, 20)
     with DurableLog(tmp_path, 0) as log:
@@ -197,7 +197,7 @@ def test_recover_tolerates_a_segment_torn_inside_its_schema(tmp_path):
 
 
 def test_compaction_keeps_exactly_the_unconsumed(tmp_path):
-    groups = [make_group(i) for i in range(8)]
+    groups = [awkward_group(i) for i in range(8)]
     with DurableLog(tmp_path, 0) as log:
         log.append_many(groups[:5])
         log.mark_consumed(["g0", "g2", "g4"])
@@ -210,7 +210,7 @@ def test_compaction_keeps_exactly_the_unconsumed(tmp_path):
         assert log.recover() == [groups[1], groups[3], groups[5], groups[7]]
         assert [g.group_id for g in log.iter_all()] == ["g1", "g3", "g5", "g7"]
         log.mark_consumed(["g3"])  # goes to a new segment after the compacted one
-        log.append(make_group(8))
+        log.append(awkward_group(8))
     with DurableLog(tmp_path, 0) as log:
         assert [g.group_id for g in log.recover()] == ["g1", "g5", "g7", "g8"]
         log.compact()
@@ -223,7 +223,7 @@ def test_compaction_keeps_exactly_the_unconsumed(tmp_path):
 
 def test_a_compacted_segment_supersedes_leftovers_of_a_crashed_compaction(tmp_path):
     with DurableLog(tmp_path, 0) as log:
-        log.append_many([make_group(0), make_group(1)])
+        log.append_many([awkward_group(0), awkward_group(1)])
         log.mark_consumed(["g0"])
     shard = tmp_path / "shard-0"
     old = (shard / "00000001.arrows").read_bytes()
@@ -239,7 +239,7 @@ def test_a_compacted_segment_supersedes_leftovers_of_a_crashed_compaction(tmp_pa
 
 def test_fsync_mode_round_trips(tmp_path):
     with DurableLog(tmp_path, 1, fsync=True) as log:
-        log.append_many([make_group(0), make_group(1)])
+        log.append_many([awkward_group(0), awkward_group(1)])
         log.mark_consumed(["g1"])
     with DurableLog(tmp_path, 1) as log:
         assert [g.group_id for g in log.recover()] == ["g0"]
@@ -248,9 +248,9 @@ def test_fsync_mode_round_trips(tmp_path):
 def test_export_writes_one_row_per_trajectory(tmp_path):
     run_dir = tmp_path / "run"
     with DurableLog(run_dir / "buffer", 0) as log:
-        log.append_many([make_group(0, n=2), make_group(1, n=3, version=4)])
+        log.append_many([awkward_group(0, n=2), awkward_group(1, n=3, version=4)])
         log.mark_consumed(["g0"])
-    episode = make_group(2, n=1)
+    episode = awkward_group(2, n=1)
     t = episode.trajectories[0]
     t.action_mask = bytes([1] * (t.num_response_tokens - 1) + [0])  # a multi-turn episode's
     t.turns, t.end_reason = 2, "malformed tool call: no </calc>"
@@ -263,7 +263,7 @@ def test_export_writes_one_row_per_trajectory(tmp_path):
     rows = table.to_pylist()
     assert [r["group_id"] for r in rows] == ["g0", "g0", "g1", "g1", "g1", "g2"]
     assert [r["consumed"] for r in rows] == [True, True, False, False, False, False]
-    want = make_group(1, n=3, version=4).trajectories[2]
+    want = awkward_group(1, n=3, version=4).trajectories[2]
     row = rows[4]
     assert row["prompt_id"] == "p1" and row["data_source"] == "arithmetic"
     assert row["ground_truth"] == "1"
@@ -283,9 +283,9 @@ def test_export_writes_one_row_per_trajectory(tmp_path):
 
 def test_a_payload_that_does_not_decode_is_skipped_counted_and_logged_once(tmp_path, caplog):
     with DurableLog(tmp_path, 0) as log:
-        log.append(make_group(0))
-        log.append_many([make_group(1), make_group(2)], [b"\xc1", b"\x93garbage"])
-        log.append(make_group(3))
+        log.append(awkward_group(0))
+        log.append_many([awkward_group(1), awkward_group(2)], [b"\xc1", b"\x93garbage"])
+        log.append(awkward_group(3))
     with caplog.at_level(logging.WARNING), DurableLog(tmp_path, 0) as log:
         assert [g.group_id for g in log.recover()] == ["g0", "g3"]
         assert log.undecodable == 2
@@ -306,7 +306,7 @@ def test_tallies_survive_reopen_and_compaction(tmp_path):
     """received == sum(removed) + remaining from the log alone, across processes (reopen)
     and compactions, with drops counted by reason and refusals on arrival counted too."""
     with DurableLog(tmp_path, 0) as log:
-        log.append_many([make_group(i) for i in range(6)])
+        log.append_many([awkward_group(i) for i in range(6)])
         log.mark_consumed(["g0", "g1"])
         log.mark_consumed(["g2"], ["stale"])
         log.refuse(["g9", "g0"], ["stale", "duplicate"])  # never stored
@@ -321,7 +321,7 @@ def test_tallies_survive_reopen_and_compaction(tmp_path):
             {"consumed": 2, "stale": 2, "duplicate": 1},
             3,
         )
-        log.append(make_group(7))
+        log.append(awkward_group(7))
         log.mark_consumed(["g3"])
     with DurableLog(tmp_path, 0) as log:
         t = log.tallies
@@ -334,7 +334,7 @@ def test_each_clients_last_take_survives_reopen_and_compactions(tmp_path):
     """A restarted shard must answer a repeat of a client's last take with the same groups:
     the take rows and its groups' payloads outlive reopening and compaction, and the tallies
     stay exact while compaction keeps consumed groups for that purpose."""
-    groups = [make_group(i) for i in range(8)]
+    groups = [awkward_group(i) for i in range(8)]
     with DurableLog(tmp_path, 0) as log:
         log.append_many(groups)
         log.record_take("a", 1, ["g0", "g1"])

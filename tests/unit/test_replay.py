@@ -5,10 +5,17 @@ The store depends only on a version provider, faked here by a settable attribute
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
+from support import ids
+from support import make_group as any_group
 
 from streamrl.buffers.replay import Offer, ReplayPolicy, ReplayStore
-from streamrl.protocol import Trajectory, TrajectoryGroup, pack_int32
+from streamrl.protocol import pack_int32
+
+# Groups of 4-token trajectories: the token figures below count them.
+make_group = partial(any_group, tokens=4)
 
 
 class FakeVersions:
@@ -22,32 +29,8 @@ class FakeVersions:
         return True
 
 
-def make_group(
-    gid: str, version: int = 0, *, rewards: tuple[float, ...] = (0.0, 1.0), tokens: int = 4
-) -> TrajectoryGroup:
-    """A group whose every token has ``version``; each trajectory has ``tokens`` tokens."""
-    half = tokens // 2
-    trajectories = [
-        Trajectory.from_lists(
-            prompt_ids=[1] * half,
-            response_ids=[2] * (tokens - half),
-            behavior_logprobs=[-0.5] * (tokens - half),
-            token_versions=[version] * (tokens - half),
-            reward=r,
-            finish_reason="stop",
-            generator_id=0,
-        )
-        for r in rewards
-    ]
-    return TrajectoryGroup(gid, f"p-{gid}", trajectories, created_at=0.0, finished_at=1.0)
-
-
 def make_store(versions: FakeVersions | None = None, **policy) -> ReplayStore:
     return ReplayStore(ReplayPolicy(**policy), versions or FakeVersions(), seed=0)
-
-
-def ids(groups: list[TrajectoryGroup]) -> list[str]:
-    return [g.group_id for g in groups]
 
 
 def assert_accounted(store: ReplayStore) -> None:
