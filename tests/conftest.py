@@ -1,18 +1,41 @@
-"""Shared fixtures: an isolated STREAMRL_HOME per session, and the no-GPU skip for `gpu` tests."""
+"""Shared test setup: an isolated STREAMRL_HOME per session, and the no-GPU skip for `gpu` tests."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from streamrl.models import streamrl_home
 
-@pytest.fixture(scope="session", autouse=True)
-def _streamrl_home(tmp_path_factory: pytest.TempPathFactory) -> None:
-    # Tests build tiny models under their own home, but SmolLM2 conversion is reused if cached.
-    os.environ.setdefault("STREAMRL_HOME", str(Path.home() / ".cache" / "streamrl"))
+_HOME = pytest.StashKey[Path]()  # the session's STREAMRL_HOME
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point ``STREAMRL_HOME`` at a fresh directory for this session, before collection (some
+    test modules resolve a model at import), so that nothing a test builds or writes lands in
+    the user's home. The models already converted or built there (``models/<name>``, each
+    published whole: the SmolLM2 conversion takes minutes) are linked in, read-only in use;
+    a model the home lacks is built in the session's own."""
+    real_models = streamrl_home() / "models"
+    home = Path(tempfile.mkdtemp(prefix="streamrl-home-"))
+    (home / "models").mkdir()
+    if real_models.is_dir():
+        for model in real_models.iterdir():
+            if (model / "config.json").is_file():
+                (home / "models" / model.name).symlink_to(model.resolve())
+    config.stash[_HOME] = home
+    os.environ["STREAMRL_HOME"] = str(home)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    home = config.stash.get(_HOME, None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)  # the links only, never what they point at
 
 
 # Unit modules whose tests start a server thread, a subprocess or a process group.
