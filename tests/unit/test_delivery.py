@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from support import make_group
+
 from streamrl.buffers.delivery import (
     Delivered,
     Outbox,
@@ -13,7 +15,6 @@ from streamrl.buffers.delivery import (
     shard_sender,
 )
 from streamrl.buffers.durable_log import DurableLog
-from tests.unit.test_durable_log import make_group
 
 
 def test_floor_rises_over_gaps_once_they_fill():
@@ -59,7 +60,7 @@ def test_typed_identity_must_agree_with_the_id_the_log_keeps():
 
 def test_outbox_gives_each_group_its_identity_once():
     box = Outbox(shard_sender(new_sender(), 2))
-    groups = [make_group(i) for i in range(3)]
+    groups = [make_group(f"g{i}") for i in range(3)]
     assert [box.address(g) for g in groups] == [0, 1, 2]
     last = groups[-1]
     assert (last.sender, last.seq) == (box.sender, 2)
@@ -70,7 +71,7 @@ def test_outbox_gives_each_group_its_identity_once():
 def test_outbox_forgets_acknowledged_groups_and_resends_the_rest_once_per_restart():
     box = Outbox(shard_sender(new_sender(), 0))
     for i in range(5):
-        seq = box.address(make_group(i))
+        seq = box.address(make_group(f"g{i}"))
         box.keep(seq, f"frame {seq}".encode())
     box.acknowledge(1)
     assert list(box.unacked) == [2, 3, 4]
@@ -83,7 +84,7 @@ def test_outbox_forgets_acknowledged_groups_and_resends_the_rest_once_per_restar
 
 def test_the_log_remembers_what_arrived_across_reopen_and_compaction(tmp_path):
     sender = shard_sender(new_sender(), 0)
-    groups = [make_group(i) for i in range(4)]
+    groups = [make_group(f"g{i}") for i in range(4)]
     for seq, group in enumerate(groups):
         group.group_id = group_id(sender, seq)
     with DurableLog(tmp_path, 0) as log:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from support import make_group
+
 from streamrl.buffers.delivery import Outbox
 from streamrl.protocol import AdmissionReply, Directives, LearnerClockInfo, Receipts
 from streamrl.workers.generator import Generator
-from tests.unit.test_durable_log import make_group
 
 
 class Admission:
@@ -32,7 +33,7 @@ class Pusher:
 def leaving_generator(replies: list[AdmissionReply]) -> SimpleNamespace:
     box = Outbox("abcdefabcdef.0")
     for i in range(3):  # pushed seqs 0, 1, 2
-        seq = box.address(make_group(i))
+        seq = box.address(make_group(f"g{i}"))
         box.keep(seq, f"frame{i}".encode())
     gen = SimpleNamespace(
         outboxes=[box], pushers=[Pusher()], admission=Admission(replies), generator_id=1
