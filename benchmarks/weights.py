@@ -93,9 +93,10 @@ def subscriber_main(sid, pub_ep, anchor_ep, model_dir, final, learner_version, o
     image = load_bf16_image(Path(model_dir))
     engine = None
     if device == "cuda":  # the generator's GPU path: host image, changed tensors copied over
+        from streamrl.workers.engines.base import EngineArgs
         from streamrl.workers.engines.hf import HFEngine
 
-        engine = HFEngine(Path(model_dir), device="cuda", dtype="bfloat16")
+        engine = HFEngine(EngineArgs(Path(model_dir), device="cuda", dtype="bfloat16"))
         assert engine.shared_weights() is None
     sub = WeightSubscriber(image, [pub_ep], [anchor_ep], sid, anchor_timeout_s=2.0)
     time.sleep(0.5)  # connected before the first diff

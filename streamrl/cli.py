@@ -165,10 +165,12 @@ def _validate(args: argparse.Namespace) -> int:
     from streamrl.config import to_yaml
     from streamrl.envs import check_env
     from streamrl.rewards import check_rewards
+    from streamrl.workers.engines import check_engine_config
 
     config = load_config(args.config, args.overrides)
     check_rewards(config.rewards)
     check_env(config.env)
+    check_engine_config(config.generator)  # imports no torch: a user's module:Class aside
     print(to_yaml(config), end="")
     return 0
 

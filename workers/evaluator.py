@@ -124,6 +124,7 @@ def run_cli_eval(
     from streamrl.evaluation import EvalError, format_table, resolve_target
     from streamrl.hardware import resolve_compute_dtype
     from streamrl.models import load_tokenizer
+    from streamrl.workers.engines.base import EngineArgs
     from streamrl.workers.engines.hf import HFEngine
 
     overrides = [f"eval.source={data}"] if data else []
@@ -136,7 +137,7 @@ def run_cli_eval(
         except DataError as exc:
             raise EvalError(str(exc)) from None
         dtype = resolve_compute_dtype(config.model.compute_dtype, device)
-        engine = HFEngine(model_dir, device=device, dtype=dtype, seed=config.run.seed)
+        engine = HFEngine(EngineArgs(model_dir, device=device, dtype=dtype, seed=config.run.seed))
         tokenizer = load_tokenizer(model_dir)
         result = evaluate(engine, tokenizer, config, prompts)
         add_unseen_phrasing(result, engine, tokenizer, config)

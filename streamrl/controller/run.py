@@ -121,6 +121,7 @@ class Controller:
         from streamrl.envs import check_env
         from streamrl.models import resolve_model
         from streamrl.rewards import check_rewards
+        from streamrl.workers.engines import check_engine_config
 
         cfg = self.config
         try:
@@ -128,6 +129,7 @@ class Controller:
             check_data(cfg.data)
             check_rewards(cfg.rewards)
             check_env(cfg.env)
+            check_engine_config(cfg.generator)
             model_dir = str(
                 resolve_model(
                     cfg.model.name,

@@ -18,7 +18,7 @@ from streamrl.config import load_config
 from streamrl.models import TINY, load_causal_lm, load_tokenizer, resolve_model
 from streamrl.protocol import Trajectory, TrajectoryGroup
 from streamrl.transport import free_port
-from streamrl.workers.engines.base import SamplingParams
+from streamrl.workers.engines.base import EngineArgs, SamplingParams
 from streamrl.workers.engines.hf import HFEngine
 from streamrl.workers.learner import build_train_step, rendezvous
 
@@ -84,7 +84,7 @@ def test_nccl_learner_scores_what_the_cuda_engine_sampled(
     """One NCCL rank trains on samples of the HF engine on CUDA: every parameter moves, no
     NaN, and the on-policy mismatch is at the noise level of the dtype."""
     model_dir = resolve_model(model)
-    engine = HFEngine(model_dir, device="cuda", dtype=dtype, seed=0)
+    engine = HFEngine(EngineArgs(model_dir, device="cuda", dtype=dtype, seed=0))
     groups = _sampled_groups(model_dir, engine, 4, seed=0)
     config = load_config(
         None,
@@ -123,7 +123,7 @@ def test_cuda_engine_takes_weight_updates_in_flight():
     carry the new version and the sequence goes on."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    engine = HFEngine(resolve_model(TINY), device="cuda", dtype="bfloat16", seed=0)
+    engine = HFEngine(EngineArgs(resolve_model(TINY), device="cuda", dtype="bfloat16", seed=0))
     assert engine.shared_weights() is None  # the subscriber keeps a host image on a GPU
     name, param = next(iter(engine.params.items()))
     new = (param.detach().cpu() + 0.5).to(torch.bfloat16)
@@ -146,7 +146,7 @@ def test_cuda_engine_logprobs_match_an_fp32_forward():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     model_dir = resolve_model("random-smollm2-135m")
-    engine = HFEngine(model_dir, device="cuda", dtype="bfloat16", seed=0)
+    engine = HFEngine(EngineArgs(model_dir, device="cuda", dtype="bfloat16", seed=0))
     groups = _sampled_groups(model_dir, engine, 2, seed=1)
     reference = load_causal_lm(model_dir, dtype="float32", device="cuda").eval()
     gaps = []

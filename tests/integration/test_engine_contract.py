@@ -1,5 +1,7 @@
-"""One behavioural contract for every generation engine (``hf``, ``vllm``; ``sglang`` where it is
-installed with a GPU), on the real default model (SmolLM2-135M-Instruct: Llama, tied
+"""One behavioural contract for every generation engine of the registry (``hf``, ``vllm``;
+``sglang`` where it is installed with a GPU) and for one registered from outside streamrl
+(``engines_for_tests:RenamedHF``, reached as ``module:Class``), each built as a generator
+builds it (``make_engine``), on the real default model (SmolLM2-135M-Instruct: Llama, tied
 embeddings), in the compute dtype the run would pick on this machine.
 
 - At staleness 0 the learner's logprobs on the engine's samples equal the behaviour logprobs to
@@ -20,7 +22,6 @@ the bf16 image) and a second engine of the same kind built from a checkpoint on 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import shutil
@@ -30,50 +31,30 @@ import pytest
 import torch
 from support import learner_logprobs
 
+from streamrl.config import GeneratorConfig
 from streamrl.hardware import resolve_compute_dtype
 from streamrl.models import SMOLLM2, load_causal_lm, load_tokenizer, resolve_model
+from streamrl.workers.engines import ENGINES, make_engine
 from streamrl.workers.engines.base import Engine, SamplingParams
+from streamrl.workers.engines.registry import resolve_engine
 from streamrl.workers.weight_codec import as_i16, checksum
 
 # Noise levels of docs/algorithms.md (sync mode, SmolLM2-135M), with headroom for 128 tokens.
 NOISE = {"bfloat16": (0.06, 0.6), "float32": (1e-3, 1e-2)}  # (mean |Δ|, max |Δ|)
-# Engines that call on_step once per sampled token (SGLang calls it on a timer).
-STEPWISE = {"hf", "vllm"}
-# Engines whose calls are reproducible under SamplingParams.seed (SGLang: greedy instead).
-SEEDED = {"hf", "vllm"}
 QUESTIONS = ["What is 12 + 7?", "What is 30 - 4?", "Name a colour.", "What is 3 + 25?"]
 PRELOAD_BEFORE = os.environ.get("LD_PRELOAD")
-
-
-def _available(kind: str) -> str | None:
-    """Why ``kind`` cannot run here, or None."""
-    if kind == "vllm" and importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (./scripts/setup.sh --with-vllm)"
-    if kind == "sglang":
-        if importlib.util.find_spec("sglang") is None:
-            return "SGLang is not installed"
-        if not torch.cuda.is_available():
-            return "SGLang needs a CUDA GPU"
-    return None
-
-
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Every registered engine, and one from a test module (tests/integration/engines_for_tests.py).
+KINDS = [*ENGINES, "engines_for_tests:RenamedHF"]
+# Options of the contract's engines (max_model_len is 512: a KV cache of 128 MiB holds it;
+# the test module's engine decodes its own keys, which the HF engine's schema would refuse).
+OPTIONS = {"vllm": {"kv_cache_mb": 128}, "engines_for_tests:RenamedHF": {"rows": 8}}
 
 
 def build(kind: str, model_dir: Path, dtype: str, seed: int = 0) -> Engine:
-    if kind == "hf":
-        from streamrl.workers.engines.hf import HFEngine
-
-        return HFEngine(model_dir, device=DEVICE, dtype=dtype, seed=seed)
-    if kind == "vllm":
-        from streamrl.workers.engines.vllm_engine import VLLMEngine
-
-        return VLLMEngine(
-            model_dir, device=DEVICE, dtype=dtype, seed=seed, max_model_len=512, kv_cache_mb=128
-        )
-    from streamrl.workers.engines.sglang_engine import SGLangEngine
-
-    return SGLangEngine(str(model_dir), seed=seed)
+    """The engine as a generator makes it: through the registry, options decoded by its schema."""
+    config = GeneratorConfig(engine=kind, device=DEVICE, engine_options=OPTIONS.get(kind, {}))
+    return make_engine(config, model_dir, seed, compute_dtype=dtype, max_model_len=512)
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +79,9 @@ def prompts(model_dir) -> list[list[int]]:
     ]
 
 
-@pytest.fixture(scope="module", params=["hf", "vllm", "sglang"])
-def kind(request) -> str:
-    reason = _available(request.param)
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request, model_dir) -> str:
+    reason = resolve_engine(request.param).unusable_reason(model_dir, DEVICE)
     if reason:
         pytest.skip(reason)
     return request.param
@@ -154,7 +135,7 @@ def test_update_mid_generation_tags_versions_and_aborts_nothing(engine, kind, mo
         assert out.finish_reason == "length" and len(out.response_ids) == 12
         switch = out.token_versions.index(base + 1)
         assert out.token_versions == [base] * switch + [base + 1] * (12 - switch)
-        if kind in STEPWISE:
+        if resolve_engine(kind).stepwise:  # on_step once per sampled token
             assert switch == 3
     # Back to the checkpoint's weights for the tests after this one.
     engine.update_weights(list(image.items()), version=base + 2)
@@ -185,7 +166,7 @@ def test_partial_update_equals_a_fresh_engine(engine, kind, model_dir, dtype, pr
         assert_vllm_computes_with(engine, new)
     fresh = build(kind, fresh_dir, dtype)
     try:
-        if kind in SEEDED:
+        if resolve_engine(kind).seeded:  # else greedy: the same tokens without a seed
             params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=1234)
         else:
             params = SamplingParams(temperature=0.0, max_new_tokens=12)

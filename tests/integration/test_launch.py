@@ -160,7 +160,7 @@ def test_sync_run_on_the_vllm_engine_trains_on_what_it_sampled(tmp_path: Path) -
         "generator.engine=vllm",
         "model.tiny_hidden=128",  # heads of 32: vLLM's CPU attention has no kernel for 16
         "generator.count=1",
-        "generator.kv_cache_mb=64",
+        "generator.engine_options.kv_cache_mb=64",
     )
     assert [r["step"] for r in steps] == [1, 2, 3] and summary["version"] == 3
     (gen,) = summary["generators"].values()

@@ -34,7 +34,7 @@ from streamrl.protocol import Trajectory, TrajectoryGroup
 from streamrl.tasks.base import Prompt
 from streamrl.transport import free_port
 from streamrl.workers.batching import build_micro_batches, micro_batch_rows
-from streamrl.workers.engines.base import SamplingParams
+from streamrl.workers.engines.base import EngineArgs, SamplingParams
 from streamrl.workers.engines.hf import HFEngine
 from streamrl.workers.episodes import EpisodeRunner
 from streamrl.workers.learner import build_train_step, rendezvous
@@ -234,7 +234,7 @@ def _engine_groups(model_dir: Path, shared: bool = False) -> tuple[list[Trajecto
     ``shared`` a group's four samples share one prompt, as GRPO's do."""
     tokenizer = load_tokenizer(model_dir)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    engine = HFEngine(model_dir, dtype="float32", seed=0)
+    engine = HFEngine(EngineArgs(model_dir, dtype="float32", seed=0))
     rng = random.Random(0)
     groups, tokens = [], 0
     for g, temperature in enumerate((0.7, 1.3)):
@@ -302,7 +302,7 @@ def _episode_groups(model_dir: Path) -> tuple[list[TrajectoryGroup], int]:
     turn's context is the prompt and every token before it, the environment's included)."""
     config = _config("env.name=guess", "rewards=[]", "env.max_turns=3", "env.max_tokens=200")
     tokenizer = load_tokenizer(model_dir)
-    engine = HFEngine(model_dir, dtype="float32", seed=0)
+    engine = HFEngine(EngineArgs(model_dir, dtype="float32", seed=0))
     runner = EpisodeRunner(config, tokenizer)
     runner.make_env = _Feedback
     prompts = [Prompt(f"p{i}", [{"role": "user", "content": f"q{i}"}], "", "t") for i in range(2)]

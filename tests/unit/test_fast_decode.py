@@ -19,9 +19,10 @@ from transformers import (
 
 from streamrl.hardware import cpu_bf16_is_fast
 from streamrl.models import TINY, resolve_model
-from streamrl.workers.engines.base import SamplingParams
+from streamrl.workers.engines.base import EngineArgs, SamplingParams
 from streamrl.workers.engines.fast_decode import FastDecoder, rms_norm, unsupported_reason
 from streamrl.workers.engines.hf import HFEngine
+from streamrl.workers.engines.options import HFOptions
 
 # Left-padded rows of different lengths: the key mask matters.
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45], [1, 50, 51], [1, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69]]
@@ -98,7 +99,7 @@ def decode_both_ways(engine: HFEngine, tokens: torch.Tensor) -> tuple[torch.Tens
 
 @pytest.mark.parametrize("model", ["llama_dir", "qwen2_dir", "mistral_dir"])
 def test_step_equals_transformers_forward_in_float32(model, request) -> None:
-    engine = HFEngine(request.getfixturevalue(model), dtype="float32")
+    engine = HFEngine(EngineArgs(request.getfixturevalue(model), dtype="float32"))
     assert engine._fast is not None
     fast, reference = decode_both_ways(engine, torch.tensor([3, 70, 9]))
     torch.testing.assert_close(fast, reference, atol=1e-5, rtol=1e-5)
@@ -107,7 +108,7 @@ def test_step_equals_transformers_forward_in_float32(model, request) -> None:
 @pytest.mark.skipif(not cpu_bf16_is_fast(), reason="this CPU's oneDNN has no bf16 matmul")
 @pytest.mark.parametrize("model", ["llama_dir", "qwen2_dir"])
 def test_merged_packed_projections_follow_weight_updates(model, request) -> None:
-    engine = HFEngine(request.getfixturevalue(model), prepack=True)
+    engine = HFEngine(EngineArgs(request.getfixturevalue(model)), HFOptions(prepack=True))
     merged = [g for layer in engine._fast.layers for g in (layer.qk_v, layer.gate_up)]
     assert all(g.packed is not None for g in merged)
     tokens = torch.tensor([3, 70, 9])
@@ -128,7 +129,9 @@ def test_merged_packed_projections_follow_weight_updates(model, request) -> None
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_is_bit_equal_to_the_models(llama_dir, dtype) -> None:
-    engine = HFEngine(llama_dir, dtype="float32" if dtype == torch.float32 else "bfloat16")
+    engine = HFEngine(
+        EngineArgs(llama_dir, dtype="float32" if dtype == torch.float32 else "bfloat16")
+    )
     norm = engine.model.model.layers[0].input_layernorm
     with torch.no_grad():
         norm.weight.normal_()
@@ -142,7 +145,10 @@ def test_engine_generates_the_same_sequences_with_and_without_it(llama_dir) -> N
     outputs = []
     for fast in (True, False):
         # Two slots: rows join (left-padded) and leave the batch while decoding.
-        engine = HFEngine(llama_dir, dtype="float32", seed=4, max_batch_size=2, fast_decode=fast)
+        engine = HFEngine(
+            EngineArgs(llama_dir, dtype="float32", seed=4),
+            HFOptions(max_batch_size=2, fast_decode=fast),
+        )
         outputs.append(engine.generate(prompts, params))
     for fast, plain in zip(*outputs, strict=True):
         assert fast.response_ids == plain.response_ids
@@ -154,7 +160,7 @@ def test_engine_generates_the_same_sequences_with_and_without_it(llama_dir) -> N
 def test_other_architectures_decode_through_transformers(tmp_path) -> None:
     config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64)
     GPT2LMHeadModel(config).save_pretrained(tmp_path)
-    engine = HFEngine(tmp_path, dtype="float32")
+    engine = HFEngine(EngineArgs(tmp_path, dtype="float32"))
     assert engine._fast is None
     assert "model_type 'gpt2'" in unsupported_reason(engine.model)
     with pytest.raises(ValueError, match="FastDecoder cannot run this model"):
@@ -165,6 +171,6 @@ def test_other_architectures_decode_through_transformers(tmp_path) -> None:
 
 def test_sliding_window_attention_decodes_through_transformers(tmp_path) -> None:
     path = save_random_model(tmp_path, MistralForCausalLM, MistralConfig, sliding_window=16)
-    engine = HFEngine(path, dtype="float32")
+    engine = HFEngine(EngineArgs(path, dtype="float32"))
     assert engine._fast is None
     assert "sliding-window" in unsupported_reason(engine.model)

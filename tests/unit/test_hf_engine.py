@@ -12,8 +12,9 @@ import torch
 from streamrl.hardware import cpu_bf16_is_fast
 from streamrl.models import TINY, resolve_model
 from streamrl.protocol import pack_float32
-from streamrl.workers.engines.base import SamplingParams
+from streamrl.workers.engines.base import EngineArgs, SamplingParams
 from streamrl.workers.engines.hf import HFEngine, sample_tokens
+from streamrl.workers.engines.options import HFOptions
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45], [1, 50, 51], [1, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69]]
 
@@ -39,7 +40,7 @@ def perturbed(engine: HFEngine, seed: int) -> list[tuple[str, torch.Tensor]]:
 
 
 def test_logprobs_are_those_of_the_sampled_distribution(model_dir) -> None:
-    engine = HFEngine(model_dir, seed=1)
+    engine = HFEngine(EngineArgs(model_dir, seed=1))
     outputs = engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=12))
     for prompt, out in zip(PROMPTS, outputs, strict=True):
         assert len(out.response_ids) == len(out.logprobs) == len(out.token_versions) > 0
@@ -66,7 +67,7 @@ def test_sample_tokens_truncates_and_renormalises() -> None:
 
 
 def test_stop_token_ends_the_sequence_and_max_tokens_caps_it(model_dir) -> None:
-    engine = HFEngine(model_dir)
+    engine = HFEngine(EngineArgs(model_dir))
     greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
     (free,) = engine.generate([PROMPTS[0]], greedy)
     assert len(free.response_ids) == 10 and free.finish_reason == "length"
@@ -82,7 +83,7 @@ def test_stop_token_ends_the_sequence_and_max_tokens_caps_it(model_dir) -> None:
 
 
 def test_in_flight_update_continues_the_sequence_with_new_versions(model_dir) -> None:
-    engine = HFEngine(model_dir)
+    engine = HFEngine(EngineArgs(model_dir))
     old = {name: p.detach().clone() for name, p in engine.params.items()}
     new = perturbed(engine, seed=7)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
@@ -114,7 +115,7 @@ def test_in_flight_update_continues_the_sequence_with_new_versions(model_dir) ->
 
 def test_continuous_batching_refills_slots(model_dir) -> None:
     prompts = PROMPTS + [[1, 70, 71, 72], [1, 80]]
-    alone = HFEngine(model_dir)
+    alone = HFEngine(EngineArgs(model_dir))
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
     solo = [alone.generate([p], greedy)[0].response_ids for p in prompts]
     # Stop tokens that end sequences at different steps, so slots free up unevenly.
@@ -125,7 +126,7 @@ def test_continuous_batching_refills_slots(model_dir) -> None:
         expected.append(ids[:end])
     assert len({len(e) for e in expected}) > 1
 
-    engine = HFEngine(model_dir, max_batch_size=2)
+    engine = HFEngine(EngineArgs(model_dir), HFOptions(max_batch_size=2))
     # (rows, prompt width) of each prefill (the model's forward) and (rows, 0) of each decode
     # step (`_decode`: FastDecoder's step, or a forward of one token per row, also logged).
     forwards: list[tuple[int, int]] = []
@@ -163,7 +164,7 @@ def test_a_common_prefix_is_prefilled_once_and_changes_nothing(model_dir) -> Non
     prefix = [1] + list(range(30, 49))  # 20 tokens, shared by 8 prompts: 140 positions spared
     rests = [[60 + i] * (1 + i % 4) for i in range(8)]
     prompts = [prefix + rest for rest in rests]
-    engine = HFEngine(model_dir, dtype="float32")
+    engine = HFEngine(EngineArgs(model_dir, dtype="float32"))
     greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
     solo = [engine.generate([p], greedy)[0].response_ids for p in prompts]
     widths: list[tuple[int, int]] = []
@@ -184,7 +185,10 @@ def test_a_common_prefix_is_prefilled_once_and_changes_nothing(model_dir) -> Non
 
 @pytest.mark.skipif(not cpu_bf16_is_fast(), reason="this CPU's oneDNN has no bf16 matmul")
 def test_prepacked_layers_compute_the_plain_model_and_follow_updates(model_dir) -> None:
-    packed, plain = HFEngine(model_dir, prepack=True), HFEngine(model_dir, prepack=False)
+    packed, plain = (
+        HFEngine(EngineArgs(model_dir), HFOptions(prepack=True)),
+        HFEngine(EngineArgs(model_dir), HFOptions(prepack=False)),
+    )
     assert packed._packed and not plain._packed
     ids = torch.tensor([PROMPTS[2]])
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from streamrl.models import TINY, resolve_model
-from streamrl.workers.engines.base import SamplingParams
+from streamrl.workers.engines.base import EngineArgs, SamplingParams
 from streamrl.workers.engines.hf import HFEngine, sample_tokens
 
 
@@ -44,7 +44,7 @@ def test_top_k_never_draws_outside_the_kept_set() -> None:
 
 @pytest.fixture(scope="module")
 def engine() -> HFEngine:
-    return HFEngine(resolve_model(TINY), seed=0)
+    return HFEngine(EngineArgs(resolve_model(TINY), seed=0))
 
 
 def test_shared_prefill_equals_separate_prefill(engine: HFEngine) -> None:

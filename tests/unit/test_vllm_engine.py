@@ -12,8 +12,10 @@ from types import SimpleNamespace
 import pytest
 
 from streamrl.config import ConfigError, GeneratorConfig, load_config
-from streamrl.workers.engines import EngineUnavailable, check_engine
+from streamrl.workers.engines import EngineUnavailable, check_engine, check_engine_config
 from streamrl.workers.engines.base import SamplingParams
+from streamrl.workers.engines.options import VLLMOptions
+from streamrl.workers.engines.registry import VLLM
 from streamrl.workers.engines.vllm_engine import (
     INSTALL_HINT,
     expand_to_layers,
@@ -145,12 +147,15 @@ def test_request_seeds_follow_the_call_seed_or_the_engine_stream() -> None:
     assert first != second and first == request_seeds(2, None, random.Random(42))
 
 
-def test_config_accepts_vllm_and_refuses_an_unknown_engine() -> None:
-    assert load_config(None, ["generator.engine=vllm"]).generator.engine == "vllm"
-    with pytest.raises(ConfigError, match="generator.engine"):
-        load_config(None, ["generator.engine=vlm"])
-    with pytest.raises(ConfigError, match="kv_cache_mb"):
-        load_config(None, ["generator.kv_cache_mb=0"])
+def test_config_accepts_vllm_and_its_options_and_refuses_an_unknown_engine() -> None:
+    config = load_config(None, ["generator.engine=vllm", "generator.engine_options.kv_cache_mb=64"])
+    kind, options = check_engine_config(config.generator)
+    assert kind is VLLM and options == VLLMOptions(kv_cache_mb=64)
+    with pytest.raises(ConfigError, match="generator.engine 'vlm'"):
+        check_engine_config(load_config(None, ["generator.engine=vlm"]).generator)
+    bad = load_config(None, ["generator.engine=vllm", "generator.engine_options.kv_cache_mb=0"])
+    with pytest.raises(ConfigError, match="generator.engine_options.kv_cache_mb"):
+        check_engine_config(bad.generator)
 
 
 def test_launch_check_names_the_install_command_when_vllm_is_missing(monkeypatch, tmp_path) -> None:

@@ -1,18 +1,30 @@
-"""Generation engines behind one interface (``base.Engine``): ``hf``, ``vllm`` and ``sglang``."""
+"""Generation engines behind one interface (``base.Engine``), by name (``registry.ENGINES``:
+``hf``, ``vllm``, ``sglang``, or a user's ``module:Class``).
+
+``check_engine_config`` checks ``generator.engine`` and ``generator.engine_options`` without
+importing torch (``streamrl validate``); ``check_engine`` also asks the engine whether it can
+serve the model here (the launch, before any process starts); ``make_engine`` builds it.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from streamrl.config import GeneratorConfig
-from streamrl.workers.engines.base import Engine, GenerationOutput, SamplingParams
+from streamrl.workers.engines.base import Engine, EngineArgs, GenerationOutput, SamplingParams
+from streamrl.workers.engines.registry import ENGINES, EngineKind, engine_options, resolve_engine
 
 __all__ = [
+    "ENGINES",
     "Engine",
+    "EngineArgs",
+    "EngineKind",
     "EngineUnavailable",
     "GenerationOutput",
     "SamplingParams",
     "check_engine",
+    "check_engine_config",
     "make_engine",
 ]
 
@@ -21,31 +33,20 @@ class EngineUnavailable(RuntimeError):
     """The configured engine cannot run here; the message says why and what to do."""
 
 
+def check_engine_config(config: GeneratorConfig) -> tuple[type[EngineKind], Any]:
+    """The engine ``config`` names and its decoded options; ``ConfigError`` in one line for an
+    unknown engine or an option its schema refuses."""
+    kind = resolve_engine(config.engine)
+    return kind, engine_options(kind, config.engine, config.engine_options)
+
+
 def check_engine(config: GeneratorConfig, model_dir: Path) -> None:
-    """Fail in one line before any process starts when the engine is not installed or
-    cannot serve the model (the launch calls this)."""
-    if config.engine == "vllm":
-        import logging
-
-        from streamrl.workers.engines import vllm_engine
-
-        # The model check imports vLLM in the launching process: keep its console quiet.
-        logging.getLogger("vllm").setLevel(logging.ERROR)
-
-        try:
-            vllm_engine.check_installed()
-        except ImportError as exc:
-            raise EngineUnavailable(str(exc)) from None
-        reason = vllm_engine.unsupported_reason(model_dir)
-        if reason is not None:
-            raise EngineUnavailable(reason)
-    elif config.engine == "sglang":
-        import importlib.util
-
-        from streamrl.workers.engines.sglang_engine import INSTALL_HINT
-
-        if importlib.util.find_spec("sglang") is None:
-            raise EngineUnavailable(INSTALL_HINT)
+    """Fail in one line before any process starts when the engine is unknown, its options are
+    wrong, or it cannot serve the model here (the launch calls this)."""
+    kind, _ = check_engine_config(config)
+    reason = kind.unusable_reason(model_dir, config.device)
+    if reason is not None:
+        raise EngineUnavailable(reason)
 
 
 def make_engine(
@@ -56,36 +57,16 @@ def make_engine(
     max_model_len: int = 2048,
     bind_host: str = "127.0.0.1",
 ) -> Engine:
-    """The factory: the config names the engine; heavy imports happen only for the one used.
-    ``compute_dtype`` is resolved already (``hardware.resolve_compute_dtype``); the weights
-    are the bf16 image either way (an fp32 engine holds them upcast, exactly).
-    ``max_model_len`` bounds prompt + response tokens (engines that reserve KV by length).
-    ``bind_host`` (resolved) is where an engine that listens (vLLM's process groups) listens."""
-    if config.engine == "hf":
-        from streamrl.workers.engines.hf import HFEngine
-
-        return HFEngine(
-            model_dir,
-            device=config.device,
-            dtype=compute_dtype,
-            seed=seed,
-            max_batch_size=config.max_batch_size,
-        )
-    if config.engine == "vllm":
-        from streamrl.workers.engines.vllm_engine import VLLMEngine
-
-        return VLLMEngine(
-            model_dir,
-            device=config.device,
-            dtype=compute_dtype,
-            seed=seed,
-            max_batch_size=config.max_batch_size,
-            max_model_len=max_model_len,
-            kv_cache_mb=config.kv_cache_mb,
-            bind_host=bind_host,
-        )
-    if config.engine == "sglang":
-        from streamrl.workers.engines.sglang_engine import SGLangEngine
-
-        return SGLangEngine(str(model_dir), seed=seed)
-    raise ValueError(f"unknown engine {config.engine!r}")
+    """The engine the config names; heavy imports happen only for that one. ``compute_dtype``
+    is resolved already (``hardware.resolve_compute_dtype``); ``bind_host`` too (see
+    ``EngineArgs``)."""
+    kind, options = check_engine_config(config)
+    args = EngineArgs(
+        Path(model_dir),
+        device=config.device,
+        dtype=compute_dtype,
+        seed=seed,
+        max_model_len=max_model_len,
+        bind_host=bind_host,
+    )
+    return kind.build(args, options)

@@ -15,10 +15,28 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import torch
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streamrl.protocol import pack_float32
+
+if TYPE_CHECKING:  # annotations only: the registry imports this module without torch
+    import torch
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """What every engine is built from, whichever it is; the rest is its own options
+    (``options``). ``dtype`` is the resolved compute dtype (the weights are the bf16 image
+    either way); ``max_model_len`` bounds prompt + response tokens (engines that reserve KV
+    by length); ``bind_host`` is where an engine that listens (vLLM's process groups) listens."""
+
+    model_dir: Path
+    device: str = "cpu"
+    dtype: str = "bfloat16"
+    seed: int = 0
+    max_model_len: int = 2048
+    bind_host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)

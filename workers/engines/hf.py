@@ -40,14 +40,20 @@ Example: an update to version 1 arriving in ``on_step`` after the third token gi
 from __future__ import annotations
 
 from collections import deque
-from pathlib import Path
 
 import torch
 
 from streamrl.models import load_causal_lm
-from streamrl.workers.engines.base import Engine, GenerationOutput, SamplingParams, StepHook
+from streamrl.workers.engines.base import (
+    Engine,
+    EngineArgs,
+    GenerationOutput,
+    SamplingParams,
+    StepHook,
+)
 from streamrl.workers.engines.fast_decode import FastDecoder, MergedProjection, unsupported_reason
 from streamrl.workers.engines.kv_room import RoomyLayer, make_roomy
+from streamrl.workers.engines.options import HFOptions
 from streamrl.workers.engines.packed_linear import PackedLinear, can_prepack, prepack_linears
 
 # Prefill the prompts' common prefix once only when that spares at least this many token
@@ -201,27 +207,19 @@ def _attach_float32_logprobs(
 
 
 class HFEngine(Engine):
-    def __init__(
-        self,
-        model_dir: Path,
-        *,
-        device: str = "cpu",
-        dtype: str = "bfloat16",
-        seed: int = 0,
-        max_batch_size: int | None = None,
-        prepack: bool | None = None,  # None: where oneDNN runs bf16 (packed_linear)
-        fast_decode: bool | None = None,  # None: where the model is Llama-family (fast_decode)
-    ) -> None:
-        self.device = torch.device(device)
-        self.model = load_causal_lm(model_dir, dtype=dtype, device=device).eval()
+    def __init__(self, args: EngineArgs, options: HFOptions | None = None) -> None:
+        options = options or HFOptions()
+        self.device = torch.device(args.device)
+        self.model = load_causal_lm(args.model_dir, dtype=args.dtype, device=args.device).eval()
         self.model.requires_grad_(False)
         self.params = dict(self.model.named_parameters())
         # Per parameter name, the packed copies to rebuild when a version changes it.
         self._packed: dict[str, list[PackedLinear | MergedProjection]] = {}
+        prepack, fast_decode = options.prepack, options.fast_decode
         if prepack is None:
             prepack = can_prepack(self.model)
         if prepack:
-            self._packed = prepack_linears(self.model, rows=max_batch_size or 16)
+            self._packed = prepack_linears(self.model, rows=options.max_batch_size or 16)
         if fast_decode is None:
             fast_decode = unsupported_reason(self.model) is None
         # After prepacking: the decoder merges the packed projections.
@@ -229,9 +227,9 @@ class HFEngine(Engine):
         if self._fast is not None:
             for name, merged in self._fast.merged_by_param.items():
                 self._packed.setdefault(name, []).extend(merged)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(args.seed)
         self.pad_id = int(self.model.config.pad_token_id or 0)
-        self.max_batch_size = max_batch_size
+        self.max_batch_size = options.max_batch_size
         self.version = 0
 
     def shared_weights(self) -> dict[str, torch.Tensor] | None:

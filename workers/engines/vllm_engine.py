@@ -73,8 +73,15 @@ from typing import Any
 import torch
 
 from streamrl.models import load_bf16_image
-from streamrl.transport import LOOPBACK, interface_holding
-from streamrl.workers.engines.base import Engine, GenerationOutput, SamplingParams, StepHook
+from streamrl.transport import interface_holding
+from streamrl.workers.engines.base import (
+    Engine,
+    EngineArgs,
+    GenerationOutput,
+    SamplingParams,
+    StepHook,
+)
+from streamrl.workers.engines.options import VLLMOptions
 
 VLLM_VERSION = "0.32"
 INSTALL_HINT = (
@@ -282,20 +289,11 @@ def _bind_process_groups(bind_host: str) -> None:
 class VLLMEngine(Engine):
     _alive = 0  # engines built and not shut down in this process (see ``shutdown``)
 
-    def __init__(
-        self,
-        model_dir: Path,
-        *,
-        device: str = "cpu",
-        dtype: str = "bfloat16",
-        seed: int = 0,
-        max_batch_size: int | None = None,
-        max_model_len: int = 2048,
-        kv_cache_mb: int = 512,
-        bind_host: str = LOOPBACK,
-    ) -> None:
-        """``bind_host`` is the generator's resolved bind address (``GeneratorSpec``): every
-        socket vLLM opens listens there."""
+    def __init__(self, args: EngineArgs, options: VLLMOptions | None = None) -> None:
+        """``args.bind_host`` is the generator's resolved bind address (``GeneratorSpec``):
+        every socket vLLM opens listens there."""
+        options = options or VLLMOptions()
+        model_dir, device = args.model_dir, args.device
         check_installed()
         # In-process engine core (see the module docstring); quieter than vLLM's INFO default.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -311,7 +309,7 @@ class VLLMEngine(Engine):
         reason = unsupported_reason(model_dir)
         if reason is not None:
             raise ValueError(reason)
-        _bind_process_groups(bind_host)
+        _bind_process_groups(args.bind_host)
         self._reload_log = _ReloadLog()
         for name in _RELOAD_LOGGERS:
             logging.getLogger(name).addFilter(self._reload_log)
@@ -324,20 +322,21 @@ class VLLMEngine(Engine):
         try:
             self.llm = vllm.LLM(
                 model=str(model_dir),
-                dtype=dtype,
-                seed=seed,
+                dtype=args.dtype,
+                seed=args.seed,
                 # CPU: no torch.compile warm-up at start; CUDA: graphs (reloads are in place).
                 enforce_eager=torch.device(device).type == "cpu",
                 # Exact per-token versions: with async scheduling the step already launched when
                 # an update lands would be tagged with the new version (the CPU forces it off).
                 async_scheduling=False,
-                kv_cache_memory_bytes=kv_cache_mb << 20,  # else it asks for a share of all RAM
+                kv_cache_memory_bytes=options.kv_cache_mb
+                << 20,  # else it asks for a share of all RAM
                 enable_prefix_caching=False,  # see the module docstring
                 skip_tokenizer_init=True,
                 generation_config="vllm",  # no sampling defaults from the model's files
                 logprobs_mode="processed_logprobs",
-                max_model_len=max_model_len,
-                max_num_seqs=max_batch_size or 256,
+                max_model_len=args.max_model_len,
+                max_num_seqs=options.max_batch_size or 256,
             )
         finally:
             torch.set_num_threads = set_num_threads
@@ -355,7 +354,7 @@ class VLLMEngine(Engine):
         self._groups = reload_groups(self.image, self._packed)
         hf_config = self.engine.model_config.hf_config
         self._tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self._seeds = random.Random(seed)
+        self._seeds = random.Random(args.seed)
         self._calls = 0
 
     def shared_weights(self) -> dict[str, torch.Tensor]:
