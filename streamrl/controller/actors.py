@@ -42,15 +42,7 @@ class BufferShardActor:
         _setup_process(spec.log_file, spec.cores)
         from streamrl.buffers.server import BufferShard
 
-        self.shard = BufferShard(
-            spec.config,
-            spec.shard_id,
-            log_dir=Path(spec.log_dir),
-            report_endpoint=spec.report_endpoint,
-            host=resolve_host(spec.bind_host),
-            ports=(spec.ingest_port, spec.request_port),
-            vocab_size=spec.vocab_size,
-        )
+        self.shard = BufferShard.from_spec(spec)
 
     def endpoints(self) -> tuple[str, str]:
         return self.shard.ingest_endpoint, self.shard.request_endpoint
