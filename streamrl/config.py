@@ -582,18 +582,24 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return _finalize(config)
 
 
-# Keys that moved, and where they live now.
-MOVED_KEYS = {
-    "generator.max_batch_size": "generator.engine_options.max_batch_size (hf and vllm engines)",
-    "generator.kv_cache_mb": "generator.engine_options.kv_cache_mb (vllm engine)",
+# Keys that moved: where they live now, and the default they had. A run directory's
+# config.yaml from before holds every key at its default: those load (the engine's options
+# have the same defaults); a value that was set is refused, naming the new place.
+MOVED_KEYS: dict[str, tuple[str, Any]] = {
+    "generator.max_batch_size": (
+        "generator.engine_options.max_batch_size (hf and vllm engines)",
+        None,
+    ),
+    "generator.kv_cache_mb": ("generator.engine_options.kv_cache_mb (vllm engine)", 512),
 }
 
 
 def _refuse_moved_keys(tree: dict[str, Any]) -> None:
-    for old, new in MOVED_KEYS.items():
+    for old, (new, default) in MOVED_KEYS.items():
         section, key = old.split(".")
         if isinstance(tree.get(section), dict) and key in tree[section]:
-            raise ConfigError(f"config error: `{old}` moved: set {new}")
+            if tree[section].pop(key) != default:
+                raise ConfigError(f"config error: `{old}` moved: set {new}")
 
 
 def _pretty_validation(message: str) -> str:

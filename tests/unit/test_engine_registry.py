@@ -89,6 +89,14 @@ def test_an_engine_key_of_the_old_layout_names_its_new_place(key: str, new_place
         load_config(None, [f"generator.{key}"])
 
 
+def test_a_run_directorys_config_from_before_the_move_still_loads(tmp_path: Path) -> None:
+    """An older run's config.yaml holds every key at its default (streamrl eval, export and
+    --resume read it): those defaults are the engines' too, so they load."""
+    old = tmp_path / "config.yaml"
+    old.write_text("generator:\n  max_batch_size: null\n  kv_cache_mb: 512\n")
+    assert load_config(old).generator.engine_options == {}
+
+
 def test_validate_refuses_an_unknown_engine_in_one_line_with_exit_2(capsys) -> None:
     # tests/unit/test_config.py checks that validate, engine check included, imports no torch.
     assert cli(["validate", str(TINY), "generator.engine=vlm"]) == 2
