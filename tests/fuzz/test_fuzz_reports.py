@@ -20,6 +20,7 @@ import zmq
 from fuzzgen import Tally, classify, msgpack_corpus
 from support import wait_until
 
+from streamrl.clock import LearnerClock
 from streamrl.controller.intake import ReportIntake
 from streamrl.controller.state import GeneratorHealth, RunState
 from streamrl.metrics import MetricsLog
@@ -130,7 +131,17 @@ def test_reports_survive_fuzz_and_valid_reports_are_still_taken(tmp_path: Path) 
         assert sum(n for k, n in ignored.items() if k.startswith("LearnerStep")) == (
             want[LearnerStep] - taken
         )
-        assert len(controller.evals) == want[EvalReport]
+        # An evaluation is taken when it was of weights on the timeline: no learner restart
+        # happens here, so of any epoch >= 0 (an epoch below 0 names no weights).
+        clock = LearnerClock()
+        live = [
+            d
+            for d in decoded
+            if isinstance(d, EvalReport) and clock.on_timeline(d.weights_epoch, d.version)
+        ]
+        assert len(controller.evals) == len(live)
+        off = ignored.get("EvalReport: of weights off the timeline", 0)
+        assert off == want[EvalReport] - len(live)
 
         # Valid reports after the junk are taken exactly as before. (The junk's well-typed
         # LearnerSteps moved the run's version, but within max_steps.)

@@ -576,7 +576,8 @@ def test_a_new_learner_epoch_cancels_the_dead_groups_takes_and_its_timeline(ctx,
     """A learner group restarted from step 8 after reaching 11 (``streamrl.clock``): the
     shard follows its version down, drops groups sampled after the fork on the dead
     timeline, cancels the dead group's parked take (an answer would go to a dead peer with
-    the groups it took), and its take receipts name the prompts each step took."""
+    the groups it took), and its take receipts name the prompts each step took (kept since
+    a checkpoint exists: at 8)."""
     shard = start_shard(0, max_staleness=4)
     sock = pusher(ctx, shard)
     dead = ctx.socket(zmq.DEALER)
@@ -594,9 +595,11 @@ def test_a_new_learner_epoch_cancels_the_dead_groups_takes_and_its_timeline(ctx,
         [TrajectoryGroup(**{**msgspec.structs.asdict(make_group("p", 10)), "prompt_index": 7})],
     )
     wait_until(lambda: stats().ingested == 2)
-    assert ask(dead, BatchRequest(1, 2, 9, 10, 0, "dead.rank0")) == ["g10", "p"]
+    assert ask(dead, BatchRequest(1, 2, 9, 10, 0, "dead.rank0", checkpointed=8)) == ["g10", "p"]
     # ... and parks a take for step 12 that nothing answers yet.
-    dead.send(msgspec.msgpack.encode(BatchRequest(2, 1, 10, 11, 60_000, "dead.rank0")))
+    dead.send(
+        msgspec.msgpack.encode(BatchRequest(2, 1, 10, 11, 60_000, "dead.rank0", checkpointed=8))
+    )
     push(sock, [make_group("v11", 11)])  # sampled on the dead timeline
     assert dead.poll(5000)  # v11 answered the parked take
     assert [g.group_id for g in msgspec.msgpack.decode(dead.recv(), type=Batch).groups] == ["v11"]
@@ -604,7 +607,7 @@ def test_a_new_learner_epoch_cancels_the_dead_groups_takes_and_its_timeline(ctx,
     push(sock, [make_group("v11b", 11), make_group("v8", 8)])
     wait_until(lambda: stats().ingested == 5)
     # A parked take the shard would answer with what there is after 1.5 s, were it kept.
-    dead.send(msgspec.msgpack.encode(BatchRequest(3, 5, 0, 11, 1500, "dead.rank0")))
+    dead.send(msgspec.msgpack.encode(BatchRequest(3, 5, 0, 11, 1500, "dead.rank0", checkpointed=8)))
     time.sleep(0.2)
 
     announcer = client_for(ctx, shard, epoch=1, forks=[8])
@@ -625,6 +628,7 @@ def test_a_new_learner_epoch_cancels_the_dead_groups_takes_and_its_timeline(ctx,
     assert ask(dead, BatchRequest(4, 2, 0, 11, 0, "dead.rank0")) == []
     # The new group takes what is on its timeline; its first take prunes old receipts.
     learner = client_for(ctx, shard, epoch=1, forks=[8])
+    learner.checkpointed = 8  # resumed from it, as a restarted learner's client says
     taken = learner.fetch(2, 7, 8, timeout_s=5)
     assert sorted(g.group_id for g in taken) == ["new", "v8"]
     assert [(r.epoch, r.step) for r in stats().receipts] == [(1, 9)]
