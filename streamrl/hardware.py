@@ -49,9 +49,9 @@ def cpu_description() -> str:
     return f"{model} ({capability}, oneDNN bf16: {'yes' if cpu_bf16_is_fast() else 'no'})"
 
 
-def describe_choice(requested: str, device: str) -> str:
-    """One log line: the dtype chosen and why."""
-    chosen = resolve_compute_dtype(requested, device)
+def describe_choice(chosen: str, requested: str, device: str) -> str:
+    """One log line: the dtype ``chosen`` (``resolve_compute_dtype``'s answer, resolved once
+    per role) and why."""
     where = torch.device(device).type
     reason = "CUDA" if where == "cuda" else cpu_description()
     return f"compute dtype {chosen} ({requested}; {reason})"

@@ -31,7 +31,8 @@ from streamrl.cores import role_threads
 from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_causal_lm, load_tokenizer
 from streamrl.protocol import BatchTaken, LearnerStep, TrajectoryGroup
-from streamrl.transport import interface_holding, make_socket
+from streamrl.role_specs import LearnerSpec
+from streamrl.transport import interface_holding, make_socket, resolve_host
 from streamrl.workers import checkpoint
 from streamrl.workers.fsdp import adamw, shard_for_training
 from streamrl.workers.publisher import WeightPublisher
@@ -79,13 +80,18 @@ def training_attention(config: Config, device: torch.device) -> str | None:
 
 
 def build_train_step(
-    config: Config, model_dir: Path, device: torch.device, world_size: int
+    config: Config,
+    model_dir: Path,
+    device: torch.device,
+    world_size: int,
+    compute_dtype: str | None = None,
 ) -> TrainStep:
     """Load and shard the models one training step needs (collective: inside the process
-    group): the policy and its AdamW, the frozen reference (KL), the critic (GAE)."""
+    group): the policy and its AdamW, the frozen reference (KL), the critic (GAE).
+    ``compute_dtype``: the role's, resolved once (None: resolved here from the config)."""
     lc = config.learner
     mesh = dist.device_mesh.init_device_mesh(device.type, (world_size,))
-    compute = resolve_compute_dtype(config.model.compute_dtype, str(device))
+    compute = compute_dtype or resolve_compute_dtype(config.model.compute_dtype, str(device))
     policy = load_causal_lm(model_dir, config.model.learner_dtype, str(device))
     policy.config.use_cache = False
     attention = training_attention(config, device)
@@ -126,24 +132,13 @@ def build_train_step(
 
 
 class Learner:
-    def __init__(
-        self,
-        config: Config,
-        rank: int,
-        world_size: int,
-        master: str,
-        model_dir: str,
-        shard_endpoints: list[str],
-        report_endpoint: str,
-        checkpoint_dir: str = "checkpoints",
-        bind_host: str = "127.0.0.1",
-        publisher_ports: tuple[int, int] = (0, 0),
-        incarnation: int = 0,
-        encoder_cores: list[int] | None = None,
-        forks: list[int] | None = None,
-    ) -> None:
-        """``incarnation`` and ``forks``: the learner clock's epoch and the versions its
+    def __init__(self, spec: LearnerSpec, master: str) -> None:
+        """``spec``: the rank's whole wiring (``role_specs.LearnerSpec``); ``master``: rank 0's
+        rendezvous address (``host:port``), known only once rank 0 is placed. The spec's
+        ``incarnation`` and ``forks`` are the learner clock's epoch and the versions its
         epochs resumed at (``streamrl.clock``); every report and buffer request carries them."""
+        config, rank, world_size = spec.config, spec.rank, spec.world_size
+        incarnation = spec.incarnation
         lc = config.learner
         self.incarnation = incarnation  # restarts of the group so far: on every report
         # The controller resolves threads (0 = auto); a role built directly resolves its own.
@@ -151,7 +146,7 @@ class Learner:
         torch.set_num_threads(self.threads)
         torch.manual_seed(config.run.seed)
         self.config, self.rank, self.world_size = config, rank, world_size
-        self.model_dir = Path(model_dir)
+        self.model_dir = Path(spec.model_dir)
         self.device = torch.device(lc.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device.index or 0)
@@ -161,17 +156,21 @@ class Learner:
             rank=rank,
             world_size=world_size,
         )
+        requested = config.model.compute_dtype
+        self.compute_dtype = resolve_compute_dtype(requested, lc.device)  # once, for the rank
         if rank == 0:
-            log.info("learner: %s", describe_choice(config.model.compute_dtype, lc.device))
-        self.train_step = build_train_step(config, self.model_dir, self.device, world_size)
+            log.info("learner: %s", describe_choice(self.compute_dtype, requested, lc.device))
+        self.train_step = build_train_step(
+            config, self.model_dir, self.device, world_size, self.compute_dtype
+        )
         self.model, self.optimizer = self.train_step.policy, self.train_step.optimizer
         self.critic, self.kl_controller = self.train_step.critic, self.train_step.kl_controller
         self._checkpoint_requested = False
-        self.checkpoint_dir = Path(checkpoint_dir)
+        self.checkpoint_dir = Path(spec.checkpoint_dir)
         resumed = self._resume() if config.run.resume else None
         self.version = resumed or 0
         # The group owns its clock: a restarted group's fork is the version it resumed at.
-        self.forks = list(forks or [])
+        self.forks = list(spec.forks)
         if len(self.forks) < incarnation:
             self.forks.append(self.version)
         # Created after resuming: its first image (and anchors) are the resumed version.
@@ -181,12 +180,12 @@ class Learner:
             world_size,
             config.weights,
             version=self.version,
-            host=bind_host,
-            ports=publisher_ports,
-            encoder_cores=encoder_cores,
+            host=resolve_host(spec.bind_host),
+            ports=(spec.pub_port, spec.anchor_port),
+            encoder_cores=spec.encoder_cores,
         )
         self.buffer = BufferClient(
-            shard_endpoints,
+            spec.shard_endpoints,
             name=f"learner[{rank}]",
             log_every_s=lc.batch_wait_log_s,
             epoch=incarnation,
@@ -196,7 +195,7 @@ class Learner:
         self.buffer.checkpointed = -1 if resumed is None else self.version
         self.ctx = zmq.Context()
         self.reporter = make_socket(self.ctx, zmq.PUSH)
-        self.reporter.connect(report_endpoint)
+        self.reporter.connect(spec.report_endpoint)
         self.encoder = msgspec.msgpack.Encoder()
         self._stop = False
 

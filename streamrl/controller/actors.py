@@ -78,22 +78,7 @@ class LearnerActor:
     def setup(self, master: str) -> tuple[str, str]:
         from streamrl.workers.learner import Learner
 
-        spec = self.spec
-        self.learner = Learner(
-            spec.config,
-            spec.rank,
-            spec.world_size,
-            master,
-            spec.model_dir,
-            spec.shard_endpoints,
-            spec.report_endpoint,
-            spec.checkpoint_dir,
-            bind_host=resolve_host(spec.bind_host),
-            publisher_ports=(spec.pub_port, spec.anchor_port),
-            incarnation=spec.incarnation,
-            encoder_cores=spec.encoder_cores,
-            forks=spec.forks,
-        )
+        self.learner = Learner(self.spec, master)
         return self.learner.endpoints()
 
     def pid(self) -> int:
@@ -135,18 +120,7 @@ class GeneratorActor:
         _setup_process(spec.log_file, spec.cores)
         from streamrl.workers.generator import Generator
 
-        self.generator = Generator(
-            spec.config,
-            spec.generator_id,
-            spec.model_dir,
-            spec.shard_endpoints,
-            spec.publisher_endpoints,
-            spec.anchor_endpoints,
-            spec.admission_endpoint,
-            spec.report_endpoint,
-            incarnation=spec.incarnation,
-            bind_host=resolve_host(spec.bind_host),
-        )
+        self.generator = Generator(spec)
 
     def pid(self) -> int:
         return os.getpid()

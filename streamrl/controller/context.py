@@ -19,10 +19,11 @@ from streamrl.config import Config
 from streamrl.controller.placement import Placement
 from streamrl.controller.roles import Roles
 from streamrl.controller.rundir import RunError
-from streamrl.controller.specs import NODE, SpecFactory
+from streamrl.controller.specs import SpecFactory
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import RunState
 from streamrl.metrics import MetricsLog
+from streamrl.role_specs import NODE
 
 log = logging.getLogger("streamrl")
 

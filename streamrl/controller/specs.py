@@ -1,14 +1,7 @@
-"""What each role is started with: typed, torch-free msgspec structs built by the controller.
+"""The role specs the controller builds (``SpecFactory``) from the run's wiring.
 
-A spec is the whole of a role's wiring: the endpoints it connects to and the host it binds its
-own sockets on. ``bind_host`` is explicit: ``127.0.0.1`` in local mode; ``"node"`` on a
-cluster, which the role resolves to its node's address (``transport.resolve_host``) because
-the controller cannot know which node Ray will place it on. No environment variable is read.
-
-Example (cluster mode)::
-
-    ShardSpec(log_file=..., bind_host="node", config=cfg.buffer, shard_id=0, ...)
-    # the shard binds tcp://10.0.0.7:<port>, reachable from generators on other nodes
+The spec types live below both the controller and the roles (``streamrl.role_specs``), so a
+role takes its spec whole without importing the controller (docs/design.md §2).
 """
 
 from __future__ import annotations
@@ -19,62 +12,9 @@ from pathlib import Path
 
 import msgspec
 
-from streamrl.config import BufferConfig, Config
+from streamrl.config import Config
 from streamrl.cores import role_threads
-
-NODE = "node"  # bind_host value: this node's address, resolved in the role's process
-
-
-class RoleSpec(msgspec.Struct, kw_only=True):
-    log_file: str
-    bind_host: str
-    cores: list[int] | None = None  # CPU affinity when placement.pin_cpus (local mode)
-
-
-class ShardSpec(RoleSpec):
-    config: BufferConfig
-    shard_id: int
-    log_dir: str
-    report_endpoint: str
-    # 0: any free port. A restarted shard binds its predecessor's ports, so every peer's
-    # socket reconnects to it by itself (libzmq retries the same endpoint).
-    ingest_port: int = 0
-    request_port: int = 0
-    vocab_size: int = 0  # the model's: groups with token ids outside it are refused
-
-
-class LearnerSpec(RoleSpec):
-    config: Config  # threads resolved for this rank
-    rank: int
-    world_size: int
-    model_dir: str
-    shard_endpoints: list[str]  # request (ROUTER) endpoints
-    report_endpoint: str
-    checkpoint_dir: str
-    # 0: any free port. A restarted learner group binds its predecessor's weight ports.
-    pub_port: int = 0
-    anchor_port: int = 0
-    incarnation: int = 0  # the group's restarts so far; its reports carry it
-    forks: list[int] = []  # the version each restart resumed at (``streamrl.clock``)
-    # Cores the weight publisher's encoder thread may run on: every core of the run when the
-    # rank is pinned, so that encoding a version overlaps the next step on idle cores instead
-    # of taking turns with it on the rank's own. None: the rank's cores.
-    encoder_cores: list[int] | None = None
-
-
-class GeneratorSpec(RoleSpec):
-    """A generator's own sockets connect; ``bind_host`` is where its engine listens (vLLM's
-    process groups, world size 1)."""
-
-    config: Config  # threads resolved for this generator
-    generator_id: int
-    model_dir: str
-    shard_endpoints: list[str]  # ingest (PULL) endpoints
-    publisher_endpoints: list[str]
-    anchor_endpoints: list[str]
-    admission_endpoint: str
-    report_endpoint: str
-    incarnation: int = 0  # restarts of this generator id so far; reports carry it
+from streamrl.role_specs import NODE, GeneratorSpec, LearnerSpec, ShardSpec
 
 
 def bind_host_for(address: str | None) -> str:

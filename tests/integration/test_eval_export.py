@@ -58,8 +58,7 @@ def test_eval_runs_at_the_configured_steps_and_stays_out_of_the_buffer(run_dir: 
     assert _cli("buffer", "export", str(run_dir), str(out)).returncode == 0
     import pyarrow.parquet as pq
 
-    from streamrl.models import load_tokenizer, resolve_model
-    from streamrl.workers.generator import encode_prompt
+    from streamrl.models import encode_prompt, load_tokenizer, resolve_model
 
     config = load_config(run_dir / "config.yaml")
     tokenizer = load_tokenizer(resolve_model(config.model.name))

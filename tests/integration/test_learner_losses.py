@@ -13,11 +13,29 @@ import torch
 import torch.distributed as dist
 from support import random_groups, whole
 
-from streamrl.config import load_config
+from streamrl.config import Config, load_config
 from streamrl.models import TINY, resolve_model
+from streamrl.role_specs import LearnerSpec
 from streamrl.transport import free_port
 from streamrl.workers.batching import build_micro_batches
 from streamrl.workers.learner import Learner
+
+
+def one_rank(config: Config, model_dir: str, checkpoint_dir: str = "checkpoints") -> Learner:
+    """A learner group of one rank in this process, built from its spec as a run builds it;
+    its shard and report endpoints lead nowhere (the tests call ``train_step`` directly)."""
+    spec = LearnerSpec(
+        log_file="",
+        bind_host="127.0.0.1",
+        config=config,
+        rank=0,
+        world_size=1,
+        model_dir=model_dir,
+        shard_endpoints=["tcp://127.0.0.1:9"],
+        report_endpoint="tcp://127.0.0.1:9",
+        checkpoint_dir=checkpoint_dir,
+    )
+    return Learner(spec, f"127.0.0.1:{free_port()}")
 
 
 def _reference(chunk: list) -> dict[str, torch.Tensor]:
@@ -140,15 +158,7 @@ def test_each_loss_option_trains_without_nan(model_dir: str, overrides: list[str
             *overrides,
         ],
     )
-    learner = Learner(
-        config,
-        0,
-        1,
-        f"127.0.0.1:{free_port()}",
-        model_dir,
-        ["tcp://127.0.0.1:9"],
-        "tcp://127.0.0.1:9",
-    )
+    learner = one_rank(config, model_dir)
     try:
         before = {n: whole(p.detach()).clone() for n, p in learner.model.named_parameters()}
         for step in range(3):
@@ -180,16 +190,7 @@ def test_adaptive_kl_coefficient_is_fed_the_true_kl_and_checkpointed(
 
     def learner(*more: str) -> Learner:
         config = load_config(None, [*overrides, *more])
-        return Learner(
-            config,
-            0,
-            1,
-            f"127.0.0.1:{free_port()}",
-            model_dir,
-            ["tcp://127.0.0.1:9"],
-            "tcp://127.0.0.1:9",
-            checkpoint_dir=str(tmp_path),
-        )
+        return one_rank(config, model_dir, checkpoint_dir=str(tmp_path))
 
     first = learner()
     try:

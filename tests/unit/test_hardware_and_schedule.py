@@ -21,7 +21,7 @@ def test_auto_is_bf16_on_cuda_and_explicit_choices_stand() -> None:
     assert hardware.resolve_compute_dtype("auto", "cpu", bf16_fast=False) == "float32"
     assert hardware.resolve_compute_dtype("bfloat16", "cpu", bf16_fast=False) == "bfloat16"
     assert hardware.resolve_compute_dtype("float32", "cuda") == "float32"
-    assert "compute dtype" in hardware.describe_choice("auto", "cpu")
+    assert "compute dtype" in hardware.describe_choice("float32", "auto", "cpu")
 
 
 def test_lr_warmup_then_cosine() -> None:

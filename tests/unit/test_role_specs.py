@@ -10,14 +10,8 @@ import pytest
 import zmq
 
 from streamrl.config import BufferConfig, load_config
-from streamrl.controller.specs import (
-    NODE,
-    GeneratorSpec,
-    LearnerSpec,
-    ShardSpec,
-    SpecFactory,
-    bind_host_for,
-)
+from streamrl.controller.specs import SpecFactory, bind_host_for
+from streamrl.role_specs import NODE, GeneratorSpec, LearnerSpec, ShardSpec
 from streamrl.transport import resolve_host
 
 NODE_IP = "127.0.0.2"  # stands in for another machine's address: not the loopback default

@@ -1,0 +1,152 @@
+"""The generator's weights: which learner version and epoch its engine holds, and moving it on.
+
+One owner for the generator's side of the learner clock (``streamrl.clock``, docs/design.md §3
+and §4): ``learner_version`` (the newest version the controller says the learners have),
+``weights_epoch`` (the learner group's epoch, from the same reply) and ``held_epoch`` (the
+epoch of the weights the engine holds: behind ``weights_epoch`` from a learner restart until
+the new group's anchors land). The subscriber (``workers.subscriber``) assembles versions;
+``poll`` hands each new one to the engine, between decode steps when in-flight updates are on.
+
+Example: holding v4 of epoch 0, the learners restart from their v3 checkpoint (epoch 1):
+``follow_clock`` starts a fresh subscriber at version -1 and anchors every rank; decoding goes
+on with v4 of epoch 0 until the anchors land, then ``held_epoch`` becomes 1. A wait for
+``(epoch 0, v5)`` gives up: those weights will never come.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import zmq
+
+from streamrl.models import load_bf16_image
+from streamrl.protocol import GeneratorActivity, LearnerClockInfo
+from streamrl.role_specs import GeneratorSpec
+from streamrl.workers.engines import Engine
+from streamrl.workers.subscriber import WeightSubscriber
+
+log = logging.getLogger(__name__)
+
+
+class GeneratorWeights:
+    """The subscriber, the learner clock as this generator knows it, and the engine's
+    version. ``timers.weights_pause_s`` counts the time decoding waited for weights;
+    ``on_applied`` runs after each version the engine takes (a forced report)."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        engine: Engine,
+        spec: GeneratorSpec,
+        timers: GeneratorActivity,
+        on_applied: Callable[[], None],
+    ) -> None:
+        self.ctx, self.engine, self.generator_id = ctx, engine, spec.generator_id
+        self._endpoints = (spec.publisher_endpoints, spec.anchor_endpoints)  # one per rank
+        self._anchor_timeout_s = spec.config.weights.anchor_timeout_s
+        self.timers, self.on_applied = timers, on_applied
+        self.learner_version = 0
+        self.weights_epoch = 0
+        # The learner epoch of the weights the engine holds: behind ``weights_epoch`` from a
+        # learner restart until the new group's anchors land (``streamrl.clock``).
+        self.held_epoch = 0
+        # An engine that shares its parameters is written in place; else a bf16 image of its own.
+        image = engine.shared_weights()
+        if image is None:
+            image = load_bf16_image(Path(spec.model_dir))
+        self.subscriber = self._subscribe(image)
+
+    def _subscribe(self, image: dict[str, torch.Tensor], version: int = 0) -> WeightSubscriber:
+        publishers, anchors = self._endpoints
+        return WeightSubscriber(
+            image,
+            publishers,
+            anchors,
+            self.generator_id,
+            ctx=self.ctx,
+            anchor_timeout_s=self._anchor_timeout_s,
+            version=version,
+        )
+
+    def follow_clock(self, clock: LearnerClockInfo) -> None:
+        """Keep up with the learner: anchor a fresh generator that is behind it (late join,
+        resumed run), follow a learner restart, and note the version to drain to."""
+        if self.learner_version == 0 and clock.learner_version > self.engine.version:
+            self.request_anchors()
+        if clock.weights_epoch > self.weights_epoch:
+            self._follow_restarted_learners(clock.weights_epoch)
+        self.learner_version = clock.learner_version
+
+    def _follow_restarted_learners(self, epoch: int) -> None:
+        """The learner group restarted from a checkpoint: its versions go on from there, so the
+        numbers this generator holds may name other weights. Start a fresh subscriber (same
+        image, version -1: any version applies) and anchor every rank; decoding goes on with the
+        weights held until the anchors land (``poll``)."""
+        log.info("generator[%d]: learners restarted (epoch %d)", self.generator_id, epoch)
+        old = self.subscriber
+        self.subscriber = self._subscribe(old.image, version=-1)
+        old.close()
+        self.weights_epoch = epoch
+        if self.engine.version == 0:  # the base model: version 0 of every epoch
+            self.held_epoch = epoch
+        self.request_anchors()
+
+    def request_anchors(self) -> None:
+        for rank in range(len(self.subscriber.ranks)):
+            self.subscriber.request_anchor(rank)
+
+    def poll(self, _engine: Engine | None = None) -> None:
+        """Give the engine the newest version the subscriber holds (an engine's step hook)."""
+        start = time.perf_counter()
+        changed = self.subscriber.poll(self.learner_version)
+        # A version can move with no tensor changed (e.g. a zero-advantage step): still adopt
+        # it; a repair anchor at the version held changes tensors without moving the version.
+        # Version -1: a fresh subscriber after the learners restarted, anchors not in yet.
+        moved = self.subscriber.version != self.engine.version or changed
+        if self.subscriber.version >= 0:
+            self.held_epoch = self.weights_epoch
+        if self.subscriber.version >= 0 and moved:
+            self.timers.weights_pause_s += time.perf_counter() - start  # decoding waited
+            start = time.perf_counter()
+            self.engine.update_weights(
+                [(n, self.subscriber.image[n]) for n in changed], self.subscriber.version
+            )
+            self.timers.weights_pause_s += time.perf_counter() - start
+            log.info("generator[%d]: applied version %d", self.generator_id, self.engine.version)
+            self.on_applied()
+
+    def wait_for_version(
+        self,
+        version: int,
+        stop_at: float = float("inf"),
+        run_goes_on: Callable[[], bool] | None = None,
+        epoch: int | None = None,
+    ) -> bool:
+        """Apply versions until ``version`` is held (of learner epoch ``epoch``, if given);
+        False if ``stop_at`` passes first, the learners restart past ``epoch`` meanwhile, or
+        ``run_goes_on`` (asked once a second, if given) says the run stopped: a stopped
+        learner would never publish the version waited for, a restarted one may never reach
+        it."""
+
+        def held() -> bool:
+            same_epoch = epoch is None or self.held_epoch == epoch
+            return same_epoch and self.engine.version >= version
+
+        next_check = time.monotonic() + 1.0
+        while not held() and time.monotonic() < stop_at:
+            if epoch is not None and self.weights_epoch > epoch:
+                return False  # those weights are gone
+            self.poll()
+            self.subscriber.wait(0.01)
+            if run_goes_on is not None and time.monotonic() > next_check:
+                next_check = time.monotonic() + 1.0
+                if not run_goes_on():
+                    return False
+        return held()
+
+    def close(self) -> None:
+        self.subscriber.close()
