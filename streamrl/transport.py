@@ -23,7 +23,7 @@ LOOPBACK = "127.0.0.1"
 
 def resolve_host(bind_host: str) -> str:
     """The address a role binds on: ``bind_host`` itself, or for ``"node"`` (cluster mode,
-    ``controller.specs``) this node's address as Ray knows it, reachable from other nodes."""
+    ``role_specs``) this node's address as Ray knows it, reachable from other nodes."""
     if bind_host == "node":
         import ray.util
 

@@ -62,7 +62,7 @@ class PromptLedger:
         # Generator id -> (push position, index) granted to this incarnation, not yet reported
         # pushed. The push position k is the grant's place in the incarnation's grant order,
         # which is its push order: push k goes to shard k % S as that shard's seq k // S
-        # (``Generator.push``, round-robin from shard 0), so the shards' delivery floors say
+        # (``ShardPushers.push``, round-robin from shard 0), so the shards' delivery floors say
         # exactly which grants arrived (``release``).
         self.outstanding: dict[int, deque[tuple[int, int]]] = {}
         self.granted: dict[int, int] = {}  # generator id -> grants to this incarnation
