@@ -180,7 +180,7 @@ def test_a_learner_rank_lost_without_a_checkpoint_fails_fast_naming_it(tmp_path:
     assert not alive(victim)
 
 
-@pytest.mark.parametrize("checkpoint_every", [6, 0])
+@pytest.mark.parametrize("checkpoint_every", [8, 0])
 def test_a_run_killed_whole_resumes_in_a_new_epoch(tmp_path: Path, checkpoint_every: int) -> None:
     """Issue 40: the whole run (controller and every role) is killed with -9 at a step at
     least checkpoint + η + 2, then ``--resume``d. The logs hold groups sampled from weights
@@ -188,7 +188,9 @@ def test_a_run_killed_whole_resumes_in_a_new_epoch(tmp_path: Path, checkpoint_ev
     forked at the checkpoint, so the shards drop exactly those (``dead_timeline``), and no
     resumed step trains on a group with negative staleness or staleness above η. Without a
     checkpoint the fork is -1: every logged group goes and the run starts over."""
-    run_dir, steps, eta = tmp_path / "run", 14, 1
+    # η = 2: the generators run two batches ahead, so one batch sits unconsumed in the log
+    # for a whole (slowed) learner step: the kill finds a tail that is not taken meanwhile.
+    run_dir, steps, eta = tmp_path / "run", 18, 2
     proc = launch_tiny(
         run_dir,
         f"run.max_steps={steps}",
@@ -198,7 +200,7 @@ def test_a_run_killed_whole_resumes_in_a_new_epoch(tmp_path: Path, checkpoint_ev
         "learner.ppo_epochs=8",  # a slower learner: generators fill the buffer ahead of it
         new_session=True,
     )
-    checkpoint = 6 if checkpoint_every else None
+    checkpoint = checkpoint_every or None
     fork = -1 if checkpoint is None else checkpoint
     at = (checkpoint or 0) + eta + 2
 

@@ -70,7 +70,7 @@ def dtype() -> str:
 @pytest.fixture(scope="module")
 def prompts(model_dir) -> list[list[int]]:
     from streamrl.data import Prompt
-    from streamrl.workers.generator import encode_prompt
+    from streamrl.models import encode_prompt
 
     tokenizer = load_tokenizer(model_dir)
     return [
