@@ -52,6 +52,10 @@ class RunConfig(_Section):
     # is replaced, at most `max_restarts` times per generator id before the run fails.
     max_restarts: int = 3
     heartbeat_timeout_s: float = 60.0
+    # End the run as a graceful stop does (checkpoint, final evaluation, export) when for this
+    # many seconds groups kept coming and every one was dropped (e.g. all zero-variance once
+    # every prompt is solved): nothing is left to learn from them. 0 = never.
+    stop_when_starved_s: float = 0.0
 
 
 class ModelConfig(_Section):
@@ -297,6 +301,12 @@ class EvalConfig(_Section):
     # (eval/unseen_phrasing/*): did the run learn arithmetic, or one prompt's answer format?
     # "" = not asked. {a}, {op} and {b} are filled in.
     unseen_phrasing: str = "Compute {a} {op} {b}."
+    # Early stopping: end the run (gracefully) after this many evaluations in a row without a
+    # gain of more than `min_delta` in `patience_metric` over the best so far. 0 = never.
+    patience: int = 0
+    # "" = eval/success for episode jobs (env.name), else eval/completed.
+    patience_metric: str = ""
+    min_delta: float = 0.0
 
 
 class PlacementConfig(_Section):
@@ -401,6 +411,13 @@ def _finalize(config: Config) -> Config:
         (config.learner.count >= 1, "learner.count must be >= 1"),
         (config.buffer.shards >= 1, "buffer.shards must be >= 1"),
         (config.eval.every >= 0, "eval.every must be >= 0"),
+        (config.eval.patience >= 0, "eval.patience must be >= 0 (0 = never)"),
+        (
+            config.eval.patience == 0 or config.eval.every > 0,
+            "eval.patience needs evaluations during the run (eval.every > 0)",
+        ),
+        (config.eval.min_delta >= 0, "eval.min_delta must be >= 0"),
+        (config.run.stop_when_starved_s >= 0, "run.stop_when_starved_s must be >= 0 (0 = never)"),
         (config.weights.verify_every >= 0, "weights.verify_every must be >= 0 (0 = off)"),
         (config.placement.learner_cores >= 0, "placement.learner_cores must be >= 0"),
         (config.learner.threads >= 0, "learner.threads must be >= 0 (0 = auto)"),

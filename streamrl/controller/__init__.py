@@ -15,6 +15,8 @@
 - ``processes``: a process named by pid and start time, so a reused pid is never signalled.
 - ``records``/``drops``: the step records, the summary and the console's lines; the warning
   when every group is being dropped.
+- ``stopping``: the early-stopping rules (evaluation patience, starvation) that end a run
+  before ``run.max_steps``.
 - ``placement``/``rundir``/``actors``: Ray placement and cores, the run directory, actor shells.
 
 Importing this package imports nothing heavy. Workers and buffers never import it

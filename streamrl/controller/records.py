@@ -71,8 +71,11 @@ def run_summary(
     evals: list[EvalReport],
     run_dir: Path,
     wall_time_s: float,
+    stopped_because: str = "",
 ) -> dict[str, Any]:
-    """``summary.json``: where the run ended, and every group accounted for."""
+    """``summary.json``: where the run ended, and every group accounted for.
+    ``stopped_because``: why it ended before ``run.max_steps`` by a stop rule
+    (``controller.stopping``), "" otherwise."""
     gens = {
         g.generator_id: {
             "applied_version": g.applied_version,
@@ -134,6 +137,7 @@ def run_summary(
         "ignored_reports": ignored_reports,
         "run_dir": str(run_dir),
         "wall_time_s": wall_time_s,
+        "stopped_because": stopped_because,
         # Evaluations of weights still on the timeline (a learner restart takes later ones
         # back), with the learner epoch of the weights each one evaluated.
         "eval": [

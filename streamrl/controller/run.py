@@ -83,9 +83,11 @@ from streamrl.controller.rundir import (
 from streamrl.controller.specs import SpecFactory, bind_host_for
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import RunState, load_prompt_ledger, shard_drops
+from streamrl.controller.stopping import rules_for
 from streamrl.controller.supervisor import GeneratorPool
 from streamrl.files import atomic_write_text
 from streamrl.metrics import MetricsLog
+from streamrl.protocol import EvalReport
 from streamrl.transport import resolve_host
 
 log = logging.getLogger("streamrl")
@@ -102,15 +104,15 @@ class Controller:
             self.state,
             config.run.max_steps,
             config.eval.every,
-            on_eval=lambda e: self.ctx.metrics.eval(
-                e.requested, e.version, e.metrics, e.weights_epoch
-            ),
+            on_eval=self._evaluated,
             role_health=lambda now: self.ctx.roles.health(self.state, now),
         )
         self.admission: AdmissionServer | None = None
         self.admin = self.live = None
         self.placement = Placement(config, address)
         self.drop_watch = DropWatch()
+        self.stop_rules = rules_for(config)
+        self.stopped_because = ""  # a stop rule's reason, when one ended the run
         self.started_at = time.time()
         self.available_cores = sorted(os.sched_getaffinity(0))
 
@@ -354,9 +356,27 @@ class Controller:
                 self.ctx.metrics.write(self.intake.last_record)
             if self.state.checkpointed >= 0:  # before any checkpoint a resume starts over
                 self._save_prompts()
-        line = self.drop_watch.observe_state(time.monotonic(), self.state)
+        now = time.monotonic()
+        line = self.drop_watch.observe_state(now, self.state)
         if line is not None:
             self.ctx.note(line)
+        self._stop_for(self.stop_rules.starved(now, self.state))
+
+    def _evaluated(self, report: EvalReport) -> None:
+        """An evaluation taken: to metrics.jsonl, then the early-stopping rule."""
+        self.ctx.metrics.eval(
+            report.requested, report.version, report.metrics, report.weights_epoch
+        )
+        self._stop_for(self.stop_rules.evaluated(report.metrics))
+
+    def _stop_for(self, reason: str | None) -> None:
+        """A stop rule fired (``controller.stopping``): say why, then stop gracefully."""
+        if reason is None or self.state.stop:
+            return
+        self.stopped_because = reason
+        self.ctx.note(f"stopping: {reason}")
+        self.ctx.metrics.event("stop", reason=reason)
+        self.request_stop()
 
     def _save_prompts(self) -> None:
         """``prompts.json``: where a resumed run's prompt stream goes on (``PromptLedger``)."""
@@ -414,6 +434,7 @@ class Controller:
             evals=self.intake.evals,
             run_dir=self.ctx.run_dir,
             wall_time_s=time.time() - self.started_at,
+            stopped_because=self.stopped_because,
         )
         (self.ctx.run_dir / "summary.json").write_bytes(msgspec.json.encode(summary))
         print(outcome(summary), file=self.console, flush=True)

@@ -197,3 +197,28 @@ def test_a_multi_turn_run_trains_on_episodes_and_counts_how_they_ended(tmp_path:
     lines = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
     evals = [r for r in map(json.loads, lines) if "eval/success" in r]
     assert evals and all(1 <= r["eval/turns"] <= 2 for r in evals)
+
+
+def test_a_run_whose_groups_are_all_dropped_ends_itself_with_its_reason(tmp_path: Path) -> None:
+    """Starvation (``run.stop_when_starved_s``): a reward no response can earn (a token id
+    outside the vocabulary) makes every group zero-variance, and dynamic sampling drops it;
+    the learner would wait for ever. The run ends as a graceful stop does, with its reason, a
+    checkpoint and an export."""
+    summary, steps, pids = _run(
+        tmp_path,
+        "run.max_steps=50",
+        "buffer.drop_zero_variance=true",
+        "run.stop_when_starved_s=5",
+        "rewards=[{name: target_token_share, args: {token_id: 999999}}]",
+    )
+    run_dir = Path(summary["run_dir"])
+    assert summary["stopped_because"].startswith("starved: no group accepted in")
+    assert "dropped as zero_variance" in summary["stopped_because"]
+    assert summary["version"] < 50 and len(steps) == summary["version"]
+    assert (run_dir / "checkpoints" / "latest").is_file()
+    assert (run_dir / "hf" / "config.json").is_file()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["reason"] for r in records if r.get("event") == "stop"] == [
+        summary["stopped_because"]
+    ]
+    assert pids and not [p for p in pids if alive(p)], "a role process outlived the run"
