@@ -302,7 +302,8 @@ class EvalConfig(_Section):
     # "" = not asked. {a}, {op} and {b} are filled in.
     unseen_phrasing: str = "Compute {a} {op} {b}."
     # Early stopping: end the run (gracefully) after this many evaluations in a row without a
-    # gain of more than `min_delta` in `patience_metric` over the best so far. 0 = never.
+    # gain of more than `min_delta` in `patience_metric` over the best so far. 0 = never; with
+    # eval.every 0 there are no evaluations to count, so it never fires.
     patience: int = 0
     # "" = eval/success for episode jobs (env.name), else eval/completed.
     patience_metric: str = ""
@@ -412,10 +413,6 @@ def _finalize(config: Config) -> Config:
         (config.buffer.shards >= 1, "buffer.shards must be >= 1"),
         (config.eval.every >= 0, "eval.every must be >= 0"),
         (config.eval.patience >= 0, "eval.patience must be >= 0 (0 = never)"),
-        (
-            config.eval.patience == 0 or config.eval.every > 0,
-            "eval.patience needs evaluations during the run (eval.every > 0)",
-        ),
         (config.eval.min_delta >= 0, "eval.min_delta must be >= 0"),
         (config.run.stop_when_starved_s >= 0, "run.stop_when_starved_s must be >= 0 (0 = never)"),
         (config.weights.verify_every >= 0, "weights.verify_every must be >= 0 (0 = off)"),

@@ -48,6 +48,9 @@ def mode_overrides(mode: str, eta: int, steps: int, warmup: int, out: Path) -> l
         f"run.max_steps={warmup + steps}",
         f"buffer.max_staleness={eta}",
         "eval.every=0",
+        # Every arm runs its steps: no early stop (a job's own rules would cut the window).
+        "eval.patience=0",
+        "run.stop_when_starved_s=0",
         "logging.progress=false",
         "placement.pin_cpus=true",
     ]
