@@ -18,7 +18,7 @@ from typing import TextIO
 from streamrl.config import Config
 from streamrl.controller.placement import Placement
 from streamrl.controller.roles import Roles
-from streamrl.controller.rundir import RunError
+from streamrl.controller.rundir import RunError, save_clock
 from streamrl.controller.specs import SpecFactory
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import RunState
@@ -75,6 +75,13 @@ class RunContext:
                         self.state.shards[stats.shard_id] = stats
         finally:
             client.close()
+
+    def start_epoch(self, epoch: int, forks: list[int]) -> None:
+        """A learner epoch begins (``streamrl.clock``): ``clock.json`` first, before any group
+        of it trains (a later ``--resume`` starts above it), then an ``epoch`` event in
+        ``metrics.jsonl`` (``clock.live_records`` reads the timeline from those)."""
+        save_clock(self.run_dir, epoch, forks)
+        self.metrics.event("epoch", epoch=epoch, forks=forks)
 
     def write_pids(self) -> None:
         self.roles.write_pids(self.run_dir / "pids.json", os.getpid())

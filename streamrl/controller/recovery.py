@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from streamrl import checkpoint_layout
 from streamrl.controller.context import RunContext
 from streamrl.controller.roles import RoleId, RoleSlot
-from streamrl.controller.rundir import RunError, last_line, save_clock
+from streamrl.controller.rundir import RunError, last_line
 
 log = logging.getLogger("streamrl")
 T = TypeVar("T")
@@ -245,16 +245,10 @@ class Recovery:
         dead_epoch = ctx.state.weights_epoch
         forks = [*ctx.state.forks, version]
         # Persisted before any learner of the new epoch trains: a later --resume starts above.
-        save_clock(ctx.run_dir, dead_epoch + 1, forks)
-        ctx.metrics.event("epoch", epoch=dead_epoch + 1, forks=forks)
+        ctx.start_epoch(dead_epoch + 1, forks)
         announce_epoch(ctx, dead_epoch + 1, version, forks, self.restart_dead_shards)
         ctx.refresh_shard_stats()
-        receipts = [
-            r
-            for stats in list(ctx.state.shards.values())
-            for r in stats.receipts
-            if r.epoch == dead_epoch and r.step > version
-        ]
+        receipts = ctx.state.receipts_after(dead_epoch, version)
         return ctx.state.learners_restarted(
             version,
             forks,

@@ -78,7 +78,6 @@ from streamrl.controller.rundir import (
     last_line,
     prepare_run_dir,
     resume_clock,
-    save_clock,
 )
 from streamrl.controller.specs import SpecFactory, bind_host_for
 from streamrl.controller.staleness import AdmissionPolicy
@@ -216,8 +215,7 @@ class Controller:
             version, extra = checkpoint_layout.read_meta(checkpoint) if checkpoint else (0, {})
             epoch, forks = resume_clock(ctx.run_dir, version if checkpoint else None, extra)
             state.weights_epoch, state.forks = epoch, forks
-        save_clock(ctx.run_dir, state.weights_epoch, state.forks)
-        ctx.metrics.event("epoch", epoch=state.weights_epoch, forks=state.forks)
+        ctx.start_epoch(state.weights_epoch, state.forks)
         learners = start_learner_group(ctx, epoch=state.weights_epoch)
         ctx.specs.weight_endpoints = [slot.endpoints for slot in learners]
         start_version = ray.get(learners[0].actor.version.remote())
@@ -252,15 +250,8 @@ class Controller:
         ctx.refresh_shard_stats()
         state.restore_admission(version, cfg.learner.groups_per_step, cfg.buffer.max_reuse)
         if from_checkpoint:
-            old_epoch = state.weights_epoch - 1
-            lost = [
-                i
-                for stats in list(state.shards.values())
-                for r in stats.receipts
-                if r.epoch == old_epoch and r.step > version
-                for i in r.prompt_indices
-                if i >= 0
-            ]
+            receipts = state.receipts_after(state.weights_epoch - 1, version)
+            lost = [i for r in receipts for i in r.prompt_indices if i >= 0]
             state.prompts = load_prompt_ledger(ctx.run_dir, version, lost)
             state.checkpointed = version
         dead = self._dead_timeline() - dead_before

@@ -214,11 +214,13 @@ class RunState:
         is evaluated as generators drain) an evaluation is asked for."""
         with self.lock:
             self.version = step.version
-            if "checkpoint/version" in step.metrics:
+            saved = "checkpoint/version" in step.metrics
+            if saved:
                 self.checkpointed = step.version
             # Before the first checkpoint no resume comes back to a step (it starts over), so
-            # the steps reported so far need no record: the ledger stays small.
-            self.prompts.checkpointed(step.version if self.checkpointed < 0 else self.checkpointed)
+            # the steps reported so far need no record either: the ledger stays small.
+            if saved or self.checkpointed < 0:
+                self.prompts.checkpointed(step.version)
             if eval_every > 0 and step.version % eval_every == 0 and step.version < max_steps:
                 self.eval_requested = max(self.eval_requested, step.version)
             self.last_seen["learner rank 0"] = step.time
@@ -302,6 +304,13 @@ class RunState:
             self.forks = list(forks)
             self.evals_forked_at(version)
             return self.prompts.roll_back(version, extra=from_receipts)
+
+    def receipts_after(self, epoch: int, version: int) -> list[TakeReceipt]:
+        """The shards' take receipts (from their newest stats) of ``epoch``'s steps after
+        ``version``: what the steps a fork there took back had taken."""
+        with self.lock:
+            shards = list(self.shards.values())
+        return [r for s in shards for r in s.receipts if r.epoch == epoch and r.step > version]
 
     def evals_forked_at(self, version: int) -> None:
         """The learner clock forked at ``version``: evaluations of later versions were of
