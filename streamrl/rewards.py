@@ -40,6 +40,8 @@ class RewardInput:
     prompt_text: str = ""
     # "stop" (the model ended it), "length" (cut at the token limit) or "abort"; "" unknown.
     finish_reason: str = ""
+    # The prompt's ``metadata`` (e.g. a reasoning-gym entry's, which its verifier reads).
+    metadata: dict[str, Any] | None = None
 
     @classmethod
     def of(
@@ -55,6 +57,7 @@ class RewardInput:
             prompt.data_source,
             question,
             finish_reason=finish_reason,
+            metadata=getattr(prompt, "metadata", None),
         )
 
 

@@ -19,7 +19,7 @@ import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from streamrl.config import DataConfig
 
@@ -36,6 +36,9 @@ class Prompt:
     data_source: str
     # What makes two questions the same (the held-out key, module doc); "" for a file's row.
     key: str = ""
+    # What a verifier needs beyond the ground truth (a reasoning-gym entry's metadata, a
+    # file row's extra columns), JSON-like; rewards see it as ``RewardInput.metadata``.
+    metadata: dict[str, Any] | None = None
 
 
 def held_out(key: str, every: int) -> bool:
