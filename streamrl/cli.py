@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from streamrl.config import ConfigError, default_config_path, load_config
+from streamrl.config import Config, ConfigError, default_config_path, load_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,12 +119,16 @@ def _split_config_arg(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     return path, overrides
 
 
-def _launch(args: argparse.Namespace) -> int:
-    path, overrides = _split_config_arg(args)
-    if args.resume:
+def launch_config(path: str | None, overrides: list[str], resume: str | None = None) -> Config:
+    """The config ``streamrl launch`` runs (and ``streamrl.train`` for a YAML or a job name):
+    ``path``, a YAML file or a shipped job's name (the shipped default job when None), with
+    ``overrides`` applied in order; with ``resume``, that run directory's own config.yaml,
+    continued in place. ``ConfigError`` on one line for a config that cannot run."""
+    overrides = list(overrides)
+    if resume:
         from pathlib import Path
 
-        run_dir = Path(args.resume)
+        run_dir = Path(resume)
         if path is not None:
             raise ConfigError("--resume uses the run's own config.yaml; pass overrides only")
         path = str(run_dir / "config.yaml")
@@ -134,7 +138,11 @@ def _launch(args: argparse.Namespace) -> int:
             "run.resume=true",
             *overrides,
         ]
-    path = path or default_config_path()
+    return load_config(path or default_config_path(), overrides)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    path, overrides = _split_config_arg(args)
     for flag, key in (
         ("learners", "learner.count"),
         ("generators", "generator.count"),
@@ -146,12 +154,17 @@ def _launch(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None:
             overrides.append(f"{key}={value}")
-    config = load_config(path, overrides)
+    config = launch_config(path, overrides, resume=args.resume)
     from streamrl.controller.run import launch
     from streamrl.controller.rundir import RunError
-    from streamrl.data import DataError
+    from streamrl.data import DataError, check_data
     from streamrl.models import ModelNotFoundError
 
+    try:
+        check_data(config)  # bad data is bad input: exit 2 before the run directory exists
+    except DataError as exc:
+        print(f"streamrl: {exc}", file=sys.stderr)
+        return 2
     try:
         summary = launch(config, address=args.address)
     except (RunError, DataError, ModelNotFoundError) as exc:
@@ -163,11 +176,13 @@ def _launch(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from streamrl.config import to_yaml
+    from streamrl.data import check_data
     from streamrl.envs import check_env
     from streamrl.rewards import check_rewards
     from streamrl.workers.engines import check_engine_config
 
     config = load_config(args.config, args.overrides)
+    check_data(config)
     check_rewards(config.rewards)
     check_env(config.env)
     check_engine_config(config.generator)  # imports no torch: a user's module:Class aside
@@ -264,11 +279,13 @@ def main(argv: list[str] | None = None) -> int:
         "eval": _eval,
         "export": _export,
     }
+    from streamrl.tasks.base import DataError
+
     try:
         if args.command == "buffer":
             return _buffer_export(args)
         return handlers[args.command](args)
-    except ConfigError as exc:
+    except (ConfigError, DataError) as exc:
         print(f"streamrl: {exc}", file=sys.stderr)
         return 2
 

@@ -75,35 +75,49 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    # A built-in task, procedurally generated (streamrl.tasks): `arithmetic` (a ± b),
-    # `chain` (a + b - c + d), `countdown` (reach a target from given numbers) or `gsm`
-    # (templated word problems, answer after ####); or a path to a .parquet/.jsonl file.
+    """Where prompts come from and how a row becomes one (docs/design.md §7)."""
+
+    # What to train on:
+    # - a built-in task (streamrl.tasks: `arithmetic`, `chain`, `countdown`, `gsm`, `guess`),
+    #   its knobs in `args`;
+    # - `reasoning_gym:<task>` (pip install 'streamrl[gym]'), the generator's arguments in
+    #   `args`, its verifier as the `reasoning_gym` reward and the held-out check;
+    # - a .jsonl/.json, .parquet or .csv file, a directory written by `Dataset.save_to_disk`,
+    #   or a Hugging Face hub dataset (`owner/name` or `hf:name`; downloaded when the hub is
+    #   reachable, read from the local cache otherwise), each row mapped by the keys below.
     source: str = "arithmetic"
-    # Operands of arithmetic and chain are in [0, max_operand], countdown's numbers in
-    # [1, max_operand]; arithmetic and chain draw each operation from `operations`.
-    max_operand: int = 20
-    operations: list[Literal["+", "-", "*"]] = msgspec.field(default_factory=lambda: ["+", "-"])
-    # chain: operands per question.
-    chain_terms: int = 4
-    # countdown: numbers given per puzzle, and the largest target.
-    countdown_numbers: int = 3
-    countdown_max_target: int = 100
-    # The wording keys below (system_prompt, question_template(s), no_system_prompt_share) are
-    # the arithmetic task's; chain, countdown and gsm word their own questions.
-    system_prompt: str = "Answer with the number only."
-    # The user message of an arithmetic question; `{a}`, `{op}` and `{b}` are filled in.
-    question_template: str = "What is {a} {op} {b}?"
-    # More wordings for training: each training question is worded by one of
-    # [question_template, *question_templates], drawn from its seed, and asked without the
-    # system prompt with probability `no_system_prompt_share`, so that a run learns the task
-    # rather than one prompt's answer format. Evaluation keeps question_template with the
-    # system prompt, and asks eval.unseen_phrasing (never trained on) beside it.
-    question_templates: list[str] = msgspec.field(default_factory=list)
-    no_system_prompt_share: float = 0.0
+    # A built-in task's or reasoning-gym's own settings (e.g. arithmetic's max_operand).
+    args: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Tables (files, save_to_disk directories, hub datasets). The hub dataset's config
+    # (`main` for openai/gsm8k), its revision, and the split trained on.
+    subset: str = ""
+    revision: str = ""
+    split: str = "train"
+    # The split evaluated on ("test"); "" = hold out one row in `holdout_every` of `split`
+    # (by a hash of its prompt, so duplicates share a side), never trained on.
+    eval_split: str = ""
+    # The row's prompt: chat messages or a string, at a dotted path ("prompt", "question",
+    # "extra_info.question"); or `prompt_template`, a format string over the row's fields
+    # ("{question}\nEnd with #### and the answer."; nested fields as {a[b]}), which wins.
+    prompt_key: str = "prompt"
+    prompt_template: str = ""
+    # Prepended as a system message (unless the row's messages have one); None = the
+    # source's own (a built-in task's instruction; none for a table).
+    system_prompt: str | None = None
+    # The ground truth at a dotted path ("" = reward_model.ground_truth, else ground_truth:
+    # verl's layout), read through `answer_pattern` when set (a regex; its first group, or
+    # the whole match: GSM8K's "####\s*(.+)").
+    answer_key: str = ""
+    answer_pattern: str = ""
+    # The first rows only (0: all).
+    max_rows: int = 0
     max_prompt_tokens: int = 128
-    # One question of a built-in task in this many (by a hash of the question) is held out
-    # for evaluation and never trained on (0: none held out, and none to evaluate on).
+    # One question of a built-in task (or row of a table without `eval_split`) in this many,
+    # by a hash of the question, is held out for evaluation and never trained on (0: none).
     holdout_every: int = 8
+    # How prompts are drawn: `uniform` (the stream in order) or `difficulty` (prompts whose
+    # last groups all scored alike, solved by every sample or by none, asked less often).
+    sampler: Literal["uniform", "difficulty"] = "uniform"
 
 
 class RewardSpec(_Section):
@@ -287,9 +301,15 @@ class EvalConfig(_Section):
     # the final version; 0 = never during a run. Generator 0 does it between calls.
     every: int = 0
     before_train: bool = True
-    # A built-in task (its held-out split, data.holdout_every; the task's own knobs are
-    # data's) or a .parquet/.jsonl file.
-    source: str = "arithmetic"
+    # "" = data.source's held-out questions (its eval_split, or the rows held out of its
+    # split); else another source of any kind data.source takes, read with data's mapping
+    # (for a table: data.eval_split if set, else every row; none of it is trained on).
+    source: str = ""
+    # How a response is judged correct (eval/exact_match): "" = the check of the prompt's
+    # data_source (a built-in task's, GSM8K's, MATH's, reasoning-gym's verifier; else the
+    # number the first line states), or a reward (a registered name or module:function):
+    # correct when it pays at least 1.
+    check: str = ""
     seed: int = 10_007
     max_prompts: int = 64
     # 0 = greedy; with samples > 1 at a temperature > 0, eval/pass_at_k is reported too.
@@ -423,37 +443,7 @@ def _finalize(config: Config) -> Config:
         (config.eval.samples >= 1, "eval.samples must be >= 1"),
         (config.eval.temperature >= 0, "eval.temperature must be >= 0"),
         (config.data.holdout_every >= 0, "data.holdout_every must be >= 0"),
-        (config.data.max_operand >= 1, "data.max_operand must be >= 1"),
-        (len(config.data.operations) >= 1, "data.operations must name at least one operation"),
-        (2 <= config.data.chain_terms <= 12, "data.chain_terms must be in [2, 12]"),
-        (2 <= config.data.countdown_numbers <= 6, "data.countdown_numbers must be in [2, 6]"),
-        (config.data.countdown_max_target >= 1, "data.countdown_max_target must be >= 1"),
-        (
-            # A source without a file suffix names a built-in task (streamrl.tasks).
-            config.eval.every == 0
-            or config.data.holdout_every > 0
-            or Path(config.eval.source).suffix != "",
-            f"eval.source={config.eval.source} has no held-out questions with "
-            "data.holdout_every=0 (hold some out, or set eval.every=0)",
-        ),
-        (
-            _fields_of(config.data.question_template) == {"a", "op", "b"},
-            "data.question_template must use exactly the fields {a}, {op} and {b}",
-        ),
-        (
-            all(_fields_of(t) == {"a", "op", "b"} for t in config.data.question_templates),
-            "every data.question_templates entry must use exactly the fields {a}, {op} and {b}",
-        ),
-        (
-            0.0 <= config.data.no_system_prompt_share <= 1.0,
-            "data.no_system_prompt_share must be in [0, 1]",
-        ),
-        (
-            config.eval.unseen_phrasing
-            not in (config.data.question_template, *config.data.question_templates),
-            "eval.unseen_phrasing must be a wording training never uses (it is one of "
-            "data.question_template / data.question_templates)",
-        ),
+        (config.data.max_rows >= 0, "data.max_rows must be >= 0 (0 = all)"),
         (
             not config.eval.unseen_phrasing
             or _fields_of(config.eval.unseen_phrasing) == {"a", "op", "b"},
@@ -608,7 +598,42 @@ MOVED_KEYS: dict[str, tuple[str, Any]] = {
 }
 
 
+# A built-in task's knobs, once keys of `data`, now its `data.args` (a run directory's
+# config.yaml from before holds them all): old key -> its name in args, and its old default.
+MOVED_TASK_KEYS: dict[str, tuple[str, Any]] = {
+    "max_operand": ("max_operand", 20),
+    "operations": ("operations", ["+", "-"]),
+    "chain_terms": ("terms", 4),
+    "countdown_numbers": ("numbers", 3),
+    "countdown_max_target": ("max_target", 100),
+    "question_template": ("question_template", "What is {a} {op} {b}?"),
+    "question_templates": ("question_templates", []),
+    "no_system_prompt_share": ("no_system_prompt_share", 0.0),
+}
+OLD_SYSTEM_PROMPT = "Answer with the number only."  # data.system_prompt's old default
+
+
+def _move_task_keys(data: dict[str, Any]) -> None:
+    """Old task keys of ``data`` into ``data.args`` (those set; defaults dropped), with a
+    warning naming the new place. The old default system prompt, which only the arithmetic
+    task read, becomes None (each task's own)."""
+    old = [key for key in MOVED_TASK_KEYS if key in data]
+    if not old:
+        return
+    args = data.setdefault("args", {})
+    for key in old:
+        name, default = MOVED_TASK_KEYS[key]
+        value = data.pop(key)
+        if value != default:
+            args.setdefault(name, value)
+            log.warning("config: data.%s moved to data.args.%s", key, name)
+    if data.get("system_prompt") == OLD_SYSTEM_PROMPT:
+        data["system_prompt"] = None
+
+
 def _refuse_moved_keys(tree: dict[str, Any]) -> None:
+    if isinstance(tree.get("data"), dict):
+        _move_task_keys(tree["data"])
     for old, (new, default) in MOVED_KEYS.items():
         section, key = old.split(".")
         if isinstance(tree.get(section), dict) and key in tree[section]:

@@ -1,17 +1,19 @@
 """Prompt sources (docs/design.md §7).
 
-A run has one prompt stream with random access: ``PromptStream(config, seed)[i]`` is prompt
-``i``, the same on every machine (a built-in task, ``streamrl.tasks``, draws question ``i``
-from a generator seeded by ``(seed, i)``; a file is cycled through, reshuffled every epoch
-from ``(seed, epoch)``). The controller's admission hands out indices
+A run has one prompt stream with random access: ``PromptStream(data, seed)[i]`` is prompt
+``i``, the same on every machine. A generated task (``streamrl.tasks``: a built-in one or
+``reasoning_gym:<name>``) draws question ``i`` from a generator seeded by ``(seed, i)``; a
+table (a file, a saved dataset or a hub dataset, ``streamrl.tables``) is cycled through,
+reshuffled every pass from ``(seed, pass)``, and only its row numbers are held in memory (the
+rows stay memory-mapped Arrow). The controller's admission hands out indices
 (``controller.admission``), so no two generators work on the same prompt however many come
 and go, and a resumed run continues the stream instead of replaying it.
 
-``data.source`` names a task (``TASKS``: ``arithmetic``, ``chain``, ``countdown``, ``gsm``)
-or a file. File layout follows verl: ``prompt`` (chat messages or a string), the answer in
-``reward_model.ground_truth`` or ``ground_truth``, and an optional ``data_source`` (which
-picks the held-out exact check, ``evaluation.EXACT_CHECKS``: GSM8K's rows, ``openai/gsm8k``,
-are read after ``####``).
+Held out for evaluation, never trained on: a task's questions whose key hashes into one in
+``data.holdout_every`` (``tasks.base.held_out``); for a table, ``data.eval_split`` when named,
+else its rows whose prompt hashes likewise, when evaluation reads the same table
+(``eval.source`` "" or ``data.source``; another eval source leaves every row to training).
+Rows whose answer ``data.answer_pattern`` does not match are skipped, and counted.
 
 ``Prompt``, ``DataError`` and the arithmetic task's functions are defined in
 ``streamrl.tasks`` and re-exported here.
@@ -19,15 +21,16 @@ are read after ``####``).
 
 from __future__ import annotations
 
+import functools
 import itertools
-import json
-import random
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from streamrl.config import DataConfig
-from streamrl.tasks import TASKS
+import numpy as np
+
+from streamrl.config import Config, DataConfig
+from streamrl.tables import RowMapping, open_table, split_rows
+from streamrl.tasks import check_task_settings, task_for
 from streamrl.tasks.arithmetic import arithmetic_prompts, arithmetic_question, is_held_out
 from streamrl.tasks.base import DataError, Prompt
 
@@ -35,106 +38,97 @@ __all__ = [
     "DataError",
     "Prompt",
     "PromptStream",
+    "TableRows",
     "arithmetic_prompts",
     "arithmetic_question",
     "check_data",
     "is_held_out",
-    "load_prompt_file",
     "prompt_source",
+    "table_rows",
 ]
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        tasks = "" if path.suffix else f" (built-in tasks: {', '.join(TASKS)})"
-        raise DataError(f"prompt file not found: {path}{tasks}")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+class TableRows:
+    """A table's rows split for training and evaluation (module doc): the Arrow table, its
+    mapping, and the row numbers of each side (numpy, not the rows)."""
 
-        try:
-            return pq.read_table(path).to_pylist()
-        except Exception as exc:  # pyarrow raises several types for a bad file
-            raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
-    if path.suffix in (".jsonl", ".json"):
-        rows = []
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-        return rows
-    raise DataError(f"{path}: unsupported prompt file type (use .parquet or .jsonl)")
+    def __init__(self, table: Any, mapping: RowMapping, train: np.ndarray, held: np.ndarray):
+        self.table, self.mapping = table, mapping
+        self.train_rows, self.eval_rows = train, held
+
+    def prompt(self, row: int) -> Prompt:
+        return self.mapping.prompt(self.table[int(row)], int(row))
 
 
-def _row_to_prompt(row: dict[str, Any], index: int, path: Path) -> Prompt:
-    raw = row.get("prompt")
-    if isinstance(raw, str):
-        messages = [{"role": "user", "content": raw}]
-    elif isinstance(raw, list) and all(isinstance(m, dict) and "content" in m for m in raw):
-        messages = [{"role": m.get("role", "user"), "content": m["content"]} for m in raw]
-    else:
-        raise DataError(f"{path}: row {index}: 'prompt' must be a string or a list of messages")
-    reward_model = row.get("reward_model") or {}
-    truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
-    truth = truth if truth is not None else row.get("ground_truth")
-    if truth is None:
-        raise DataError(
-            f"{path}: row {index}: no ground truth (reward_model.ground_truth or ground_truth)"
-        )
-    return Prompt(
-        prompt_id=str(row.get("id", f"{path.stem}-{index}")),
-        messages=messages,
-        ground_truth=str(truth),
-        data_source=str(row.get("data_source") or path.stem),
-    )
+@functools.lru_cache(maxsize=8)
+def _table_rows(data_json: bytes, source: str, split: str, holdout: bool) -> TableRows:
+    import msgspec
+
+    data = msgspec.json.decode(data_json, type=DataConfig)
+    table = open_table(source, data, split)
+    mapping = RowMapping.of(data, source)
+    train, held = split_rows(table, mapping, data.holdout_every if holdout else 0)
+    return TableRows(table, mapping, train, held)
 
 
-def load_prompt_file(path: str | Path) -> list[Prompt]:
-    """Read and check every row up front, so a bad file fails before the run starts."""
-    path = Path(path)
-    rows = _read_rows(path)
-    if not rows:
-        raise DataError(f"{path}: no prompts")
-    return [_row_to_prompt(row, i, path) for i, row in enumerate(rows)]
+def table_rows(data: DataConfig, source: str, split: str, holdout: bool) -> TableRows:
+    """The rows of ``source``'s ``split`` (read once per process and settings): with
+    ``holdout``, one in ``data.holdout_every`` held out by the hash of its prompt."""
+    import msgspec
+
+    return _table_rows(msgspec.json.encode(data), source, split, holdout)
+
+
+def holds_out_rows(data: DataConfig, eval_source: str) -> bool:
+    """Whether training leaves out the held-out rows of its table (module doc)."""
+    return not data.eval_split and eval_source in ("", data.source)
 
 
 class PromptStream:
-    """The run's prompts by index (module doc): ``stream[i]`` is the same prompt every time."""
+    """The run's prompts by index (module doc): ``stream[i]`` is the same prompt every time.
+    ``eval_source`` is ``eval.source``: whether a table's rows are held out depends on it."""
 
-    def __init__(self, config: DataConfig, seed: int) -> None:
-        self.config, self.seed = config, seed
-        self.task = TASKS.get(config.source)
-        self.rows = None if self.task is not None else load_prompt_file(config.source)
-        self._epoch: tuple[int, list[Prompt]] | None = None
+    def __init__(self, data: DataConfig, seed: int, eval_source: str = "") -> None:
+        self.data, self.seed = data, seed
+        self.task = task_for(data.source)
+        self.rows = None
+        if self.task is None:
+            holdout = holds_out_rows(data, eval_source)
+            self.rows = table_rows(data, data.source, data.split, holdout)
+            if len(self.rows.train_rows) == 0:
+                raise DataError(f"data.source {data.source}: every row is held out")
+        self._order: tuple[int, np.ndarray] | None = None
 
     def __getitem__(self, index: int) -> Prompt:
         if index < 0:
             raise IndexError(f"prompt index {index} < 0")
         if self.task is not None:
-            return self.task.question(self.config, self.seed, index, "train")
-        epoch, position = divmod(index, len(self.rows))
-        if self._epoch is None or self._epoch[0] != epoch:
-            order = list(self.rows)
-            random.Random(f"{self.seed}:{epoch}").shuffle(order)
-            self._epoch = (epoch, order)
-        return self._epoch[1][position]
+            return self.task.question(self.data, self.seed, index, "train")
+        train = self.rows.train_rows
+        epoch, position = divmod(index, len(train))
+        if self._order is None or self._order[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._order = (epoch, train[rng.permutation(len(train))])
+        return self.rows.prompt(self._order[1][position])
+
+
+def prompt_stream(config: Config) -> PromptStream:
+    """The run's training stream (``data``, ``run.seed``, held out as ``eval.source`` asks)."""
+    return PromptStream(config.data, config.run.seed, config.eval.source)
 
 
 def prompt_source(
-    config: DataConfig, seed: int, stream: int = 0, streams: int = 1
+    data: DataConfig, seed: int, stream: int = 0, streams: int = 1
 ) -> Iterator[Prompt]:
     """Prompts ``stream``, ``stream + streams``, ... of the run's stream (``PromptStream``)."""
-    prompts = PromptStream(config, seed)
+    prompts = PromptStream(data, seed)
     return (prompts[i] for i in itertools.count(stream, streams))
 
 
-def check_data(config: DataConfig) -> None:
-    """Fail early (in the controller) on a missing or malformed prompt file, or a task whose
-    settings leave it no training question (``DataError``)."""
-    task = TASKS.get(config.source)
-    if task is None:
-        load_prompt_file(config.source)
-    else:
-        task.question(config, 0, 0, "train")
+def check_data(config: Config) -> None:
+    """Fail early (``streamrl launch``/``validate`` and the controller, before any role
+    starts) on a task's bad ``data.args`` (``ConfigError``), a source that cannot be read or
+    mapped, or a task whose settings leave it no training question (``DataError``)."""
+    check_task_settings(config)
+    stream = prompt_stream(config)
+    stream[0]

@@ -1,29 +1,30 @@
 """Held-out evaluation: did the model get better? (``eval:`` in the config, ``streamrl eval``).
 
-Prompts come from ``eval.source``: a built-in task's held-out split (questions training
-never draws, ``data.holdout_every``; ``streamrl.tasks``) or a verl-layout Parquet/JSONL file;
-the first ``eval.max_prompts`` of them. A task's held-out questions are drawn without
-replacement (each key once: ``b + a`` is ``a + b``), so ``eval/prompts`` is the number of
-distinct questions, the n of the figures' standard error; when the split holds fewer than
+Prompts come from ``eval.source`` ("" = ``data.source``): a generated task's held-out split
+(questions training never draws, ``data.holdout_every``; ``streamrl.tasks``), or a table's
+(``data.eval_split``, or the rows held out of ``data.split``; ``streamrl.data``), or every row
+of another table; ``eval.max_prompts`` of them. They are drawn without replacement by key (a
+task's ``b + a`` is ``a + b``; a table's row by its prompt), so ``eval/prompts`` is the number
+of distinct questions, the n of the figures' standard error; when the split holds fewer than
 ``eval.max_prompts``, all of them are asked and a warning says how many. Each is decoded
 ``eval.samples`` times at ``eval.temperature`` (0 = greedy) and every response is scored
 twice:
 
 - by the run's verifiers (``rewards:``), as training is: ``eval/reward_mean``, and
   ``eval/accuracy``, the share of responses given the top reward (the sum of the weights);
-- by the exact check of the prompt's ``data_source`` (``exact_answer``, ``EXACT_CHECKS``):
-  ``eval/exact_match``. Arithmetic, chain and any other source use ``first_line_answer``,
-  which shares no code with the training rewards: the number the first non-empty line states
-  must equal the ground truth exactly, the number right after its last ``=`` when the line
-  is an equation, else its first number (for a non-numeric ground truth, the stripped first
-  line must equal it). A number has an optional sign (``+`` or ``-``), commas only between
-  groups of three digits (``1,024``; ``4,2`` states 4) and an optional decimal part. This is
-  the stated answer of ``rewards.stated_number`` too, read by code of its own; a table-driven
-  test holds the two to the same cases. Countdown's ground truth is a puzzle, not a number:
-  its check is the task's verifier (the expression uses the given numbers and reaches the
-  target). GSM's reads the number after ``####``, and so does a file's row whose
-  ``data_source`` is GSM8K's (``openai/gsm8k``, as verl's preprocessing names it, or
-  ``gsm8k``).
+- by the exact check (``exact_answer``): ``eval.check`` when set (a reward, correct when it pays at
+  least 1), else the check of the prompt's ``data_source`` (``EXACT_CHECKS``; reasoning-gym's
+  verifier for its prompts, a full score): ``eval/exact_match``. Arithmetic, chain and any other
+  source use ``first_line_answer``, which shares no code with the training rewards: the number the
+  first non-empty line states must equal the ground truth exactly, the number right after its last
+  ``=`` when the line is an equation, else its first number (for a non-numeric ground truth, the
+  stripped first line must equal it). A number has an optional sign (``+`` or ``-``), commas only
+  between groups of three digits (``1,024``; ``4,2`` states 4) and an optional decimal part. This is
+  the stated answer of ``rewards.stated_number`` too, read by code of its own; a table-driven test
+  holds the two to the same cases. Countdown's ground truth is a puzzle, not a number: its check is
+  the task's verifier (the expression uses the given numbers and reaches the target). GSM's reads
+  the number after ``####``, and so does a file's row whose ``data_source`` is GSM8K's
+  (``openai/gsm8k``, as verl's preprocessing names it, or ``gsm8k``).
 
 ``eval/completed`` counts a response only if it is exact *and* ended on its own (a stop
 token, not the token limit): raw reward and exact match credit an answer whose first line is
@@ -51,10 +52,12 @@ from fractions import Fraction
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from streamrl.config import Config
-from streamrl.data import Prompt, load_prompt_file
-from streamrl.tasks import TASKS, gsm
+from streamrl.data import DataError, Prompt, table_rows
+from streamrl.tasks import TASKS, gsm, task_for
+from streamrl.tasks import reasoning_gym as gym
 from streamrl.tasks.arithmetic import arithmetic_question
 
 log = logging.getLogger(__name__)
@@ -89,10 +92,28 @@ EXACT_CHECKS: dict[str, Callable[[str, str], bool]] = {
 } | {"openai/gsm8k": gsm.final_answer, "gsm8k": gsm.final_answer}
 
 
+Check = Callable[[Prompt, str], bool]
+
+
 def exact_answer(prompt: Prompt, response: str) -> bool:
     """Whether ``response`` answers ``prompt`` exactly, by its source's check (module doc)."""
+    if prompt.metadata and "reasoning_gym" in prompt.metadata:
+        return gym.score(response, prompt.metadata) >= 1.0
     check = EXACT_CHECKS.get(prompt.data_source, first_line_answer)
     return check(response, prompt.ground_truth)
+
+
+def exact_check(config: Config) -> Check:
+    """The run's exact check: ``eval.check``'s reward (correct when it pays at least 1; with
+    the args a ``rewards:`` entry of that name gives it), else ``exact_answer``."""
+    if not config.eval.check:
+        return exact_answer
+    from streamrl.config import RewardSpec
+    from streamrl.rewards import CombinedReward, RewardInput
+
+    spec = next((r for r in config.rewards if r.name == config.eval.check), None)
+    reward = CombinedReward([RewardSpec(config.eval.check, 1.0, spec.args if spec else {})])
+    return lambda prompt, response: reward(RewardInput.of(prompt, response, [])) >= 1.0
 
 
 # Draws per asked prompt before concluding that the held-out split has no more distinct
@@ -106,7 +127,8 @@ def _eval_indices(config: Config) -> list[int]:
     """The indices of the held-out stream's first ``eval.max_prompts`` distinct questions
     (by key), or of all of them if the split holds fewer (with a warning)."""
     ev = config.eval
-    task = TASKS[ev.source]
+    source = ev.source or config.data.source
+    task = task_for(source)
     seen: set[str] = set()
     indices: list[int] = []
     for i in range(ev.max_prompts * _DRAWS_PER_PROMPT):
@@ -120,7 +142,7 @@ def _eval_indices(config: Config) -> list[int]:
         "eval.max_prompts=%d, but the %s task's held-out split has only %d distinct "
         "held-out questions with these data settings: evaluating those %d",
         ev.max_prompts,
-        ev.source,
+        source,
         len(indices),
         len(indices),
     )
@@ -128,13 +150,40 @@ def _eval_indices(config: Config) -> list[int]:
 
 
 def eval_prompts(config: Config) -> list[Prompt]:
-    """The first ``eval.max_prompts`` held-out prompts, each question once (the same ones on
-    every call; module doc)."""
-    ev = config.eval
-    task = TASKS.get(ev.source)
+    """``eval.max_prompts`` held-out prompts, each question once (the same ones on every
+    call; module doc)."""
+    ev, data = config.eval, config.data
+    source = ev.source or data.source
+    task = task_for(source)
     if task is not None:
-        return [task.question(config.data, ev.seed, i, "eval") for i in _eval_indices(config)]
-    return load_prompt_file(ev.source)[: ev.max_prompts]
+        return [task.question(data, ev.seed, i, "eval") for i in _eval_indices(config)]
+    if source != data.source:
+        rows = table_rows(data, source, data.eval_split or data.split, holdout=False)
+        candidates = rows.train_rows
+    elif data.eval_split:
+        rows = table_rows(data, source, data.eval_split, holdout=False)
+        candidates = rows.train_rows
+    else:
+        rows = table_rows(data, source, data.split, holdout=True)
+        candidates = rows.eval_rows
+    if len(candidates) == 0:
+        raise DataError(f"eval.source {source}: no held-out rows to evaluate")
+    order = np.random.default_rng(ev.seed).permutation(len(candidates))
+    prompts, seen = [], set()
+    for position in order:
+        prompt = rows.prompt(candidates[position])
+        if prompt.key not in seen:
+            seen.add(prompt.key)
+            prompts.append(prompt)
+            if len(prompts) == ev.max_prompts:
+                return prompts
+    log.warning(
+        "eval.max_prompts=%d, but %s has only %d distinct held-out prompts: evaluating those",
+        ev.max_prompts,
+        source,
+        len(prompts),
+    )
+    return prompts
 
 
 UNSEEN = "eval/unseen_phrasing/"  # the prefix of the unseen phrasing's figures
@@ -146,7 +195,7 @@ def unseen_phrasing_prompts(config: Config) -> list[Prompt]:
     source other than the arithmetic task (a file's wording is the file's; the other tasks
     word their questions one way)."""
     ev = config.eval
-    if ev.source != "arithmetic" or not ev.unseen_phrasing:
+    if (ev.source or config.data.source) != "arithmetic" or not ev.unseen_phrasing:
         return []
     phrasing = (ev.unseen_phrasing, "")
     return [
@@ -175,6 +224,7 @@ def score(
     from streamrl.rewards import CombinedReward, RewardInput
 
     reward = CombinedReward(config.rewards)
+    exact = exact_check(config)
     samples = []
     for i, (text, response_ids, finish_reason) in enumerate(responses):
         prompt = prompts[i // config.eval.samples]
@@ -185,7 +235,7 @@ def score(
                 "response": text,
                 "ground_truth": prompt.ground_truth,
                 "reward": value,
-                "exact": exact_answer(prompt, text),
+                "exact": exact(prompt, text),
                 "stopped": finish_reason == "stop",
             }
         )

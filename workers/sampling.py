@@ -17,7 +17,7 @@ import logging
 import time
 
 from streamrl.config import Config
-from streamrl.data import Prompt, PromptStream
+from streamrl.data import Prompt, prompt_stream
 from streamrl.models import encode_prompt, stop_token_ids
 from streamrl.protocol import Trajectory, TrajectoryGroup, pack_int32
 from streamrl.rewards import CombinedReward, RewardInput
@@ -43,7 +43,7 @@ class Sampler:
         gen = config.generator
         self.config, self.engine, self.tokenizer = config, engine, tokenizer
         self.generator_id, self.on_step = generator_id, on_step
-        self.prompts = PromptStream(config.data, config.run.seed)
+        self.prompts = prompt_stream(config)
         self.reward = CombinedReward(config.rewards)
         self.episodes = EpisodeRunner(config, tokenizer) if config.env.name else None
         self.params = SamplingParams(

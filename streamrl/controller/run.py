@@ -120,6 +120,7 @@ class Controller:
     def run(self) -> dict[str, Any]:
         from streamrl.data import check_data
         from streamrl.envs import check_env
+        from streamrl.evaluation import eval_prompts
         from streamrl.models import resolve_model
         from streamrl.rewards import check_rewards
         from streamrl.workers.engines import check_engine_config
@@ -127,7 +128,9 @@ class Controller:
         cfg = self.config
         try:
             # Everything that can fail on bad input fails here, before any process starts.
-            check_data(cfg.data)
+            check_data(cfg)
+            if cfg.eval.every > 0 or cfg.eval.before_train:
+                eval_prompts(cfg)  # the held-out split exists and maps
             check_rewards(cfg.rewards)
             check_env(cfg.env)
             check_engine_config(cfg.generator)

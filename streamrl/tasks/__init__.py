@@ -7,7 +7,12 @@ docs/design.md §7): ``TASKS[name].question(data, seed, index, split)`` is a tas
 - ``chain``: ``What is 23 + 8 - 14 + 6?`` (``data.chain_terms`` operands);
 - ``countdown``: reach a target from ``data.countdown_numbers`` numbers with ``+ - * /``;
 - ``gsm``: templated word problems, a worked solution ending in ``#### N``;
-- ``guess``: a hidden number to find over several turns (``streamrl.envs.guess`` plays it).
+- ``guess``: a hidden number to find over several turns (``streamrl.envs.guess`` plays it);
+- ``reasoning_gym:<name>``: any of reasoning-gym's generators, with its verifier
+  (``streamrl.tasks.reasoning_gym``; ``task_for`` builds its Task).
+
+A task's knobs are ``data.args``, decoded into its ``Task.args`` struct (e.g.
+``ArithmeticArgs``) and checked when the config loads (``check_task_settings``).
 
 Each module owns its task: the draw, the wording, the ground truth and the check of an
 answer. They import only the config and the stdlib (and ``streamrl.data`` and
@@ -16,9 +21,58 @@ answer. They import only the config and the stdlib (and ``streamrl.data`` and
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from streamrl.config import ConfigError
 from streamrl.tasks import arithmetic, chain, countdown, gsm, guess
-from streamrl.tasks.base import Task
+from streamrl.tasks.base import DataError, Task, task_args
+from streamrl.tasks.reasoning_gym import dataset_for, gym_task, is_gym_source
+
+if TYPE_CHECKING:
+    from streamrl.config import Config
 
 TASKS: dict[str, Task] = {
     task.name: task for task in (arithmetic.TASK, chain.TASK, countdown.TASK, gsm.TASK, guess.TASK)
 }
+
+
+def task_for(source: str) -> Task | None:
+    """The generated task ``source`` names (a built-in one or ``reasoning_gym:<name>``), else
+    None (a table: a file, a saved dataset or a hub dataset)."""
+    if is_gym_source(source):
+        return gym_task(source)
+    return TASKS.get(source)
+
+
+def check_task_settings(config: Config) -> None:
+    """``ConfigError`` (one line) for a task's bad ``data.args``, args given to a table, and
+    evaluation settings the task cannot serve; run when the config loads."""
+    data, ev = config.data, config.eval
+    try:
+        if is_gym_source(data.source):
+            dataset_for(data, 0)
+        elif data.source in TASKS:
+            task_args(data, TASKS[data.source].args)
+        elif data.args:
+            raise ConfigError(
+                f"data.args is for a built-in task or reasoning_gym:<task>; data.source="
+                f"{data.source} is a table: map its rows with data.prompt_key, "
+                "data.prompt_template, data.answer_key and data.answer_pattern"
+            )
+    except DataError as exc:
+        raise ConfigError(str(exc)) from None
+    evaluated = ev.source or data.source
+    held_out_task = task_for(evaluated) is not None
+    held_out_rows = evaluated == data.source and not data.eval_split
+    if ev.every > 0 and data.holdout_every == 0 and (held_out_task or held_out_rows):
+        raise ConfigError(
+            f"eval.source={evaluated} has no held-out questions with data.holdout_every=0 "
+            "(hold some out, name data.eval_split or another eval.source, or set eval.every=0)"
+        )
+    if evaluated == "arithmetic" and ev.unseen_phrasing and data.source == "arithmetic":
+        args = task_args(data, arithmetic.ArithmeticArgs)
+        if ev.unseen_phrasing in (args.question_template, *args.question_templates):
+            raise ConfigError(
+                "eval.unseen_phrasing must be a wording training never uses (it is one of "
+                "data.args.question_template / question_templates)"
+            )

@@ -1,19 +1,71 @@
 """``arithmetic``: ``What is 7 + 12?``, ground truth ``19`` (the default job's task).
 
-Operands in ``[0, data.max_operand]``, the operation from ``data.operations``; the wording is
-configurable (``data.question_template(s)``, ``data.system_prompt``,
-``data.no_system_prompt_share``) and the held-out exact check is evaluation's
-``first_line_answer``.
+Knobs (``data.args``, ``ArithmeticArgs``): operands in ``[0, max_operand]``, the operation
+from ``operations``, and the wording (``question_template(s)``, ``no_system_prompt_share``;
+the system prompt is ``data.system_prompt``, by default ``SYSTEM_PROMPT``). The held-out exact
+check is evaluation's ``first_line_answer``.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
+import string
 from collections.abc import Iterator
+from typing import Literal
+
+import msgspec
 
 from streamrl.config import DataConfig
-from streamrl.tasks.base import Prompt, Task, commuted_key, draw, held_out, messages
+from streamrl.tasks.base import (
+    Prompt,
+    Task,
+    TaskArgs,
+    commuted_key,
+    draw,
+    held_out,
+    messages,
+    system_prompt,
+    task_args,
+)
+
+SYSTEM_PROMPT = "Answer with the number only."
+
+
+def template_fields(template: str) -> set[str] | None:
+    """The named fields of a str.format template (None if it does not parse)."""
+    try:
+        return {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
+    except ValueError:
+        return None
+
+
+class ArithmeticArgs(TaskArgs):
+    max_operand: int = 20
+    operations: list[Literal["+", "-", "*"]] = msgspec.field(default_factory=lambda: ["+", "-"])
+    # The user message; `{a}`, `{op}` and `{b}` are filled in.
+    question_template: str = "What is {a} {op} {b}?"
+    # More wordings for training: each training question is worded by one of
+    # [question_template, *question_templates], drawn from its seed, and asked without the
+    # system prompt with probability `no_system_prompt_share`, so that a run learns the task
+    # rather than one prompt's answer format. Evaluation keeps question_template with the
+    # system prompt, and asks eval.unseen_phrasing (never trained on) beside it.
+    question_templates: list[str] = msgspec.field(default_factory=list)
+    no_system_prompt_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_operand < 1:
+            raise ValueError("max_operand must be >= 1")
+        if not self.operations:
+            raise ValueError("operations must name at least one operation")
+        for template in (self.question_template, *self.question_templates):
+            if template_fields(template) != {"a", "op", "b"}:
+                raise ValueError(
+                    f"question template {template!r} must use exactly the fields {{a}}, "
+                    "{op} and {b}"
+                )
+        if not 0.0 <= self.no_system_prompt_share <= 1.0:
+            raise ValueError("no_system_prompt_share must be in [0, 1]")
 
 
 def question_key(a: int, op: str, b: int) -> str:
@@ -40,26 +92,27 @@ def arithmetic_question(
     ``19``. ``split="train"`` never yields a held-out question (``data.holdout_every``) and
     ``split="eval"`` yields only those, so evaluation measures questions training never saw.
 
-    Wording: a training question draws its template from ``data.question_template`` and
-    ``data.question_templates`` and drops the system prompt with probability
-    ``data.no_system_prompt_share`` (both from the question's own seed, after its numbers,
-    so the numbers do not depend on the wordings); an eval question keeps
-    ``question_template`` with the system prompt. ``phrasing``: (template, system prompt;
-    "" for none) instead, for the same question."""
+    Wording: a training question draws its template from ``question_template`` and
+    ``question_templates`` and drops the system prompt with probability
+    ``no_system_prompt_share`` (both from the question's own seed, after its numbers, so the
+    numbers do not depend on the wordings); an eval question keeps ``question_template``
+    with the system prompt. ``phrasing``: (template, system prompt; "" for none) instead,
+    for the same question."""
+    args = task_args(config, ArithmeticArgs)
     rng = random.Random(f"{seed}:{index}")
 
     def make(rng: random.Random) -> tuple[str, tuple[int, str, int]]:
-        a, b = rng.randint(0, config.max_operand), rng.randint(0, config.max_operand)
-        op = rng.choice(config.operations)
+        a, b = rng.randint(0, args.max_operand), rng.randint(0, args.max_operand)
+        op = rng.choice(args.operations)
         return question_key(a, op, b), (a, op, b)
 
     key, (a, op, b) = draw(rng, split, config.holdout_every, make)
     answer = {"+": a + b, "-": a - b, "*": a * b}[op]
-    template, system = config.question_template, config.system_prompt
-    if split == "train" and config.question_templates:
-        template = rng.choice([config.question_template, *config.question_templates])
-    if split == "train" and config.no_system_prompt_share > 0:
-        system = "" if rng.random() < config.no_system_prompt_share else system
+    template, system = args.question_template, system_prompt(config, SYSTEM_PROMPT)
+    if split == "train" and args.question_templates:
+        template = rng.choice([args.question_template, *args.question_templates])
+    if split == "train" and args.no_system_prompt_share > 0:
+        system = "" if rng.random() < args.no_system_prompt_share else system
     template, system = phrasing or (template, system)
     user = template.format(a=a, op=op, b=b)
     return Prompt(f"arith-{index}", messages(system, user), str(answer), "arithmetic", key)
@@ -78,4 +131,4 @@ def arithmetic_prompts(
         yield arithmetic_question(config, seed, index, split, phrasing)
 
 
-TASK = Task("arithmetic", arithmetic_question)
+TASK = Task("arithmetic", arithmetic_question, args=ArithmeticArgs)

@@ -14,12 +14,15 @@ that the tasks and the file reader build the same thing.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+import msgspec
 
 from streamrl.config import DataConfig
 
@@ -90,8 +93,41 @@ def draw(
             return key, question
     raise DataError(
         f"no {split} question in {MAX_DRAWS} draws: the task's question space is too small "
-        "for data.holdout_every (widen data.max_operand or the task's knobs)"
+        "for data.holdout_every (widen data.args.max_operand or the task's other knobs)"
     )
+
+
+class TaskArgs(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A task's knobs (``data.args``); a subclass checks its values in ``__post_init__``
+    (raising ``ValueError`` with a one-line message)."""
+
+
+A = TypeVar("A", bound=TaskArgs)
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_args(kind: type[A], encoded: bytes) -> A:
+    return msgspec.json.decode(encoded, type=kind)
+
+
+def task_args(data: DataConfig, kind: type[A]) -> A:
+    """``data.args`` as the task's typed knobs (decoded once per distinct value: a question is
+    drawn per prompt); ``DataError`` naming the bad key."""
+    try:
+        return _decode_args(kind, msgspec.json.encode(data.args))
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        unknown = re.match(r"Object contains unknown field `([^`]+)`", message)
+        if unknown:
+            known = ", ".join(kind.__struct_fields__) or "none"
+            message = f"unknown key `{unknown.group(1)}` (this task's: {known})"
+        raise DataError(f"data.args for {data.source}: {message.replace('`$.', '`')}") from None
+
+
+def system_prompt(data: DataConfig, default: str) -> str:
+    """The system prompt of a task's question: ``data.system_prompt`` when set, else the
+    task's own ``default``."""
+    return default if data.system_prompt is None else data.system_prompt
 
 
 def messages(system: str, user: str) -> list[dict[str, str]]:
@@ -110,3 +146,4 @@ class Task:
     name: str
     question: Callable[[DataConfig, int, int, str], Prompt]
     exact: Callable[[str, str], bool] | None = None
+    args: type[TaskArgs] = TaskArgs

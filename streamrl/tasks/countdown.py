@@ -2,9 +2,10 @@
 
 Question: ``Use the numbers 7, 3, 25 to make 46. ...``; the answer is the expression alone on
 the first line, e.g. ``(25 - 3) * 2`` (a trailing ``= 46`` is allowed). The instance is built
-from its numbers (``data.countdown_numbers`` of them in ``[1, data.max_operand]``) by
-combining all of them with random ``+ - * /`` steps whose every intermediate result is a
-positive integer, so it is solvable; the target is in ``[1, data.countdown_max_target]`` and
+from its numbers (``numbers`` of them in ``[1, max_operand]``; ``data.args``,
+``CountdownArgs``) by combining all of them with random ``+ - * /`` steps whose every
+intermediate result is a positive integer, so it is solvable; the target is in
+``[1, max_target]`` and
 not one of the numbers (a fixed number of tries, then the sum of the numbers).
 
 Ground truth: JSON ``{"target": 46, "numbers": [7, 3, 25], "solution": "(25 - 3) * 2"}``
@@ -23,7 +24,7 @@ from collections import Counter
 from typing import Any
 
 from streamrl.config import DataConfig
-from streamrl.tasks.base import Prompt, Task, draw, messages
+from streamrl.tasks.base import Prompt, Task, TaskArgs, draw, messages, system_prompt, task_args
 from streamrl.tasks.expression import numbers as literals
 from streamrl.tasks.expression import parse, value
 
@@ -33,6 +34,20 @@ QUESTION = (
     "each number at most once."
 )
 _TRIES = 100
+
+
+class CountdownArgs(TaskArgs):
+    max_operand: int = 20  # the largest number given
+    numbers: int = 3  # numbers given per puzzle
+    max_target: int = 100
+
+    def __post_init__(self) -> None:
+        if self.max_operand < 1:
+            raise ValueError("max_operand must be >= 1")
+        if not 2 <= self.numbers <= 6:
+            raise ValueError("numbers must be in [2, 6]")
+        if self.max_target < 1:
+            raise ValueError("max_target must be >= 1")
 
 
 def _combine(rng: random.Random, numbers: list[int]) -> tuple[int, str]:
@@ -56,13 +71,14 @@ def _combine(rng: random.Random, numbers: list[int]) -> tuple[int, str]:
 
 def countdown_question(config: DataConfig, seed: int, index: int, split: str = "train") -> Prompt:
     """Puzzle ``index`` of the seeded stream (from ``(seed, index)``) of ``split``."""
+    args = task_args(config, CountdownArgs)
     rng = random.Random(f"countdown:{seed}:{index}")
 
     def make(rng: random.Random) -> tuple[str, tuple[list[int], int, str]]:
         for _ in range(_TRIES):
-            given = [rng.randint(1, config.max_operand) for _ in range(config.countdown_numbers)]
+            given = [rng.randint(1, args.max_operand) for _ in range(args.numbers)]
             target, solution = _combine(rng, given)
-            if target <= config.countdown_max_target and target not in given:
+            if target <= args.max_target and target not in given:
                 break
         else:  # a cramped setting: still solvable, perhaps above the target range
             target, solution = sum(given), " + ".join(map(str, given))
@@ -71,7 +87,13 @@ def countdown_question(config: DataConfig, seed: int, index: int, split: str = "
     key, (given, target, solution) = draw(rng, split, config.holdout_every, make)
     truth = json.dumps({"target": target, "numbers": given, "solution": solution})
     user = QUESTION.format(numbers=", ".join(map(str, given)), target=target)
-    return Prompt(f"countdown-{index}", messages(SYSTEM_PROMPT, user), truth, "countdown", key)
+    return Prompt(
+        f"countdown-{index}",
+        messages(system_prompt(config, SYSTEM_PROMPT), user),
+        truth,
+        "countdown",
+        key,
+    )
 
 
 def _puzzle(ground_truth: str) -> tuple[int, list[int]] | None:
@@ -112,4 +134,4 @@ def solves(response: str, ground_truth: str) -> bool:
     return grade(response, ground_truth)[1]
 
 
-TASK = Task("countdown", countdown_question, exact=solves)
+TASK = Task("countdown", countdown_question, exact=solves, args=CountdownArgs)

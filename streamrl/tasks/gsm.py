@@ -20,7 +20,7 @@ from collections.abc import Callable
 from fractions import Fraction
 
 from streamrl.config import DataConfig
-from streamrl.tasks.base import Prompt, Task, draw, messages
+from streamrl.tasks.base import Prompt, Task, draw, messages, system_prompt
 
 SYSTEM_PROMPT = (
     "Solve the problem step by step. End with the final answer on its own line as #### <number>."
@@ -151,7 +151,8 @@ def gsm_question(config: DataConfig, seed: int, index: int, split: str = "train"
         **fields,
     )
     truth = str(answer(*quantities))
-    return Prompt(f"gsm-{index}", messages(SYSTEM_PROMPT, user), truth, "gsm", key)
+    system = system_prompt(config, SYSTEM_PROMPT)
+    return Prompt(f"gsm-{index}", messages(system, user), truth, "gsm", key)
 
 
 _FINAL = re.compile(r"####\s*(-?[\d,]*\d(?:\.\d+)?)")

@@ -33,7 +33,7 @@ def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     ("args", "code", "message"),
     [
         (["model.name=/no/such/model"], 1, "model '/no/such/model' not found"),
-        (["data.source=/no/such/prompts.parquet"], 1, "prompt file not found"),
+        (["data.source=/no/such/prompts.parquet"], 2, "prompt file not found"),
         (["rewards=[{name: no_such_reward}]"], 2, "unknown reward"),
         (["generator.count=zero"], 2, "generator.count"),
         (["--learners", "3"], 2, "divisible"),

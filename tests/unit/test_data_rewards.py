@@ -1,16 +1,12 @@
 from __future__ import annotations
 
 import itertools
-import json
 import re
-from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from streamrl.config import ConfigError, DataConfig, RewardSpec, load_config
-from streamrl.data import DataError, arithmetic_question, load_prompt_file, prompt_source
+from streamrl.data import arithmetic_question, check_data, prompt_source
 from streamrl.rewards import CombinedReward, RewardInput, check_rewards, resolve_reward
 
 
@@ -25,38 +21,6 @@ def test_arithmetic_is_seeded_and_streams_are_disjoint() -> None:
     p = first[0]
     a_, op, b_ = p.messages[-1]["content"].removeprefix("What is ").rstrip("?").split()
     assert str(eval(f"{a_}{op}{b_}")) == p.ground_truth  # noqa: S307 - our own digits
-
-
-def test_parquet_in_verl_layout(tmp_path: Path) -> None:
-    table = pa.table(
-        {
-            "prompt": [
-                [{"role": "user", "content": "2+2?"}],
-                [{"role": "user", "content": "3+3?"}],
-            ],
-            "reward_model": [{"ground_truth": "4"}, {"ground_truth": "6"}],
-            "data_source": ["toy", "toy"],
-        }
-    )
-    path = tmp_path / "train.parquet"
-    pq.write_table(table, path)
-    prompts = load_prompt_file(path)
-    assert [p.ground_truth for p in prompts] == ["4", "6"]
-    assert prompts[0].messages == [{"role": "user", "content": "2+2?"}]
-
-
-def test_jsonl_string_prompt_and_errors(tmp_path: Path) -> None:
-    path = tmp_path / "p.jsonl"
-    path.write_text(json.dumps({"prompt": "hi", "ground_truth": 3}) + "\n")
-    assert load_prompt_file(path)[0].ground_truth == "3"
-    path.write_text(json.dumps({"prompt": "hi"}) + "\n")
-    with pytest.raises(DataError, match="no ground truth"):
-        load_prompt_file(path)
-    path.write_text("{not json\n")
-    with pytest.raises(DataError, match=r"p.jsonl:1: invalid JSON"):
-        load_prompt_file(path)
-    with pytest.raises(DataError, match="not found"):
-        load_prompt_file(tmp_path / "missing.parquet")
 
 
 @pytest.mark.parametrize(
@@ -105,7 +69,7 @@ def test_combined_weights_and_plugins() -> None:
 
 
 def test_question_template_words_the_question() -> None:
-    config = DataConfig(question_template="{a} {op} {b} = ?")
+    config = DataConfig(args={"question_template": "{a} {op} {b} = ?"})
     p = next(prompt_source(config, 1, 0, 1))
     a_, op, b_, _, _ = p.messages[-1]["content"].split()
     assert str(eval(f"{a_}{op}{b_}")) == p.ground_truth  # noqa: S307 - our own digits
@@ -117,8 +81,10 @@ def test_training_questions_vary_their_wording_and_eval_questions_do_not() -> No
     the held-out split keeps the first template with the system prompt."""
     plain = DataConfig()
     varied = DataConfig(
-        question_templates=["{a} {op} {b} = ?", "Calculate {a} {op} {b}."],
-        no_system_prompt_share=0.5,
+        args={
+            "question_templates": ["{a} {op} {b} = ?", "Calculate {a} {op} {b}."],
+            "no_system_prompt_share": 0.5,
+        }
     )
     wordings, without_system = set(), 0
     for i in range(400):
@@ -136,13 +102,13 @@ def test_training_questions_vary_their_wording_and_eval_questions_do_not() -> No
 
 def test_the_unseen_phrasing_must_not_be_trained_on() -> None:
     with pytest.raises(ConfigError, match="unseen_phrasing"):
-        load_config(None, ["data.question_templates=['Compute {a} {op} {b}.']"])
+        check_data(load_config(None, ["data.question_templates=['Compute {a} {op} {b}.']"]))
 
 
 @pytest.mark.parametrize("template", ["What is {a} + {b}?", "{a} {op} {b} {c}", "{a {op} {b}"])
 def test_question_template_must_name_a_op_and_b(template: str) -> None:
-    with pytest.raises(ConfigError, match="question_template"):
-        load_config(None, [f"data.question_template={template}"])
+    with pytest.raises(ConfigError, match="question.template"):
+        check_data(load_config(None, [f"data.args.question_template={template}"]))
 
 
 def test_number_only_alone_wants_nothing_after_the_number() -> None:

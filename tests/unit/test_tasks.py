@@ -87,7 +87,8 @@ def test_a_commuted_held_out_question_is_never_a_training_question(name: str, te
     """``b + a`` is the question ``a + b``: both are held out or neither; the same for a
     chain's terms moved with their signs (``23 + 8 - 14`` is ``8 - 14 + 23``)."""
     task = TASKS[name]
-    data = DataConfig(max_operand=12, chain_terms=terms, operations=["+", "-", "*"])
+    args = {"max_operand": 12, "operations": ["+", "-", "*"]}
+    data = DataConfig(source=name, args=args | ({"terms": terms} if name == "chain" else {}))
     train = {_commuted(_key(task.question(data, seed, i))) for seed in (0, 1) for i in range(3000)}
     held_out = {_commuted(_key(task.question(data, 10_007, i, "eval"))) for i in range(300)}
     assert len(held_out) > 30
@@ -115,7 +116,11 @@ def test_holding_nothing_out_leaves_nothing_to_evaluate() -> None:
 def test_a_question_space_too_small_for_the_split_fails_instead_of_looping() -> None:
     keys = [f"{a}+{b}" for a in (0, 1) for b in (0, 1)]  # every question of this setting
     every = next(e for e in range(2, 100) if not any(held_out(k, e) for k in keys))
-    tiny = DataConfig(max_operand=1, chain_terms=2, operations=["+"], holdout_every=every)
+    tiny = DataConfig(
+        source="chain",
+        args={"max_operand": 1, "terms": 2, "operations": ["+"]},
+        holdout_every=every,
+    )
     assert TASKS["chain"].question(tiny, 0, 0).ground_truth in "012"
     with pytest.raises(DataError, match="too small"):
         TASKS["chain"].question(tiny, 0, 0, "eval")
@@ -125,7 +130,9 @@ def test_a_question_space_too_small_for_the_split_fails_instead_of_looping() -> 
 
 
 def test_chain_answers_follow_the_expression() -> None:
-    data = DataConfig(chain_terms=5, max_operand=30, operations=["+", "-", "*"])
+    data = DataConfig(
+        source="chain", args={"terms": 5, "max_operand": 30, "operations": ["+", "-", "*"]}
+    )
     for i in range(300):
         p = TASKS["chain"].question(data, 2, i)
         text = p.messages[-1]["content"].removeprefix("What is ").removesuffix("?")
@@ -233,14 +240,17 @@ def test_countdown_grading_never_raises_on_garbage() -> None:
 
 
 def test_generated_countdown_puzzles_are_solvable() -> None:
-    for data in (DataConfig(), DataConfig(countdown_numbers=4, max_operand=25)):
+    for data in (
+        DataConfig(source="countdown"),
+        DataConfig(source="countdown", args={"numbers": 4, "max_operand": 25}),
+    ):
         for split in ("train", "eval"):
             for i in range(300):
                 p = TASKS["countdown"].question(data, 1, i, split)
                 truth = json.loads(p.ground_truth)
-                assert len(truth["numbers"]) == data.countdown_numbers
-                assert all(1 <= n <= data.max_operand for n in truth["numbers"])
-                assert 1 <= truth["target"] <= data.countdown_max_target
+                assert len(truth["numbers"]) == data.args.get("numbers", 3)
+                assert all(1 <= n <= data.args.get("max_operand", 20) for n in truth["numbers"])
+                assert 1 <= truth["target"] <= 100
                 assert truth["target"] not in truth["numbers"]
                 assert countdown.solves(truth["solution"], p.ground_truth), truth
                 user = p.messages[-1]["content"]
@@ -249,7 +259,7 @@ def test_generated_countdown_puzzles_are_solvable() -> None:
 
 
 def test_a_cramped_countdown_setting_still_draws_solvable_puzzles() -> None:
-    data = DataConfig(max_operand=2, countdown_numbers=2, countdown_max_target=1)
+    data = DataConfig(source="countdown", args={"max_operand": 2, "numbers": 2, "max_target": 1})
     for i in range(50):
         p = TASKS["countdown"].question(data, 0, i)
         assert countdown.solves(json.loads(p.ground_truth)["solution"], p.ground_truth)
@@ -383,7 +393,7 @@ def test_the_shipped_task_jobs_load(name: str, tokens: tuple[int, int]) -> None:
     assert tokens[0] <= config.generator.max_new_tokens <= tokens[1]
     assert 64 <= config.eval.max_prompts <= 128 and config.eval.every > 0
     assert len(config.rewards) >= 1
-    check_data(config.data)
+    check_data(config)
     assert load_config(name).data.source == name  # by name, as `streamrl launch chain`
 
 
@@ -421,23 +431,29 @@ def test_streamrl_eval_takes_the_task_job_for_a_task() -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("data.chain_terms=1", "data.chain_terms must be in \\[2, 12\\]"),
-        ("data.chain_terms=13", "data.chain_terms must be in \\[2, 12\\]"),
-        ("data.countdown_numbers=1", "data.countdown_numbers must be in \\[2, 6\\]"),
-        ("data.countdown_numbers=7", "data.countdown_numbers must be in \\[2, 6\\]"),
-        ("data.countdown_max_target=0", "data.countdown_max_target must be >= 1"),
-        ("data.max_operand=0", "data.max_operand must be >= 1"),
-        ("data.operations=[]", "data.operations must name at least one"),
-        ("data.chain_terms=four", "chain_terms"),
+        (
+            "data.source=chain data.args.terms=1",
+            "data.args for chain: terms must be in \\[2, 12\\]",
+        ),
+        ("data.source=chain data.chain_terms=13", "terms must be in \\[2, 12\\]"),  # moved key
+        ("data.source=countdown data.args.numbers=1", "numbers must be in \\[2, 6\\]"),
+        ("data.source=countdown data.args.numbers=7", "numbers must be in \\[2, 6\\]"),
+        ("data.source=countdown data.args.max_target=0", "max_target must be >= 1"),
+        ("data.args.max_operand=0", "max_operand must be >= 1"),
+        ("data.args.operations=[]", "operations must name at least one"),
+        ("data.source=chain data.args.terms=four", "Expected `int`, got `str` - at `terms`"),
+        ("data.args.chain_terms=4", "unknown key `chain_terms` \\(this task's: max_operand"),
+        ("data.source=x.jsonl data.args.terms=4", "data.args is for a built-in task"),
         ("data.holdout_every=0 eval.every=5", "has no held-out questions"),
     ],
 )
 def test_bad_task_knobs_fail_with_one_line(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
-        load_config(None, override.split())
+        check_data(load_config(None, override.split()))
     assert "\n" not in str(info.value)
 
 
-def test_an_unknown_task_name_is_a_missing_file_that_lists_the_tasks() -> None:
-    with pytest.raises(DataError, match="built-in tasks: arithmetic, chain, countdown, gsm"):
-        check_data(DataConfig(source="countdwn"))
+def test_an_unknown_task_name_is_refused_listing_the_tasks() -> None:
+    config = load_config(None, ["data.source=countdwn", "eval.every=0"])
+    with pytest.raises(DataError, match=r"not a built-in task \(arithmetic, chain, countdown, gsm"):
+        check_data(config)
