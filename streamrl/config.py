@@ -118,6 +118,9 @@ class DataConfig(_Section):
     # How prompts are drawn: `uniform` (the stream in order) or `difficulty` (prompts whose
     # last groups all scored alike, solved by every sample or by none, asked less often).
     sampler: Literal["uniform", "difficulty"] = "uniform"
+    # difficulty: the share of a question whose groups all scored alike that is still asked
+    # (streamrl/controller/difficulty.py).
+    difficulty_keep: float = 0.25
 
 
 class RewardSpec(_Section):
@@ -444,6 +447,7 @@ def _finalize(config: Config) -> Config:
         (config.eval.temperature >= 0, "eval.temperature must be >= 0"),
         (config.data.holdout_every >= 0, "data.holdout_every must be >= 0"),
         (config.data.max_rows >= 0, "data.max_rows must be >= 0 (0 = all)"),
+        (0 < config.data.difficulty_keep <= 1, "data.difficulty_keep must be in (0, 1]"),
         (
             not config.eval.unseen_phrasing
             or _fields_of(config.eval.unseen_phrasing) == {"a", "op", "b"},

@@ -642,6 +642,9 @@ class GeneratorActivity(msgspec.Struct):
     eval_s: float = 0.0
 
 
+OUTCOME_WINDOW = 512  # GeneratorReport.outcome_*: enough for the groups between two reports
+
+
 class GeneratorReport(msgspec.Struct, tag="generator_report"):
     generator_id: int
     applied_version: int
@@ -670,6 +673,12 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     # and, for those that ended in error, by reason (``streamrl.envs``): totals of this process.
     episode_ends: dict[str, int] = {}
     episode_errors: dict[str, int] = {}
+    # The newest scored groups (at most ``OUTCOME_WINDOW``) as (prompt index, flat: every
+    # sample scored alike), and how many this incarnation scored in all: the difficulty
+    # sampler's input (``controller.difficulty``).
+    outcome_indices: list[int] = []
+    outcome_flat: list[bool] = []
+    outcomes_total: int = 0
 
 
 class ShardReport(msgspec.Struct, tag="shard_report"):

@@ -142,4 +142,7 @@ def generator_report(
         incarnation=incarnation,
         episode_ends=dict(episodes.ends) if episodes else {},
         episode_errors=dict(episodes.errors) if episodes else {},
+        outcome_indices=[index for index, _ in sampler.outcomes],
+        outcome_flat=[flat for _, flat in sampler.outcomes],
+        outcomes_total=sampler.outcomes_total,
     )

@@ -15,11 +15,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
 
+from streamrl.algorithms.group_filter import has_reward_variance
 from streamrl.config import Config
 from streamrl.data import Prompt, prompt_stream
 from streamrl.models import encode_prompt, stop_token_ids
-from streamrl.protocol import Trajectory, TrajectoryGroup, pack_int32
+from streamrl.protocol import OUTCOME_WINDOW, Trajectory, TrajectoryGroup, pack_int32
 from streamrl.rewards import CombinedReward, RewardInput
 from streamrl.workers.engines import Engine, SamplingParams
 from streamrl.workers.engines.base import StepHook
@@ -54,6 +56,10 @@ class Sampler:
             stop_token_ids=stop_token_ids(tokenizer),
         )
         self.tokens_generated = 0
+        # The newest groups scored, (prompt index, every sample scored alike), and their
+        # total: reported for the difficulty sampler (controller.difficulty).
+        self.outcomes: deque[tuple[int, bool]] = deque(maxlen=OUTCOME_WINDOW)
+        self.outcomes_total = 0
 
     def set_temperature(self, temperature: float) -> None:
         """The live knob: the next call samples at ``temperature``."""
@@ -74,6 +80,10 @@ class Sampler:
         else:
             trajectories = self._response_trajectories(prompts)
         finished = time.time()
+        for i, index in enumerate(prompt_indices):
+            rewards = [t.reward for t in trajectories[i * size : (i + 1) * size]]
+            self.outcomes.append((index, not has_reward_variance(rewards)))
+        self.outcomes_total += len(prompt_indices)
         return [
             TrajectoryGroup(
                 group_id="",  # given with its delivery identity when pushed (``ShardPushers``)

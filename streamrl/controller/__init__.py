@@ -6,6 +6,8 @@
 - ``state``: the run's mutable state (``RunState``) and its one lock.
 - ``intake``: every role's reports, each turned into one ``RunState`` change.
 - ``admission``/``staleness``: the admission server and its pure off-policy budget.
+- ``difficulty``: ``data.sampler: difficulty``, fresh prompts whose groups all scored alike
+  passed over.
 - ``knobs``: the table of live config keys and the roles each one reaches.
 - ``live``: the admin API's view of a running controller.
 - ``specs``: what each role is started with (typed, torch-free).

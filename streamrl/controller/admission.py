@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import zmq
 
@@ -102,11 +103,15 @@ class AdmissionServer:
         decision = self.policy.request(request.n_groups)
         # Nothing granted, nothing recorded: the ledger must not grow an entry per id asked.
         indices = (
-            self.state.prompts.grant(request.generator_id, decision.granted)
+            self.state.prompts.grant(request.generator_id, decision.granted, self._keep())
             if decision.granted
             else []
         )
         return Grant(decision.granted, decision.min_version, indices)
+
+    def _keep(self) -> Callable[[int], bool] | None:
+        """The difficulty sampler's choice of fresh prompts (None: every one is asked)."""
+        return self.state.difficulty.keep if self.state.difficulty is not None else None
 
     def _eval_for(self, generator_id: int) -> int:
         """Generator 0 evaluates (between its calls); the others are never asked."""

@@ -138,6 +138,8 @@ def run_summary(
         "run_dir": str(run_dir),
         "wall_time_s": wall_time_s,
         "stopped_because": stopped_because,
+        # data.sampler: difficulty: fresh prompts passed over, and the questions it scored.
+        "sampler": state.difficulty.summary() if state.difficulty is not None else None,
         # Evaluations of weights still on the timeline (a learner restart takes later ones
         # back), with the learner epoch of the weights each one evaluated.
         "eval": [

@@ -118,6 +118,7 @@ class Controller:
     # ------------------------------------------------------------------ the run
 
     def run(self) -> dict[str, Any]:
+        from streamrl.controller.difficulty import DifficultySampler
         from streamrl.data import check_data
         from streamrl.envs import check_env
         from streamrl.evaluation import eval_prompts
@@ -131,6 +132,7 @@ class Controller:
             check_data(cfg)
             if cfg.eval.every > 0 or cfg.eval.before_train:
                 eval_prompts(cfg)  # the held-out split exists and maps
+            self.state.difficulty = DifficultySampler.of(cfg)
             check_rewards(cfg.rewards)
             check_env(cfg.env)
             check_engine_config(cfg.generator)

@@ -21,21 +21,46 @@ def _without_secrets(config: Config) -> Config:
     return msgspec.structs.replace(config, admin=msgspec.structs.replace(config.admin, token=None))
 
 
-def prepare_run_dir(config: Config) -> Path:
+# What ``streamrl.train`` writes into a run directory before the run starts: a notebook's
+# ``datasets.Dataset``, saved there for ``data.source`` (``streamrl.api``). It is this run's
+# input, not an earlier run's record: it neither makes the directory taken nor goes with
+# ``run.overwrite``.
+STAGED_DATASET = "dataset"
+
+
+def check_run_dir(config: Config) -> Path:
+    """The run's directory (``<output_dir>/<name>``), if the run may use it: ``RunError`` when
+    it holds an earlier run and ``run.overwrite`` is not set, or, for ``run.resume``, when it
+    holds none. Writes nothing (``streamrl.train`` asks before staging its dataset)."""
     run_dir = Path(config.run.output_dir) / config.run.name
     if config.run.resume:
         if not (run_dir / "config.yaml").is_file():
             raise RunError(f"nothing to resume: {run_dir} is not a run directory")
-    elif run_dir.exists() and any(run_dir.iterdir()):
-        if not config.run.overwrite:
-            raise RunError(
-                f"run directory {run_dir} already exists; "
-                "pick another --name or set run.overwrite=true"
-            )
-        shutil.rmtree(run_dir)
+    elif _earlier_run(run_dir) and not config.run.overwrite:
+        raise RunError(
+            f"run directory {run_dir} already exists; pick another --name or set run.overwrite=true"
+        )
+    return run_dir
+
+
+def prepare_run_dir(config: Config) -> Path:
+    run_dir = check_run_dir(config)
+    if not config.run.resume:
+        for path in _earlier_run(run_dir):  # run.overwrite (check_run_dir refused otherwise)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(_without_secrets(config)))
     return run_dir
+
+
+def _earlier_run(run_dir: Path) -> list[Path]:
+    """What the directory holds besides a dataset staged for this run."""
+    if not run_dir.exists():
+        return []
+    return [path for path in run_dir.iterdir() if path.name != STAGED_DATASET]
 
 
 def last_line(exc: BaseException) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 
+from streamrl.callables import blobs_for
 from streamrl.config import Config
 from streamrl.cores import role_threads
 from streamrl.role_specs import NODE, GeneratorSpec, LearnerSpec, ShardSpec
@@ -37,6 +38,12 @@ class SpecFactory:
     available_cores: list[int] = field(default_factory=list)
     shard_endpoints: list[tuple[str, str]] = field(default_factory=list)  # (ingest, requests)
     weight_endpoints: list[tuple[str, str]] = field(default_factory=list)  # (PUB, anchors)
+    # The callables the config names by ``python:`` (``streamrl.train``'s, pickled when it
+    # registered them): read once from this process's table, sent to every generator.
+    callables: dict[str, bytes] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.callables = blobs_for(self.config)
 
     def shard(self, shard_id: int, ports: tuple[int, int] = (0, 0)) -> ShardSpec:
         return ShardSpec(
@@ -95,6 +102,7 @@ class SpecFactory:
             admission_endpoint=self.admission_endpoint,
             report_endpoint=self.report_endpoint,
             incarnation=incarnation,
+            callables=self.callables,
         )
 
     def cores_of(self, role: str, index: int) -> list[int] | None:

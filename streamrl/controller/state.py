@@ -23,6 +23,7 @@ import json
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,12 +92,18 @@ class PromptLedger:
         self.retry = deque(sorted({*self.retry, *lost}))
         return lost
 
-    def grant(self, generator_id: int, n: int) -> list[int]:
+    def grant(
+        self, generator_id: int, n: int, keep: Callable[[int], bool] | None = None
+    ) -> list[int]:
+        """``n`` indices for the generator: those owed first (``retry``), then fresh ones;
+        ``keep`` (the difficulty sampler's) may pass a fresh index over, never an owed one."""
         indices = []
         for _ in range(n):
             if self.retry:
                 indices.append(self.retry.popleft())
             else:
+                while keep is not None and not keep(self.next_index):
+                    self.next_index += 1
                 indices.append(self.next_index)
                 self.next_index += 1
         first = self.granted.get(generator_id, 0)
@@ -197,6 +204,8 @@ class RunState:
     failures: dict[str, str] = field(default_factory=dict)
     # The last reports of generator incarnations that ended: run totals keep their counts.
     ended: list[GeneratorReport] = field(default_factory=list)
+    # data.sampler: difficulty (controller.difficulty); None: uniform.
+    difficulty: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     policy: AdmissionPolicy | None = None  # set by the controller (it reads current_version)
 
@@ -383,6 +392,8 @@ class RunState:
                 return True
             self.generators[report.generator_id] = report
             self.prompts.delivered(report.generator_id, report.groups_pushed)
+            if self.difficulty is not None:
+                self.difficulty.take(report)
             return True
 
     def _late_report(self, report: GeneratorReport) -> None:
