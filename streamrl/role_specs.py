@@ -75,3 +75,6 @@ class GeneratorSpec(RoleSpec):
     admission_endpoint: str
     report_endpoint: str
     incarnation: int = 0  # restarts of this generator id so far; reports carry it
+    # The Python API's callables the config names (``python:<name>`` -> cloudpickle bytes,
+    # ``streamrl.callables``): registered first thing, before rewards or environments load.
+    callables: dict[str, bytes] = {}

@@ -31,6 +31,7 @@ import torch
 import zmq
 
 from streamrl.buffers.delivery import new_sender
+from streamrl.callables import install as install_callables
 from streamrl.config import Config
 from streamrl.cores import role_threads
 from streamrl.data import Prompt
@@ -76,6 +77,9 @@ class Generator:
     """One generator process. ``spec``: its whole wiring (``role_specs.GeneratorSpec``)."""
 
     def __init__(self, spec: GeneratorSpec) -> None:
+        # First: the Python API's callables, before the engine, the rewards, the environments
+        # or an evaluation resolves a ``python:`` name (``streamrl.callables``).
+        install_callables(spec.callables)
         config, gen = spec.config, spec.config.generator
         self.config, self.generator_id = config, spec.generator_id
         self.incarnation = spec.incarnation
