@@ -1,5 +1,6 @@
-"""Per-step metrics: ``metrics.jsonl`` always, a console line per step with a progress bar, and
-Weights & Biases when configured (step axis = learner version; the resolved config attached).
+"""Per-step metrics: ``metrics.jsonl`` always, a console line per step (with a progress bar on a
+terminal), and Weights & Biases when configured (step axis = learner version; the resolved
+config attached).
 
 Writes come from the controller loop (steps) and from admin API threads (events): one lock.
 """
@@ -37,6 +38,12 @@ class MetricsLog:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
         console = Console(file=self.console, highlight=False, soft_wrap=True)
+        if console.is_jupyter or not console.is_interactive:
+            # A bar needs a terminal that redraws it. Elsewhere the step lines alone, printed
+            # plainly: to a pipe or a file rich would draw nothing anyway, and in a notebook
+            # (``streamrl.train``) rich writes through IPython's display instead of the
+            # console, and its live bar (an ipywidget redrawn from a thread) swallows lines.
+            return
         self.progress = Progress(
             "[progress.description]{task.description}",
             BarColumn(),
