@@ -23,6 +23,7 @@ from fractions import Fraction
 from typing import Any
 
 from streamrl.config import ConfigError, RewardSpec
+from streamrl.math_answers import boxed_answer, gsm8k_answer, math_equal, require_math_verify
 from streamrl.plugins import load_named
 from streamrl.tasks import countdown as countdown_task
 from streamrl.tasks import expression
@@ -238,13 +239,15 @@ def stopped(sample: RewardInput, *, after: str = "") -> float:
 
 @register("gsm8k")
 def gsm8k(sample: RewardInput, *, format_score: float = 0.0) -> float:
-    """GSM8K style: the answer follows ``####``; 1 if it matches, ``format_score`` if present."""
-    match = re.search(r"####\s*(-?[\d,\.]+)", sample.response_text)
-    if match is None:
+    """GSM8K style: the answer is the number after the first ``####``
+    (``math_answers.gsm8k_answer``); 1 if it equals the ground truth's (after its last ``####``,
+    or all of it) by ``math_answers.math_equal`` (two numbers exactly: ``1,000`` is ``1000``),
+    ``format_score`` if it does not, 0 with no ``####`` number. Needs math-verify."""
+    answer = gsm8k_answer(sample.response_text)
+    if answer is None:
         return 0.0
-    answer = match.group(1).rstrip(".")
     truth = sample.ground_truth.split("####")[-1]
-    return 1.0 if _numbers_equal(answer, truth) else format_score
+    return 1.0 if math_equal(answer, truth) else format_score
 
 
 @register("countdown")
@@ -258,32 +261,16 @@ def countdown(sample: RewardInput, *, format_score: float = 0.0) -> float:
     return 1.0 if solved else format_score if legal else 0.0
 
 
-def _last_boxed(text: str) -> str | None:
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 0, start + len("\\boxed{")
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            if depth == 0:
-                return text[i:j]
-            depth -= 1
-    return None
-
-
 @register("boxed_math")
 def boxed_math(sample: RewardInput) -> float:
-    """1 if the last ``\\boxed{...}`` equals the ground truth (numerically, or as a string with
-    spaces removed), else 0."""
-    answer = _last_boxed(sample.response_text)
+    """1 if the response's last ``\\boxed{...}`` equals the ground truth (its own last box, or
+    all of it) by ``math_answers.math_equal`` (math-verify: ``0.5`` is ``\\frac12``), else 0.
+    Needs math-verify."""
+    answer = boxed_answer(sample.response_text)
     if answer is None:
         return 0.0
-    truth = _last_boxed(sample.ground_truth) or sample.ground_truth
-    if _numbers_equal(answer, truth):
-        return 1.0
-    return 1.0 if answer.replace(" ", "") == truth.replace(" ", "") else 0.0
+    truth = boxed_answer(sample.ground_truth) or sample.ground_truth
+    return 1.0 if math_equal(answer, truth) else 0.0
 
 
 @register("exact_match")
@@ -334,6 +321,10 @@ class CombinedReward:
         return total
 
 
+# Built-in rewards that compare by math-verify (the extra ``streamrl[math]``).
+_NEEDS_MATH_VERIFY = ("boxed_math", "gsm8k")
+
+
 def check_rewards(specs: list[RewardSpec]) -> None:
     """Every reward resolves, and a built-in one accepts its ``args`` (probed on one sample,
     so ``scale: 0`` or a misspelt argument fails at load, not as counted errors mid-run)."""
@@ -341,6 +332,9 @@ def check_rewards(specs: list[RewardSpec]) -> None:
         fn = resolve_reward(spec.name)
         if "after" in spec.args:  # a reward gated on another (``stopped``) names it
             resolve_reward(str(spec.args["after"]))
+        for name in (spec.name, str(spec.args.get("after", ""))):
+            if name in _NEEDS_MATH_VERIFY:
+                require_math_verify(f"the reward {name!r}")
         if spec.name in REWARDS:
             try:
                 fn(RewardInput("1", [], "1", finish_reason="stop"), **spec.args)
