@@ -154,6 +154,8 @@ def train(
         staged = (Path(cfg.run.output_dir) / cfg.run.name / STAGED_DATASET).resolve()
         extra += [_override("run.name", cfg.run.name), _override("data.source", str(staged))]
         cfg = _load(config, extra, tail)
+        if cfg.data.source != str(staged):  # an override of data.source came after it
+            raise ConfigError("dataset= and a data.source override both name the prompts")
     check_run_dir(cfg)  # taken by an earlier run: refused before anything is written
     callables.check_loadable(callables.referenced(cfg), labels)
     if staged is not None:
@@ -283,8 +285,11 @@ def _source_text(source: str | os.PathLike[str]) -> str:
     """``data.source`` for a str or a path: an existing local path made absolute (the roles'
     working directory need not be this process's), anything else as given (a task's name,
     a hub id)."""
+    from streamrl.tasks import task_for
+
     text = os.fspath(source)
-    return str(Path(text).resolve()) if Path(text).exists() else text
+    local = task_for(text) is None and Path(text).exists()  # a task's name is never a path
+    return str(Path(text).resolve()) if local else text
 
 
 def _check_table(dataset: Any) -> None:

@@ -121,3 +121,20 @@ def test_step_lines_reach_a_notebooks_output(tmp_path: Path, monkeypatch) -> Non
     log.close()
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("step    1 | reward 0.500") and lines[1].startswith("eval v  1")
+
+
+def test_data_source_arguments(tmp_path: Path, monkeypatch) -> None:
+    import datasets
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "arithmetic").mkdir()  # a directory named like a task: the task still wins
+    (tmp_path / "rows.jsonl").write_text("{}\n")
+    assert api._source_text("arithmetic") == "arithmetic"
+    assert api._source_text(Path("rows.jsonl")) == str(tmp_path / "rows.jsonl")
+    assert api._source_text("owner/name") == "owner/name"  # a hub id, not a path here
+    table = datasets.Dataset.from_list([{"prompt": "What is 1 + 1?", "answer": "2"}])
+    with pytest.raises(ConfigError, match="dataset= and a data.source override"):
+        api.train(dataset=table, config={}, overrides=["data.source=arithmetic"])
+    with pytest.raises(ConfigError, match="expected a datasets.Dataset or DatasetDict"):
+        api.train(dataset=[{"prompt": "p"}], config={})
+    assert not (tmp_path / "runs").exists()  # refused before anything was written
