@@ -125,8 +125,9 @@ class DataConfig(_Section):
 
 class RewardSpec(_Section):
     # A registered name (`numeric_match`, `numeric_close`, `number_only`, `equation_form`,
-    # `stopped`, `gsm8k`, `boxed_math`, `exact_match`, `countdown`, `target_token_share`;
-    # streamrl/rewards.py) or `module:function`.
+    # `stopped`, `gsm8k`, `boxed_math`, `exact_match`, `countdown`, `reasoning_gym`,
+    # `target_token_share`; streamrl/rewards.py), `module:function`, or from Python
+    # (streamrl.train) a callable's `python:` name.
     name: str
     weight: float = 1.0
     # Extra keyword arguments for the reward function.

@@ -56,6 +56,7 @@ import numpy as np
 
 from streamrl.config import Config
 from streamrl.data import DataError, Prompt, table_rows
+from streamrl.math_answers import math_exact
 from streamrl.tasks import TASKS, gsm, task_for
 from streamrl.tasks import reasoning_gym as gym
 from streamrl.tasks.arithmetic import arithmetic_question
@@ -90,6 +91,20 @@ def first_line_answer(response: str, ground_truth: str) -> bool:
 EXACT_CHECKS: dict[str, Callable[[str, str], bool]] = {
     name: task.exact for name, task in TASKS.items() if task.exact is not None
 } | {"openai/gsm8k": gsm.final_answer, "gsm8k": gsm.final_answer}
+# MATH-style rows (a boxed answer, compared by math-verify), by the data_source names verl's
+# default_compute_score grades by the boxed answer (verl/utils/reward_score/__init__.py).
+MATH_SOURCES = (
+    "lighteval/MATH",
+    "DigitalLearningGmbH/MATH-lighteval",
+    "HuggingFaceH4/MATH-500",
+    "numina_aops_forum",
+    "numina_synthetic_math",
+    "numina_amc_aime",
+    "numina_synthetic_amc",
+    "numina_cn_k12",
+    "numina_olympiads",
+)
+EXACT_CHECKS |= dict.fromkeys(MATH_SOURCES, math_exact)
 
 
 Check = Callable[[Prompt, str], bool]

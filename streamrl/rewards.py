@@ -27,6 +27,7 @@ from streamrl.math_answers import boxed_answer, gsm8k_answer, math_equal, requir
 from streamrl.plugins import load_named
 from streamrl.tasks import countdown as countdown_task
 from streamrl.tasks import expression
+from streamrl.tasks import reasoning_gym as gym_task
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +288,14 @@ def target_token_share(sample: RewardInput, *, token_id: int) -> float:
     if not sample.response_ids:
         return 0.0
     return sum(1 for t in sample.response_ids if t == token_id) / len(sample.response_ids)
+
+
+@register("reasoning_gym")
+def reasoning_gym(sample: RewardInput) -> float:
+    """A reasoning-gym prompt's own verifier (``data.source: reasoning_gym:<task>``) on the
+    answer the response gives (its last ``<answer>`` tag, else its last line); part credit
+    where the task gives it; 0 for a prompt of another source."""
+    return gym_task.score(sample.response_text, sample.metadata)
 
 
 def resolve_reward(name: str) -> RewardFn:

@@ -1,0 +1,62 @@
+"""``data.source: reasoning_gym:<task>``: reasoning-gym's prompts with a held-out split, and its
+own verifier as the ``reasoning_gym`` reward and the held-out check."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamrl.config import ConfigError, load_config
+from streamrl.data import check_data, prompt_stream
+from streamrl.evaluation import eval_prompts, exact_answer
+from streamrl.rewards import RewardInput, resolve_reward
+
+pytest.importorskip("reasoning_gym")
+
+SOURCE = "reasoning_gym:basic_arithmetic"
+
+
+def config(*extra: str):
+    return load_config(
+        None,
+        [f"data.source={SOURCE}", "data.args={min_terms: 2, max_terms: 2}", "eval.every=5", *extra],
+    )
+
+
+def test_prompts_are_seeded_and_the_held_out_split_is_disjoint() -> None:
+    cfg = config("eval.max_prompts=40")
+    check_data(cfg)
+    stream = prompt_stream(cfg)
+    train = [stream[i] for i in range(300)]
+    assert [p.messages[-1]["content"] for p in train[:5]] == [
+        prompt_stream(cfg)[i].messages[-1]["content"] for i in range(5)
+    ]
+    held = eval_prompts(cfg)
+    assert len(held) == 40
+    assert not {p.key for p in train} & {p.key for p in held}
+    assert train[0].data_source == SOURCE
+    assert "<answer>" in train[0].messages[0]["content"]  # reasoning-gym's instruction
+
+
+def test_its_verifier_is_the_reward_and_the_exact_check() -> None:
+    prompt = prompt_stream(config())[0]
+    reward = resolve_reward("reasoning_gym")
+    right = f"Let me add.\n<answer>{prompt.ground_truth}</answer>"
+    wrong = "<answer>not a number</answer>"
+    assert reward(RewardInput.of(prompt, right, [1])) == 1.0
+    assert reward(RewardInput.of(prompt, wrong, [1])) == 0.0
+    assert reward(RewardInput.of(prompt, prompt.ground_truth, [1])) == 1.0  # its last line
+    assert exact_answer(prompt, right) and not exact_answer(prompt, wrong)
+
+
+@pytest.mark.parametrize(
+    ("source", "args", "message"),
+    [
+        ("reasoning_gym:no_such_task", "{}", "data.source reasoning_gym:no_such_task"),
+        (SOURCE, "{bogus: 1}", "data.source reasoning_gym:basic_arithmetic: "),
+    ],
+)
+def test_a_bad_task_or_args_fails_in_one_line(source: str, args: str, message: str) -> None:
+    cfg = load_config(None, [f"data.source={source}", f"data.args={args}"])
+    with pytest.raises(ConfigError, match=message) as info:
+        check_data(cfg)
+    assert "\n" not in str(info.value)
