@@ -138,3 +138,17 @@ def test_data_source_arguments(tmp_path: Path, monkeypatch) -> None:
     with pytest.raises(ConfigError, match="expected a datasets.Dataset or DatasetDict"):
         api.train(dataset=[{"prompt": "p"}], config={})
     assert not (tmp_path / "runs").exists()  # refused before anything was written
+
+
+def test_a_staged_dataset_does_not_make_the_run_directory_taken(tmp_path: Path) -> None:
+    from streamrl.controller.rundir import RunError, check_run_dir, prepare_run_dir
+
+    base = [f"run.output_dir={tmp_path}", "run.name=r"]
+    (tmp_path / "r" / "dataset").mkdir(parents=True)  # what streamrl.train writes first
+    run_dir = prepare_run_dir(load_config(None, base))
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "dataset", "logs"]
+    with pytest.raises(RunError, match="already exists"):
+        check_run_dir(load_config(None, base))
+    # run.overwrite removes the earlier run's files, and keeps the dataset staged for this one.
+    prepare_run_dir(load_config(None, [*base, "run.overwrite=true"]))
+    assert (run_dir / "dataset").is_dir() and (run_dir / "config.yaml").is_file()
