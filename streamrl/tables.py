@@ -79,6 +79,27 @@ def table_kind(source: str) -> str:
 _SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 
+def _root(exc: BaseException) -> BaseException:
+    """The innermost cause: datasets wraps a parse error in "An error occurred while
+    generating the dataset"."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__
+    return exc
+
+
+def _raise_bad_json_line(path: Path) -> None:
+    """``DataError`` naming the first line of a JSON Lines file that is not JSON (the Arrow
+    reader's error names a block, not a line); returns if every line parses."""
+    with path.open() as lines:
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -90,7 +111,8 @@ def open_table(source: str, data: DataConfig, split: str) -> Any:
     import datasets
 
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    # Its readers log a failure before raising it; the one-line DataError below says it.
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     kind = table_kind(source)
     try:
         if kind == "file":
@@ -116,6 +138,8 @@ def open_table(source: str, data: DataConfig, split: str) -> Any:
     except DataError:
         raise
     except Exception as exc:  # datasets and the hub raise many types; the user needs a line
+        if kind == "file" and FILE_BUILDERS[Path(source).suffix.lower()] == "json":
+            _raise_bad_json_line(Path(source).expanduser())
         hint = ""
         if kind == "hub":
             hint = (
@@ -123,7 +147,7 @@ def open_table(source: str, data: DataConfig, split: str) -> Any:
                 "gated one; offline it is read from the cache of an earlier download, "
                 "HF_HUB_OFFLINE=1)"
             )
-        raise DataError(f"data.source {source}: {_first_line(exc)}{hint}") from None
+        raise DataError(f"data.source {source}: {_first_line(_root(exc))}{hint}") from None
     if data.max_rows:
         table = table.select(range(min(data.max_rows, len(table))))
     if len(table) == 0:

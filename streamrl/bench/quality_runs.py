@@ -48,6 +48,12 @@ ARMS: dict[str, list[str]] = {
         "algorithm.correction=none",
         "algorithm.allow_uncorrected=true",
     ],
+    # The difficulty sampler (controller/difficulty.py) against async-eta1's uniform draw.
+    "async-eta1-difficulty": [
+        "run.mode=async",
+        "buffer.max_staleness=1",
+        "data.sampler=difficulty",
+    ],
     # Dynamic sampling's refill off: what a peer without it (TRL's GRPOTrainer) trains on.
     "async-eta1-nodrop": [
         "run.mode=async",
@@ -197,6 +203,10 @@ def run_streamrl(config_path: str, arm: str, seed: int, out: Path, user: list[st
         samples_per_step=samples_per_step,
         run_wall_time_s=summary["wall_time_s"],  # the controller's, setup and export included
         process_s=finished - started,
+        # Groups the shards received, and those dropped (zero variance, staleness, ...).
+        groups_generated=sum(b["ingested"] for b in summary["buffer"]),
+        groups_dropped=sum(sum(b["dropped"].values()) for b in summary["buffer"]),
+        sampler=summary.get("sampler"),
     )
     return result
 

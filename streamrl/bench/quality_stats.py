@@ -110,6 +110,8 @@ def aggregate(
                     "samples": _finite(spread([h["samples"] if h else INF for h in hits])),
                 },
                 wall_s=spread([r["wall_s"] for r in runs]),
+                groups=spread([r["groups_generated"] for r in runs if "groups_generated" in r]),
+                dropped=spread([r["groups_dropped"] for r in runs if "groups_dropped" in r]),
                 setup_s=spread([r["setup_s"] for r in runs if r.get("setup_s") is not None]),
                 by_samples=_band(runs, "samples", sample_grid, metric),
                 by_time=_band(runs, "seconds", time_grid, metric),
@@ -144,6 +146,14 @@ def _seconds(ttt: dict[str, Any], seeds: int) -> str:
     return f"{s['median']:.0f} s [{s['min']:.0f}-{top}] ({ttt['reached']}/{seeds})"
 
 
+def _groups(row: dict[str, Any]) -> str:
+    """Median groups generated (dropped) over seeds; '-' for results from before they were kept."""
+    groups, dropped = row.get("groups", {}).get("median"), row.get("dropped", {}).get("median")
+    if groups is None:
+        return "-"
+    return f"{groups:.0f} ({dropped:.0f})"
+
+
 def table(summary: dict[str, Any], metric: str, target: float) -> str:
     """The printed table: one row per arm; figures are median [min-max] over finished seeds,
     seconds on the training clock (``quality_runs``), setup beside the wall time."""
@@ -153,7 +163,8 @@ def table(summary: dict[str, Any], metric: str, target: float) -> str:
     header = (
         f"{'arm':<18} {'seeds':>5}  {'completed @ ' + n_text + ' samples':<24} "
         f"{'exact @ ' + n_text + ' samples':<24} {metric + ' @ ' + t_text:<24} "
-        f"{'time to ' + metric + ' >= ' + f'{target:g}':<30} wall s (+setup)"
+        f"{'time to ' + metric + ' >= ' + f'{target:g}':<30} {'groups (dropped)':<18} "
+        "wall s (+setup)"
     )
     lines = [header]
     for arm, row in summary["arms"].items():
@@ -167,7 +178,8 @@ def table(summary: dict[str, Any], metric: str, target: float) -> str:
         lines.append(
             f"{arm:<18} {seeds:>5}  {_pct(row['final']['completed']):<24} "
             f"{_pct(row['final']['exact']):<24} {_pct(row['at_time'][metric]):<24} "
-            f"{_seconds(row['time_to_target'], row['finished']):<30} {wall}"
+            f"{_seconds(row['time_to_target'], row['finished']):<30} "
+            f"{_groups(row):<18} {wall}"
         )
     for arm, row in summary["arms"].items():
         for seed, why in row["failed"].items():
