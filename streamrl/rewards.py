@@ -223,7 +223,9 @@ def numeric_close(
 
 
 @register("stopped")
-def stopped(sample: RewardInput, *, after: str = "") -> float:
+def stopped(
+    sample: RewardInput, *, after: str = "", after_args: dict[str, Any] | None = None
+) -> float:
     """1 if the model ended the response itself (a stop token), 0 if it was cut off at the
     token limit. With ``after`` (a registered reward, e.g. ``numeric_match``) only when that
     reward is 1 too: a right answer that the model finished.
@@ -232,10 +234,13 @@ def stopped(sample: RewardInput, *, after: str = "") -> float:
     right number until the limit ("19\n\nAnswer with the number only...": exact 39%,
     completed 0%). Rewarding any stop instead was hacked within 20 steps: one digit and a
     stop token, right or not (0.5 of the 1.5 on offer), until every group agreed on a wrong
-    digit and dynamic sampling dropped them all. So the stop pays only after a right answer."""
+    digit and dynamic sampling dropped them all. So the stop pays only after a right answer.
+    ``after_args``: that reward's keyword arguments, as its own ``rewards:`` entry gives them."""
     if sample.finish_reason != "stop":
         return 0.0
-    return 1.0 if not after or resolve_reward(after)(sample) >= 1.0 else 0.0
+    if not after:
+        return 1.0
+    return 1.0 if resolve_reward(after)(sample, **(after_args or {})) >= 1.0 else 0.0
 
 
 @register("gsm8k")
@@ -291,11 +296,15 @@ def target_token_share(sample: RewardInput, *, token_id: int) -> float:
 
 
 @register("reasoning_gym")
-def reasoning_gym(sample: RewardInput) -> float:
+def reasoning_gym(
+    sample: RewardInput, *, answer: str = "last_line", strip_equation: bool = False
+) -> float:
     """A reasoning-gym prompt's own verifier (``data.source: reasoning_gym:<task>``) on the
-    answer the response gives (its last ``<answer>`` tag, else its last line); part credit
-    where the task gives it; 0 for a prompt of another source."""
-    return gym_task.score(sample.response_text, sample.metadata)
+    answer the response gives (its last ``<answer>`` tag, else its last line, or its first
+    with ``answer="first_line"``; ``strip_equation``: without a trailing ``= ...``;
+    ``tasks.reasoning_gym.response_answer``); part credit where the task gives it; 0 for a
+    prompt of another source."""
+    return gym_task.score(sample.response_text, sample.metadata, answer, strip_equation)
 
 
 def resolve_reward(name: str) -> RewardFn:

@@ -13,7 +13,11 @@ training drew.
 A prompt carries its entry (``Prompt.metadata``), so the ``reasoning_gym`` reward and the
 held-out check score a response with the task's own verifier in the process that sampled it.
 The answer is read from the response's last ``<answer>...</answer>`` (reasoning-gym's format,
-asked for by its default system prompt), else from its last non-empty line.
+asked for by its default system prompt), else from its last non-empty line, or its first
+(``answer="first_line"``: for a job whose system prompt asks for the answer alone, where what
+follows the first line is a small model's rambling, often cut at the token limit), without a
+trailing ``= ...`` with ``strip_equation`` (an expression's stated value: countdown's answer is
+the expression).
 """
 
 from __future__ import annotations
@@ -92,24 +96,40 @@ def gym_question(config: DataConfig, seed: int, index: int, split: str = "train"
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
-def response_answer(response: str) -> str:
+def response_answer(response: str, answer: str = "last_line", strip_equation: bool = False) -> str:
     """The answer a response gives (module doc): its last ``<answer>`` tag's content, else its
-    last non-empty line."""
+    last (or with ``answer="first_line"``, first) non-empty line; ``strip_equation`` drops a
+    trailing ``= ...`` (``"3 * 7 - 6 = 15"`` -> ``"3 * 7 - 6"``)."""
     tagged = _ANSWER.findall(response)
     if tagged:
-        return tagged[-1].strip()
-    lines = [line.strip() for line in response.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+        text = tagged[-1].strip()
+    else:
+        lines = [line.strip() for line in response.splitlines() if line.strip()]
+        text = (lines[0] if answer == "first_line" else lines[-1]) if lines else ""
+    if strip_equation:
+        text = text.split("=", 1)[0].strip()
+    return text.strip("`").strip()
 
 
-def score(response: str, metadata: dict[str, Any] | None) -> float:
+ANSWER_MODES = ("last_line", "first_line")
+
+
+def score(
+    response: str,
+    metadata: dict[str, Any] | None,
+    answer: str = "last_line",
+    strip_equation: bool = False,
+) -> float:
     """The task's own verifier on ``response`` (0.0 for a prompt that is not reasoning-gym's,
     or a verifier that raises: a model's malformed answer is wrong, never an error)."""
+    if answer not in ANSWER_MODES:
+        raise ValueError(f"answer must be one of {', '.join(ANSWER_MODES)}, not {answer!r}")
     if not metadata or "reasoning_gym" not in metadata:
         return 0.0
     scorer = _require().get_score_answer_fn(metadata["reasoning_gym"])
+    text = response_answer(response, answer, strip_equation)
     try:
-        return float(scorer(response_answer(response), metadata["entry"]) or 0.0)
+        return float(scorer(text, metadata["entry"]) or 0.0)
     except Exception:  # the verifier's own parse of a malformed answer
         return 0.0
 

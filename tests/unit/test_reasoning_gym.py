@@ -60,3 +60,21 @@ def test_a_bad_task_or_args_fails_in_one_line(source: str, args: str, message: s
     with pytest.raises(ConfigError, match=message) as info:
         check_data(cfg)
     assert "\n" not in str(info.value)
+
+
+def test_first_line_answers_and_stopped_after_the_same_reading() -> None:
+    from streamrl.config import load_config as load
+    from streamrl.rewards import CombinedReward
+
+    cfg = load("countdown_gym")
+    check_data(cfg)
+    prompt = prompt_stream(cfg)[0]
+    reward = CombinedReward(cfg.rewards)
+    right = f"{prompt.ground_truth} = {prompt.metadata['entry']['metadata']['target']}\nso"
+    assert reward(RewardInput.of(prompt, right, [1], "stop")) == 1.25  # solved, and ended
+    assert reward(RewardInput.of(prompt, right, [1], "length")) == 1.0  # solved, cut off
+    assert reward(RewardInput.of(prompt, "so\n" + prompt.ground_truth, [1], "stop")) == 0.01
+    gym_reward = resolve_reward("reasoning_gym")
+    assert gym_reward(RewardInput.of(prompt, "so\n" + prompt.ground_truth, [1])) == 1.0
+    with pytest.raises(ValueError, match="answer must be one of"):
+        gym_reward(RewardInput.of(prompt, "x", [1]), answer="middle")
