@@ -4,6 +4,10 @@ Knobs (``data.args``, ``ArithmeticArgs``): operands in ``[0, max_operand]``, the
 from ``operations``, and the wording (``question_template(s)``, ``no_system_prompt_share``;
 the system prompt is ``data.system_prompt``, by default ``SYSTEM_PROMPT``). The held-out exact
 check is evaluation's ``first_line_answer``.
+
+Why beside reasoning-gym's ``basic_arithmetic``: several wordings per question with and
+without the system prompt (and an unseen one for evaluation), and a held-out key under which
+``b + a`` is ``a + b``: the default job measures arithmetic, not one prompt's format.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ held-out questions by evaluation's ``first_line_answer`` and trained with ``nume
 (plus ``number_only`` for form). The question's key for the held-out split is the
 expression with its terms in a fixed order (``commuted_key``: ``23 + 8 - 14 + 6`` and
 ``8 + 6 - 14 + 23`` are one question, ``6+8+23-14``; a subtracted term stays subtracted).
+
+Why beside reasoning-gym's ``chain_sum``: the commuted held-out key (a reordered training
+question is not held out) and operands small enough for a 135M model; the calculator
+environment plays these questions.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ its own.
 
 Example: ``Ava buys 4 pens that cost $3 each. She pays with a $20 bill. How much change does
 Ava get?``, ground truth ``8``.
+
+Why beside reasoning-gym's ``gsm_symbolic``: its held-out key leaves out the names, so a
+held-out problem is a new problem and not a training problem renamed; the problems are one to
+three steps, within reach of a 135M model; and no package is needed.
 """
 
 from __future__ import annotations
