@@ -88,6 +88,24 @@ _CLEARED_ENV = (
 )
 
 
+# openai/gsm8k's README: its configs (main, socratic) and their data files, as on the hub.
+GSM8K_README = """---
+configs:
+- config_name: main
+  data_files:
+  - split: train
+    path: main/train-*
+  - split: test
+    path: main/test-*
+- config_name: socratic
+  data_files:
+  - split: train
+    path: socratic/train-*
+---
+# GSM8K, as laid out on the hub
+"""
+
+
 class _Repo:
     """One repo: its files on disk, their git blob ids (cached by size and mtime), its commit."""
 

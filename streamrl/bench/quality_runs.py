@@ -203,8 +203,9 @@ def run_streamrl(config_path: str, arm: str, seed: int, out: Path, user: list[st
         samples_per_step=samples_per_step,
         run_wall_time_s=summary["wall_time_s"],  # the controller's, setup and export included
         process_s=finished - started,
-        # Groups the shards received, and those dropped (zero variance, staleness, ...).
-        groups_generated=sum(b["ingested"] for b in summary["buffer"]),
+        # Groups the shards received (kept or dropped), and those dropped (zero variance,
+        # staleness, ...).
+        groups_generated=sum(b["ingested"] + sum(b["dropped"].values()) for b in summary["buffer"]),
         groups_dropped=sum(sum(b["dropped"].values()) for b in summary["buffer"]),
         sampler=summary.get("sampler"),
     )

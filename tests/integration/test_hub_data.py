@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hub_server import HubServer, hub_env, use_hub
+from hub_server import GSM8K_README, HubServer, hub_env, use_hub
 
 from streamrl.config import load_config
 from streamrl.data import DataError, check_data, prompt_stream
@@ -20,16 +20,6 @@ from streamrl.evaluation import eval_prompts
 
 pytestmark = pytest.mark.slow
 
-README = """---
-configs:
-- config_name: main
-  data_files:
-  - split: train
-    path: main/train-*
-  - split: test
-    path: main/test-*
----
-"""
 OVERRIDES = [
     "data.source=openai/gsm8k",
     "data.subset=main",
@@ -44,7 +34,7 @@ OVERRIDES = [
 def gsm8k_repo(root: Path) -> Path:
     """openai/gsm8k's layout: config ``main``, train and test Parquet shards."""
     (root / "main").mkdir(parents=True)
-    (root / "README.md").write_text(README)
+    (root / "README.md").write_text(GSM8K_README)
     for split, numbers in (("train", range(40)), ("test", range(100, 110))):
         rows = {
             "question": [f"What is {n} plus 1?" for n in numbers],
@@ -70,29 +60,21 @@ def test_a_hub_dataset_downloads_and_maps(tmp_path: Path, monkeypatch) -> None:
         assert any(path.endswith("train-00000-of-00001.parquet") for path in hub.requests)
 
 
+def validate(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``streamrl validate`` of the hub job in a process of its own, with ``env``."""
+    command = [sys.executable, "-m", "streamrl.cli", "validate", "tiny", *OVERRIDES]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+
 def test_streamrl_validate_downloads_in_its_own_process(tmp_path: Path) -> None:
     repo = gsm8k_repo(tmp_path / "repo")
     with HubServer({"openai/gsm8k": repo}, kinds={"openai/gsm8k": "dataset"}) as hub:
-        env = hub_env(hub, tmp_path / "hf")
-        done = subprocess.run(
-            [sys.executable, "-m", "streamrl.cli", "validate", "tiny", *OVERRIDES],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = validate(hub_env(hub, tmp_path / "hf"))
         assert done.returncode == 0, done.stderr
         assert "source: openai/gsm8k" in done.stdout
         assert any(path.endswith("test-00000-of-00001.parquet") for path in hub.requests)
     # Offline, with nothing cached under a fresh HF_HOME: one line, exit 2.
-    env = hub_env(hub, tmp_path / "empty-hf") | {"HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "streamrl.cli", "validate", "tiny", *OVERRIDES],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = validate(hub_env(hub, tmp_path / "empty-hf") | {"HF_HUB_OFFLINE": "1"})
     assert done.returncode == 2
     error = done.stderr.strip().splitlines()
     assert len(error) == 1 and "data.source openai/gsm8k" in error[0], done.stderr

@@ -15,28 +15,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hub_server import HubServer, hub_env, use_hub
+from hub_server import GSM8K_README, HubServer, hub_env, use_hub
 
 from streamrl.models import resolve_model
 
 pytestmark = pytest.mark.slow
 
 TOKEN = "hf_test_token"
-GSM8K_README = """---
-configs:
-- config_name: main
-  data_files:
-  - split: train
-    path: main/train-*
-  - split: test
-    path: main/test-*
-- config_name: socratic
-  data_files:
-  - split: train
-    path: socratic/train-*
----
-# GSM8K, as laid out on the hub
-"""
 
 
 def _server_threads() -> list[threading.Thread]:
