@@ -125,7 +125,8 @@ class DataConfig(_Section):
 
 class RewardSpec(_Section):
     # A registered name (`numeric_match`, `numeric_close`, `number_only`, `equation_form`,
-    # `stopped`, `gsm8k`, `boxed_math`, `exact_match`, `countdown`, `reasoning_gym`,
+    # `stopped`, `gsm8k`, `boxed_math`, `exact_match`, `countdown`, `countdown_close`,
+    # `reasoning_gym`,
     # `target_token_share`; streamrl/rewards.py), `module:function`, or from Python
     # (streamrl.train) a callable's `python:` name.
     name: str

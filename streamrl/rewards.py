@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -293,6 +294,46 @@ def target_token_share(sample: RewardInput, *, token_id: int) -> float:
     if not sample.response_ids:
         return 0.0
     return sum(1 for t in sample.response_ids if t == token_id) / len(sample.response_ids)
+
+
+@register("countdown_close")
+def countdown_close(sample: RewardInput, *, scale: float = 20.0) -> float:
+    """Credit for a countdown answer that misses: ``1 - |value - target| / scale`` (at least 0)
+    for a legal expression, the answer's first line before any ``=``, read without ``eval``
+    (``tasks.expression``). Legal: every given number exactly once for a reasoning-gym puzzle
+    (its rule), each at most once for the built-in task's. Why: reasoning-gym's verifier pays
+    0.05 for any expression of all the numbers that misses, so once a policy always writes one,
+    every group of wrong answers scores alike and dynamic sampling drops them all (the
+    countdown_gym job starved at step 19 without this); paying the nearer values more gives
+    those groups a direction."""
+    if scale <= 0:
+        raise ValueError(f"countdown_close: scale must be > 0, got {scale}")
+    puzzle = _countdown_puzzle(sample)
+    if puzzle is None:
+        return 0.0
+    target, given, exactly = puzzle
+    line = next((part.strip() for part in sample.response_text.splitlines() if part.strip()), "")
+    tree = expression.parse(line.split("=", 1)[0].strip().strip("`"))
+    if tree is None:
+        return 0.0
+    used = sorted(expression.numbers(tree))
+    legal = used == sorted(given) if exactly else not Counter(used) - Counter(given)
+    result = expression.value(tree)
+    if not legal or result is None:
+        return 0.0
+    return max(0.0, 1.0 - abs(float(result) - target) / scale)
+
+
+def _countdown_puzzle(sample: RewardInput) -> tuple[int, list[int], bool] | None:
+    """(target, numbers, all must be used) of a reasoning-gym countdown prompt (its entry) or
+    of the built-in task's (its JSON ground truth); None for anything else."""
+    entry = (sample.metadata or {}).get("entry") if sample.metadata else None
+    if isinstance(entry, dict) and isinstance(entry.get("metadata"), dict):
+        meta = entry["metadata"]
+        if "target" in meta and "numbers" in meta:
+            return int(meta["target"]), [int(n) for n in meta["numbers"]], True
+    truth = countdown_task._puzzle(sample.ground_truth)
+    return None if truth is None else (truth[0], truth[1], False)
 
 
 @register("reasoning_gym")

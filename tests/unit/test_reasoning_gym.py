@@ -3,6 +3,8 @@ own verifier as the ``reasoning_gym`` reward and the held-out check."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from streamrl.config import ConfigError, load_config
@@ -71,10 +73,32 @@ def test_first_line_answers_and_stopped_after_the_same_reading() -> None:
     prompt = prompt_stream(cfg)[0]
     reward = CombinedReward(cfg.rewards)
     right = f"{prompt.ground_truth} = {prompt.metadata['entry']['metadata']['target']}\nso"
-    assert reward(RewardInput.of(prompt, right, [1], "stop")) == 1.25  # solved, and ended
-    assert reward(RewardInput.of(prompt, right, [1], "length")) == 1.0  # solved, cut off
+    assert reward(RewardInput.of(prompt, right, [1], "stop")) == 1.75  # solved, near, ended
+    assert reward(RewardInput.of(prompt, right, [1], "length")) == 1.5  # solved, cut off
     assert reward(RewardInput.of(prompt, "so\n" + prompt.ground_truth, [1], "stop")) == 0.01
     gym_reward = resolve_reward("reasoning_gym")
     assert gym_reward(RewardInput.of(prompt, "so\n" + prompt.ground_truth, [1])) == 1.0
     with pytest.raises(ValueError, match="answer must be one of"):
         gym_reward(RewardInput.of(prompt, "x", [1]), answer="middle")
+
+
+def test_countdown_close_pays_a_legal_near_miss_by_its_distance() -> None:
+    from streamrl.config import load_config as load
+    from streamrl.tasks import TASKS
+
+    prompt = prompt_stream(load("countdown_gym"))[0]
+    meta = prompt.metadata["entry"]["metadata"]
+    target, numbers = meta["target"], sorted(meta["numbers"])
+    close = resolve_reward("countdown_close")
+    assert close(RewardInput.of(prompt, prompt.ground_truth, [1])) == 1.0
+    plus = " + ".join(map(str, numbers))  # every number once: legal, off by |sum - target|
+    expected = max(0.0, 1 - abs(sum(numbers) - target) / 20)
+    assert close(RewardInput.of(prompt, plus + " = ?\nso", [1])) == pytest.approx(expected)
+    assert close(RewardInput.of(prompt, " + ".join(map(str, numbers[:2])), [1])) == 0.0  # not all
+    assert close(RewardInput.of(prompt, "2 ** 9", [1])) == 0.0
+    # The built-in countdown: each number at most once.
+    task = TASKS["countdown"].question(load(None, ["data.source=countdown"]).data, 0, 0)
+    puzzle = json.loads(task.ground_truth)
+    two = f"{puzzle['numbers'][0]} + {puzzle['numbers'][1]}"
+    near = max(0.0, 1 - abs(puzzle["numbers"][0] + puzzle["numbers"][1] - puzzle["target"]) / 20)
+    assert close(RewardInput.of(task, two, [1])) == pytest.approx(near)
