@@ -25,6 +25,8 @@ import torch
 from streamrl.config import load_config, shipped_config
 from streamrl.evaluation import eval_prompts
 from streamrl.models import load_causal_lm, load_tokenizer, resolve_model
+from streamrl.tasks.arithmetic import SYSTEM_PROMPT
+from streamrl.tasks.base import system_prompt
 
 UNSEEN_WORDING = "Compute {a} {op} {b}."
 EVAL_WORDING = "What is {a} {op} {b}?"
@@ -71,9 +73,11 @@ def main() -> None:
         tokenizer = load_tokenizer(model_dir)
         model = load_causal_lm(model_dir, dtype="float32").eval()
         if args.wordings:
-            templates = [EVAL_WORDING, *config.data.question_templates, UNSEEN_WORDING]
+            wordings = config.data.args.get("question_templates", [])
+            templates = [EVAL_WORDING, *wordings, UNSEEN_WORDING]
+            own_system = system_prompt(config.data, SYSTEM_PROMPT)
             for template in templates:
-                for system in (config.data.system_prompt, None):
+                for system in (own_system, None):
                     probs = p_minus_first(
                         model, tokenizer, [reworded(p, template, system) for p in below]
                     )

@@ -4,8 +4,8 @@ docs/design.md §7): ``TASKS[name].question(data, seed, index, split)`` is a tas
 (``streamrl.tasks.base``); ``TASKS[name].exact`` is its held-out exact check.
 
 - ``arithmetic``: ``What is 7 + 12?`` (the default job);
-- ``chain``: ``What is 23 + 8 - 14 + 6?`` (``data.chain_terms`` operands);
-- ``countdown``: reach a target from ``data.countdown_numbers`` numbers with ``+ - * /``;
+- ``chain``: ``What is 23 + 8 - 14 + 6?`` (``data.args.terms`` operands);
+- ``countdown``: reach a target from ``data.args.numbers`` numbers with ``+ - * /``;
 - ``gsm``: templated word problems, a worked solution ending in ``#### N``;
 - ``guess``: a hidden number to find over several turns (``streamrl.envs.guess`` plays it);
 - ``reasoning_gym:<name>``: any of reasoning-gym's generators, with its verifier
