@@ -410,7 +410,7 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     return parsed
 
 
-def _fields_of(template: str) -> set[str] | None:
+def format_fields(template: str) -> set[str] | None:
     """The named fields of a str.format template (None if it does not parse)."""
     try:
         return {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
@@ -452,7 +452,7 @@ def _finalize(config: Config) -> Config:
         (0 < config.data.difficulty_keep <= 1, "data.difficulty_keep must be in (0, 1]"),
         (
             not config.eval.unseen_phrasing
-            or _fields_of(config.eval.unseen_phrasing) == {"a", "op", "b"},
+            or format_fields(config.eval.unseen_phrasing) == {"a", "op", "b"},
             'eval.unseen_phrasing must use exactly the fields {a}, {op} and {b} (or be "")',
         ),
         (config.buffer.compact_every_s >= 0, "buffer.compact_every_s must be >= 0"),

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from streamrl.config import Config, DataConfig
+from streamrl.config import Config, ConfigError, DataConfig
 from streamrl.tables import RowMapping, open_table, split_rows
 from streamrl.tasks import check_task_settings, task_for
 from streamrl.tasks.arithmetic import arithmetic_prompts, arithmetic_question, is_held_out
@@ -130,5 +130,13 @@ def check_data(config: Config) -> None:
     starts) on a task's bad ``data.args`` (``ConfigError``), a source that cannot be read or
     mapped, or a task whose settings leave it no training question (``DataError``)."""
     check_task_settings(config)
+    data, ev = config.data, config.eval
+    evaluated = ev.source or data.source
+    held_out = task_for(evaluated) is not None or holds_out_rows(data, ev.source)
+    if ev.every > 0 and data.holdout_every == 0 and held_out:
+        raise ConfigError(
+            f"eval.source={evaluated} has no held-out questions with data.holdout_every=0 "
+            "(hold some out, name data.eval_split or another eval.source, or set eval.every=0)"
+        )
     stream = prompt_stream(config)
     stream[0]

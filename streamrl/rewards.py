@@ -299,21 +299,27 @@ def target_token_share(sample: RewardInput, *, token_id: int) -> float:
 @register("countdown_close")
 def countdown_close(sample: RewardInput, *, scale: float = 20.0) -> float:
     """Credit for a countdown answer that misses: ``1 - |value - target| / scale`` (at least 0)
-    for a legal expression, the answer's first line before any ``=``, read without ``eval``
-    (``tasks.expression``). Legal: every given number exactly once for a reasoning-gym puzzle
-    (its rule), each at most once for the built-in task's. Why: reasoning-gym's verifier pays
-    0.05 for any expression of all the numbers that misses, so once a policy always writes one,
-    every group of wrong answers scores alike and dynamic sampling drops them all (the
-    countdown_gym job starved at step 19 without this); paying the nearer values more gives
-    those groups a direction."""
+    for a legal expression, read as the puzzle's own verifier reads it (reasoning-gym's as
+    countdown_gym does: an ``<answer>`` tag, else the first line before any ``=``; the built-in
+    task's by ``countdown.answer_line``) and valued without ``eval`` (``tasks.expression``).
+    Legal: every given number exactly once for a reasoning-gym puzzle (its rule), each at most
+    once for the built-in task's. Why: reasoning-gym's verifier pays 0.05 for any expression of
+    all the numbers that misses, so once a policy always writes one, every group of wrong
+    answers scores alike and dynamic sampling drops them all (the countdown_gym job starved at
+    step 19 without this); paying the nearer values more gives those groups a direction."""
     if scale <= 0:
         raise ValueError(f"countdown_close: scale must be > 0, got {scale}")
     puzzle = _countdown_puzzle(sample)
     if puzzle is None:
         return 0.0
     target, given, exactly = puzzle
-    line = next((part.strip() for part in sample.response_text.splitlines() if part.strip()), "")
-    tree = expression.parse(line.split("=", 1)[0].strip().strip("`"))
+    text = sample.response_text
+    answer = (
+        gym_task.response_answer(text, "first_line", strip_equation=True)
+        if exactly
+        else countdown_task.answer_line(text)
+    )
+    tree = expression.parse(answer)
     if tree is None:
         return 0.0
     used = sorted(expression.numbers(tree))
@@ -332,7 +338,7 @@ def _countdown_puzzle(sample: RewardInput) -> tuple[int, list[int], bool] | None
         meta = entry["metadata"]
         if "target" in meta and "numbers" in meta:
             return int(meta["target"]), [int(n) for n in meta["numbers"]], True
-    truth = countdown_task._puzzle(sample.ground_truth)
+    truth = countdown_task.puzzle(sample.ground_truth)
     return None if truth is None else (truth[0], truth[1], False)
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from streamrl.config import DataConfig
-from streamrl.tasks.base import DataError, Prompt
+from streamrl.tasks.base import DataError, Prompt, held_out
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +169,9 @@ class RowMapping:
     """How a row of ``source`` becomes a ``Prompt`` (module doc)."""
 
     source: str
+    # Prompt ids of rows without an ``id`` column: ``<name>-<row>`` (a file's stem, else the
+    # source as given), worked out once rather than per prompt.
+    name: str
     prompt_key: str
     prompt_template: str
     system_prompt: str
@@ -182,8 +184,10 @@ class RowMapping:
             pattern = re.compile(data.answer_pattern) if data.answer_pattern else None
         except re.error as exc:
             raise DataError(f"data.answer_pattern does not compile: {exc}") from None
+        kind = table_kind(source)
         return cls(
             source,
+            Path(source).stem if kind in ("file", "saved") else source,
             data.prompt_key,
             data.prompt_template,
             data.system_prompt or "",
@@ -228,9 +232,7 @@ class RowMapping:
 
     def answer(self, row: dict[str, Any], index: int) -> str | None:
         """The row's ground truth; None when ``answer_pattern`` does not match it."""
-        paths = (
-            [self.answer_key] if self.answer_key else ["reward_model.ground_truth", "ground_truth"]
-        )
+        paths = [self.answer_key] if self.answer_key else list(VERL_ANSWER_KEYS)
         for path in paths:
             try:
                 value = _dotted(row, path)
@@ -253,12 +255,11 @@ class RowMapping:
 
     def prompt(self, row: dict[str, Any], index: int) -> Prompt:
         """Row ``index`` as a prompt (``DataError`` for a row the mapping cannot read; an
-        unmatched answer pattern gives ground truth "", counted by ``check_table``)."""
+        unmatched answer pattern gives ground truth "", counted by ``split_rows``)."""
         messages = self.messages(row, index)
         truth = self.answer(row, index)
-        name = Path(self.source).stem if table_kind_is_path(self.source) else self.source
         return Prompt(
-            prompt_id=str(row.get("id", f"{name}-{index}")),
+            prompt_id=str(row.get("id", f"{self.name}-{index}")),
             messages=messages,
             ground_truth="" if truth is None else truth,
             data_source=str(row.get("data_source") or self.source.removeprefix(HUB_PREFIX)),
@@ -267,20 +268,10 @@ class RowMapping:
         )
 
 
-def table_kind_is_path(source: str) -> bool:
-    return not source.startswith(HUB_PREFIX) and (
-        Path(source).suffix.lower() in FILE_BUILDERS or Path(source).expanduser().is_dir()
-    )
-
-
 def question_key(messages: list[dict[str, str]]) -> str:
     """What makes two rows the same question: their messages (the held-out split is chosen by
     its hash, so a duplicated row never sits on both sides)."""
     return json.dumps(messages, sort_keys=True, ensure_ascii=False)
-
-
-def key_hash(key: str) -> int:
-    return zlib.crc32(key.encode())
 
 
 def split_rows(table: Any, mapping: RowMapping, every: int) -> tuple[np.ndarray, np.ndarray]:
@@ -296,7 +287,7 @@ def split_rows(table: Any, mapping: RowMapping, every: int) -> tuple[np.ndarray,
             first = index if first is None else first
             continue
         key = question_key(messages)
-        (held if every > 0 and key_hash(key) % every == 0 else train).append(index)
+        (held if held_out(key, every) else train).append(index)
     if unmatched > MAX_UNMATCHED_SHARE * len(table):
         raise DataError(
             f"{mapping.source}: data.answer_pattern {mapping.answer_pattern.pattern!r} matches "

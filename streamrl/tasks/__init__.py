@@ -12,7 +12,8 @@ docs/design.md §7): ``TASKS[name].question(data, seed, index, split)`` is a tas
   (``streamrl.tasks.reasoning_gym``; ``task_for`` builds its Task).
 
 A task's knobs are ``data.args``, decoded into its ``Task.args`` struct (e.g.
-``ArithmeticArgs``) and checked when the config loads (``check_task_settings``).
+``ArithmeticArgs``) and checked before a run starts (``check_task_settings``, from
+``data.check_data``).
 
 Each module owns its task: the draw, the wording, the ground truth and the check of an
 answer. They import only the config and the stdlib (and ``streamrl.data`` and
@@ -45,8 +46,8 @@ def task_for(source: str) -> Task | None:
 
 
 def check_task_settings(config: Config) -> None:
-    """``ConfigError`` (one line) for a task's bad ``data.args``, args given to a table, and
-    evaluation settings the task cannot serve; run when the config loads."""
+    """``ConfigError`` (one line) for a task's bad ``data.args``, args given to a table, and an
+    unseen phrasing the arithmetic task trains on; run by ``data.check_data``."""
     data, ev = config.data, config.eval
     try:
         if is_gym_source(data.source):
@@ -61,15 +62,7 @@ def check_task_settings(config: Config) -> None:
             )
     except DataError as exc:
         raise ConfigError(str(exc)) from None
-    evaluated = ev.source or data.source
-    held_out_task = task_for(evaluated) is not None
-    held_out_rows = evaluated == data.source and not data.eval_split
-    if ev.every > 0 and data.holdout_every == 0 and (held_out_task or held_out_rows):
-        raise ConfigError(
-            f"eval.source={evaluated} has no held-out questions with data.holdout_every=0 "
-            "(hold some out, name data.eval_split or another eval.source, or set eval.every=0)"
-        )
-    if evaluated == "arithmetic" and ev.unseen_phrasing and data.source == "arithmetic":
+    if ev.source in ("", "arithmetic") and ev.unseen_phrasing and data.source == "arithmetic":
         args = task_args(data, arithmetic.ArithmeticArgs)
         if ev.unseen_phrasing in (args.question_template, *args.question_templates):
             raise ConfigError(

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import itertools
 import random
-import string
 from collections.abc import Iterator
 from typing import Literal
 
 import msgspec
 
-from streamrl.config import DataConfig
+from streamrl.config import DataConfig, format_fields
 from streamrl.tasks.base import (
     Prompt,
     Task,
@@ -34,14 +33,6 @@ from streamrl.tasks.base import (
 )
 
 SYSTEM_PROMPT = "Answer with the number only."
-
-
-def template_fields(template: str) -> set[str] | None:
-    """The named fields of a str.format template (None if it does not parse)."""
-    try:
-        return {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
-    except ValueError:
-        return None
 
 
 class ArithmeticArgs(TaskArgs):
@@ -63,7 +54,7 @@ class ArithmeticArgs(TaskArgs):
         if not self.operations:
             raise ValueError("operations must name at least one operation")
         for template in (self.question_template, *self.question_templates):
-            if template_fields(template) != {"a", "op", "b"}:
+            if format_fields(template) != {"a", "op", "b"}:
                 raise ValueError(
                     f"question template {template!r} must use exactly the fields {{a}}, "
                     "{op} and {b}"

@@ -100,7 +100,8 @@ def countdown_question(config: DataConfig, seed: int, index: int, split: str = "
     )
 
 
-def _puzzle(ground_truth: str) -> tuple[int, list[int]] | None:
+def puzzle(ground_truth: str) -> tuple[int, list[int]] | None:
+    """(target, numbers) of a ground truth (module doc), or None if it is not one."""
     try:
         truth: Any = json.loads(ground_truth)
         target, given = truth["target"], truth["numbers"]
@@ -124,10 +125,10 @@ def answer_line(response: str) -> str:
 def grade(response: str, ground_truth: str) -> tuple[bool, bool]:
     """(legal, solved): ``legal`` if the answer is a well-formed expression of at least two
     of the given numbers, each used at most once; ``solved`` if it also equals the target."""
-    puzzle, tree = _puzzle(ground_truth), parse(answer_line(response))
-    if puzzle is None or tree is None:
+    game, tree = puzzle(ground_truth), parse(answer_line(response))
+    if game is None or tree is None:
         return False, False
-    target, given = puzzle
+    target, given = game
     used = literals(tree)
     legal = len(used) >= 2 and Counter(used) <= Counter(given)
     return legal, legal and value(tree) == target
