@@ -58,10 +58,30 @@ class RunConfig(_Section):
     stop_when_starved_s: float = 0.0
 
 
+class LoraConfig(_Section):
+    """Low-rank adapters (peft's LoraConfig): the learner trains only these, the weight stream
+    carries only these (docs/design.md §7)."""
+
+    r: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    # peft's `target_modules`: module names (["q_proj", "v_proj"]), a regex, or `all-linear`
+    # (every linear layer but the output head).
+    target_modules: list[str] | str = "all-linear"
+
+
 class ModelConfig(_Section):
-    # A local HF directory, an HF id in the local cache, `smollm2-135m-instruct`
-    # or `tiny-random-llama`.
+    # A Hugging Face hub id (downloaded when the hub is reachable, else read from the local
+    # cache), a local HF directory, a .gguf file, a PEFT adapter directory (its base model is
+    # the one its adapter_config.json names), or a built-in: `smollm2-135m-instruct`,
+    # `gemma-3-270m`, `tiny-random-<architecture>`.
     name: str = "smollm2-135m-instruct"
+    # A hub id's revision (branch, tag or commit); None: the repository's default branch.
+    revision: str | None = None
+    # Train LoRA adapters instead of every weight (`model.lora: {r: 16}`); None: full weights.
+    lora: LoraConfig | None = None
+    # Start from an existing PEFT adapter directory (implies LoRA with its settings).
+    adapter: str = ""
     # Master weights dtype on the learner (the optimizer's copy); the weight stream is always
     # the bf16 image of it.
     learner_dtype: Literal["float32", "bfloat16"] = "float32"
