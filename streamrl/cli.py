@@ -70,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     export_model.add_argument("run_dir")
     export_model.add_argument("--step", type=int, help="checkpoint version (default: newest)")
     export_model.add_argument("--out", required=True, help="output directory")
+    export_model.add_argument(
+        "--merge", action="store_true", help="LoRA runs: the base with the adapters merged in"
+    )
 
     # Listed for --help only: main() hands `bench ...` to streamrl.bench.cli's own parser.
     bench = sub.add_parser(
@@ -221,7 +224,7 @@ def _export(args: argparse.Namespace) -> int:
     from streamrl.export import ExportError, export_checkpoint
 
     try:
-        version = export_checkpoint(Path(args.run_dir), args.step, Path(args.out))
+        version = export_checkpoint(Path(args.run_dir), args.step, Path(args.out), args.merge)
     except ExportError as exc:
         print(f"streamrl export: {exc}", file=sys.stderr)
         return 2

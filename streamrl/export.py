@@ -37,11 +37,14 @@ def checkpoint_dir(run_dir: Path, step: int | None) -> Path:
     return path
 
 
-def export_checkpoint(run_dir: Path, step: int | None, out: Path) -> int:
-    """Write the policy of checkpoint ``step`` as an HF directory ``out``; returns its version."""
+def export_checkpoint(run_dir: Path, step: int | None, out: Path, merge: bool = False) -> int:
+    """Write the policy of checkpoint ``step`` as an HF directory ``out``; returns its version.
+    A LoRA run's policy is written as its PEFT adapter, or with ``merge`` as the base model
+    with the adapters merged in (bf16, as the generators ran it)."""
     import torch
     import torch.distributed.checkpoint as dcp
 
+    from streamrl.lora import adapter_settings, attach_adapter, initial_adapter_dir, uses_lora
     from streamrl.models import load_causal_lm, load_tokenizer, resolve_model
 
     if not (run_dir / "config.yaml").is_file():
@@ -56,6 +59,20 @@ def export_checkpoint(run_dir: Path, step: int | None, out: Path) -> int:
         tiny_hidden=config.model.tiny_hidden,
         tiny_layers=config.model.tiny_layers,
     )
+    if uses_lora(config):
+        adapter_dir = initial_adapter_dir(run_dir)
+        model = load_causal_lm(base, "bfloat16")
+        model = attach_adapter(model, adapter_dir, adapter_settings(config), trainable=True)
+        trained = {n: p.data for n, p in model.named_parameters() if p.requires_grad}
+        dcp.load({"policy": {"model": trained}}, checkpoint_id=str(path), no_dist=True)
+        trained = {n: t.to(torch.bfloat16) for n, t in trained.items()}
+        if merge:
+            write_merged(trained, base, adapter_dir, out)
+        else:
+            write_adapter(trained, adapter_dir, base, out)
+        return checkpoint_layout.read_meta(path)[0]
+    if merge:
+        raise ExportError(f"{run_dir}: --merge is for LoRA runs; this run trained every weight")
     model = load_causal_lm(base, config.model.learner_dtype)
     state = {"policy": {"model": model.state_dict()}}
     dcp.load(state, checkpoint_id=str(path), no_dist=True)
@@ -64,3 +81,52 @@ def export_checkpoint(run_dir: Path, step: int | None, out: Path) -> int:
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     load_tokenizer(base).save_pretrained(out)
     return checkpoint_layout.read_meta(path)[0]
+
+
+def write_adapter(trained: dict, adapter_dir: Path, base: Path, out: Path) -> None:
+    """A PEFT adapter directory: ``trained`` (peft parameter names -> bf16) under the adapter
+    file's names, the run's adapter_config.json, and the base model's tokenizer."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from streamrl.lora import ADAPTER_FILE, wire_name
+    from streamrl.models import load_tokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {wire_name(n): t.contiguous() for n, t in trained.items()}
+    save_file(tensors, str(out / ADAPTER_FILE))
+    shutil.copyfile(adapter_dir / "adapter_config.json", out / "adapter_config.json")
+    load_tokenizer(base).save_pretrained(out)
+
+
+def write_merged(trained: dict, base: Path, adapter_dir: Path, out: Path) -> None:
+    """The base model with ``trained`` merged in, in bf16, exactly as every generator merges
+    it (``workers.lora_merge``), loadable with ``AutoModelForCausalLM.from_pretrained``."""
+    import torch
+
+    from streamrl.lora import AdapterSettings, read_adapter_config, wire_name
+    from streamrl.models import load_causal_lm, load_tokenizer
+    from streamrl.workers.lora_merge import LoraMerge
+
+    saved = read_adapter_config(adapter_dir)
+    settings = AdapterSettings(int(saved["r"]), float(saved["lora_alpha"]), [])
+    adapters = {wire_name(n): t for n, t in trained.items()}
+    merged = dict(LoraMerge(base, adapters, settings).merged(adapters))
+    model = load_causal_lm(base, "bfloat16")
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, weight in merged.items():
+            params[name].copy_(weight)
+    model.config.use_cache = True
+    model.save_pretrained(out, safe_serialization=True)
+    load_tokenizer(base).save_pretrained(out)
+
+
+def save_adapter_and_merged(
+    trained: dict, base: Path, adapter_dir: Path, config, out: Path
+) -> None:
+    """The end of a LoRA run: its adapter in ``<run>/adapter`` and the merged model in
+    ``out`` (``<run>/hf``, which evaluation reads)."""
+    write_adapter(trained, adapter_dir, base, out.parent / "adapter")
+    write_merged(trained, base, adapter_dir, out)

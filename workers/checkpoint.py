@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -32,9 +33,16 @@ __all__ = ["Modules", "latest", "load", "path_for", "save"]
 Modules = dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]
 
 
+# A LoRA model's frozen base is not saved: every role loads it from the model directory.
+_TRAINED = StateDictOptions(ignore_frozen_params=True)
+
+
 def _state(modules: Modules) -> dict[str, dict]:
     return {
-        name: {"model": get_model_state_dict(m), "optim": get_optimizer_state_dict(m, opt)}
+        name: {
+            "model": get_model_state_dict(m, options=_TRAINED),
+            "optim": get_optimizer_state_dict(m, opt),
+        }
         for name, (m, opt) in modules.items()
     }
 
@@ -58,6 +66,14 @@ def load(modules: Modules, path: Path) -> tuple[int, dict]:
     state = _state(modules)
     dcp.load(state, checkpoint_id=str(path))
     for name, (module, optimizer) in modules.items():
-        set_model_state_dict(module, state[name]["model"])
+        frozen = {n for n, p in module.named_parameters() if not p.requires_grad}
+        keys = set_model_state_dict(
+            module, state[name]["model"], options=StateDictOptions(strict=False)
+        )
+        # Not strict only about the frozen parameters, which the checkpoint leaves out.
+        unexpected = list(keys.unexpected_keys)
+        missing = [k for k in keys.missing_keys if k not in frozen]
+        if unexpected or missing:
+            raise RuntimeError(f"{path}: {name} keys do not match: {(unexpected + missing)[:3]}")
         set_optimizer_state_dict(module, optimizer, state[name]["optim"])
     return read_meta(path)

@@ -103,7 +103,9 @@ class ComputeImage:
     """
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype, rounding: bool) -> None:
-        self.params = list(model.parameters())  # tied weights once
+        # Tied weights once. A frozen parameter already in the compute dtype (a LoRA run's
+        # base, loaded so) is used as it is: copying it each forward would buy nothing.
+        self.params = [p for p in model.parameters() if p.requires_grad or p.dtype != dtype]
         self.masters = [p.data for p in self.params]
         self.images = [torch.empty_like(p, dtype=dtype) for p in self.params]
         self.rounding, self.active, self.keep_after_backward = rounding, False, False
@@ -237,7 +239,8 @@ def clip_and_step(
     norm as a plain tensor (under FSDP2 it is a DTensor reduced over ranks, so every rank
     decides alike) and whether the step was taken (one host sync per update)."""
     release_compute_image(module)
-    norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+    trainable = [p for p in module.parameters() if p.requires_grad]  # LoRA: the adapters
+    norm = torch.nn.utils.clip_grad_norm_(trainable, max_norm)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
     stepped = bool(torch.isfinite(norm))
     if stepped:

@@ -23,10 +23,12 @@ from pathlib import Path
 import torch
 import zmq
 
+from streamrl.lora import adapter_settings, load_adapter_image
 from streamrl.models import load_bf16_image
 from streamrl.protocol import GeneratorActivity, LearnerClockInfo
 from streamrl.role_specs import GeneratorSpec
 from streamrl.workers.engines import Engine
+from streamrl.workers.lora_merge import LoraMerge, is_base
 from streamrl.workers.subscriber import WeightSubscriber
 
 log = logging.getLogger(__name__)
@@ -54,10 +56,20 @@ class GeneratorWeights:
         # The learner epoch of the weights the engine holds: behind ``weights_epoch`` from a
         # learner restart until the new group's anchors land (``streamrl.clock``).
         self.held_epoch = 0
-        # An engine that shares its parameters is written in place; else a bf16 image of its own.
-        image = engine.shared_weights()
-        if image is None:
-            image = load_bf16_image(Path(spec.model_dir))
+        # With LoRA the stream carries adapters only: the image is theirs, and each version
+        # reaches the engine as merged weights (``workers.lora_merge``).
+        self.lora: LoraMerge | None = None
+        if spec.adapter_dir:
+            image = load_adapter_image(Path(spec.adapter_dir))
+            settings = adapter_settings(spec.config)
+            self.lora = LoraMerge(Path(spec.model_dir), image, settings)
+            if not is_base(image):  # a given adapter: version 0 is base + adapter
+                engine.update_weights(self.lora.merged(image), engine.version)
+        else:
+            # An engine that shares its parameters is written in place; else a bf16 image.
+            image = engine.shared_weights()
+            if image is None:
+                image = load_bf16_image(Path(spec.model_dir))
         self.subscriber = self._subscribe(image)
 
     def _subscribe(self, image: dict[str, torch.Tensor], version: int = 0) -> WeightSubscriber:
@@ -112,9 +124,11 @@ class GeneratorWeights:
         if self.subscriber.version >= 0 and moved:
             self.timers.weights_pause_s += time.perf_counter() - start  # decoding waited
             start = time.perf_counter()
-            self.engine.update_weights(
-                [(n, self.subscriber.image[n]) for n in changed], self.subscriber.version
-            )
+            if self.lora is not None:
+                named = self.lora.merged(self.subscriber.image, changed)
+            else:
+                named = [(n, self.subscriber.image[n]) for n in changed]
+            self.engine.update_weights(named, self.subscriber.version)
             self.timers.weights_pause_s += time.perf_counter() - start
             log.info("generator[%d]: applied version %d", self.generator_id, self.engine.version)
             self.on_applied()

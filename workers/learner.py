@@ -29,6 +29,7 @@ from streamrl.buffers.client import BufferClient, FetchStopped
 from streamrl.config import Config
 from streamrl.cores import role_threads
 from streamrl.hardware import describe_choice, resolve_compute_dtype
+from streamrl.lora import adapter_settings, attach_adapter
 from streamrl.models import load_causal_lm, load_tokenizer
 from streamrl.protocol import BatchTaken, LearnerStep, TrajectoryGroup
 from streamrl.role_specs import LearnerSpec
@@ -85,22 +86,34 @@ def build_train_step(
     device: torch.device,
     world_size: int,
     compute_dtype: str | None = None,
+    adapter_dir: Path | None = None,
 ) -> TrainStep:
     """Load and shard the models one training step needs (collective: inside the process
     group): the policy and its AdamW, the frozen reference (KL), the critic (GAE).
-    ``compute_dtype``: the role's, resolved once (None: resolved here from the config)."""
+    ``compute_dtype``: the role's, resolved once (None: resolved here from the config).
+    ``adapter_dir``: LoRA, version 0 of the adapters (``streamrl.lora``); only they train."""
     lc = config.learner
     mesh = dist.device_mesh.init_device_mesh(device.type, (world_size,))
     compute = compute_dtype or resolve_compute_dtype(config.model.compute_dtype, str(device))
-    policy = load_causal_lm(model_dir, config.model.learner_dtype, str(device))
+    # LoRA: the frozen base is loaded in the compute dtype (its bf16 checkpoint values are
+    # exact in either), the adapters' masters in the learner dtype.
+    base_dtype = compute if adapter_dir is not None else config.model.learner_dtype
+    policy = load_causal_lm(model_dir, base_dtype, str(device))
     policy.config.use_cache = False
     attention = training_attention(config, device)
     if attention is not None:
         policy.set_attn_implementation(attention)
     if lc.activation_checkpointing:
         policy.gradient_checkpointing_enable({"use_reentrant": False})
+    if adapter_dir is not None:
+        policy = attach_adapter(policy, adapter_dir, adapter_settings(config), trainable=True)
+        policy.to(device)
+        for param in policy.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(getattr(torch, config.model.learner_dtype))
     shard_for_training(policy, mesh, compute)
-    optimizer = adamw(policy.parameters(), lc.lr, lc.betas, lc.weight_decay, device)
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = adamw(trainable, lc.lr, lc.betas, lc.weight_decay, device)
     ref_model = None
     if config.algorithm.kl.coef > 0:
         # Frozen, sharded like the policy, no KV cache; its bf16 checkpoint values are exact
@@ -160,8 +173,9 @@ class Learner:
         self.compute_dtype = resolve_compute_dtype(requested, lc.device)  # once, for the rank
         if rank == 0:
             log.info("learner: %s", describe_choice(self.compute_dtype, requested, lc.device))
+        self.adapter_dir = Path(spec.adapter_dir) if spec.adapter_dir else None
         self.train_step = build_train_step(
-            config, self.model_dir, self.device, world_size, self.compute_dtype
+            config, self.model_dir, self.device, world_size, self.compute_dtype, self.adapter_dir
         )
         self.model, self.optimizer = self.train_step.policy, self.train_step.optimizer
         self.critic, self.kl_controller = self.train_step.critic, self.train_step.kl_controller
@@ -315,18 +329,30 @@ class Learner:
     # ------------------------------------------------------------------ export
 
     def export_hf(self, out_dir: str) -> None:
-        """Gather the full model (collective: every rank calls it) and save bf16 on rank 0."""
+        """Gather the full model (collective: every rank calls it) and save bf16 on rank 0.
+        LoRA: the adapters go to ``adapter/`` beside ``out_dir``, and ``out_dir`` gets the
+        merged model (what the generators ran), so that evaluation reads either alike."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state = get_model_state_dict(
-            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        options = StateDictOptions(
+            full_state_dict=True,
+            cpu_offload=True,
+            ignore_frozen_params=self.adapter_dir is not None,
         )
+        state = get_model_state_dict(self.model, options=options)
         if self.rank == 0:
             state = {k: v.to(torch.bfloat16) for k, v in state.items()}
-            self.model.config.use_cache = True
-            self.model.config.dtype = torch.bfloat16
-            self.model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
-            load_tokenizer(self.model_dir).save_pretrained(out_dir)
+            if self.adapter_dir is not None:
+                from streamrl.export import save_adapter_and_merged
+
+                save_adapter_and_merged(
+                    state, self.model_dir, self.adapter_dir, self.config, Path(out_dir)
+                )
+            else:
+                self.model.config.use_cache = True
+                self.model.config.dtype = torch.bfloat16
+                self.model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+                load_tokenizer(self.model_dir).save_pretrained(out_dir)
         dist.barrier()
 
     def close(self) -> None:

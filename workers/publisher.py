@@ -56,6 +56,7 @@ import torch
 import zmq
 
 from streamrl.config import WeightsConfig
+from streamrl.lora import wire_name
 from streamrl.protocol import AnchorRequest, ImageChecksum, WeightAnchor, WeightDiff
 from streamrl.transport import Codec, bind_random, make_socket
 from streamrl.workers.weight_codec import (
@@ -87,12 +88,18 @@ class LocalShard:
 def local_bf16_shards(
     model: torch.nn.Module, shard_rank: int | None = None
 ) -> dict[str, LocalShard]:
-    """name -> bf16 snapshot of this rank's rows, for every parameter (tied weights once).
+    """name -> bf16 snapshot of this rank's rows, for every trained parameter (tied weights
+    once; a LoRA model's adapters only, by the adapter file's names: ``streamrl.lora``).
     FSDP2 parameters are DTensors sharded ``Shard(0)`` with ``torch.chunk`` row ranges; plain
     parameters are the whole tensor at offset 0. ``shard_rank``: this rank's index on the
     (1-D) FSDP mesh; by default the mesh is asked, which needs its process group."""
     out = {}
+    adapters = hasattr(model, "peft_config")
     for name, param in model.named_parameters():
+        if adapters:
+            if not param.requires_grad:
+                continue  # the frozen base: every generator loaded it, it never changes
+            name = wire_name(name)
         data = param.detach()
         offset = 0
         if hasattr(data, "to_local"):

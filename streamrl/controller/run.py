@@ -122,6 +122,7 @@ class Controller:
         from streamrl.data import check_data
         from streamrl.envs import check_env
         from streamrl.evaluation import eval_prompts
+        from streamrl.lora import check_adapter, uses_lora, write_initial_adapter
         from streamrl.models import resolve_model
         from streamrl.rewards import check_rewards
         from streamrl.workers.engines import check_engine_config
@@ -144,10 +145,14 @@ class Controller:
                 )
             )
             _check_engine(cfg, Path(model_dir))
+            if uses_lora(cfg):
+                check_adapter(cfg, Path(model_dir))
             check_port_free(cfg.admin.host, cfg.admin.port, "admin endpoint")
             # Pinning is a local-mode affair: cores are per node.
             cores = cpu_split(cfg, self.available_cores) if self.address is None else {}
             run_dir = prepare_run_dir(cfg)
+            if uses_lora(cfg):
+                write_initial_adapter(cfg, Path(model_dir), run_dir)
             self.ctx = RunContext(
                 config=cfg,
                 state=self.state,

@@ -15,6 +15,7 @@ import msgspec
 from streamrl.callables import blobs_for
 from streamrl.config import Config
 from streamrl.cores import role_threads
+from streamrl.lora import initial_adapter_dir, uses_lora
 from streamrl.role_specs import NODE, GeneratorSpec, LearnerSpec, ShardSpec
 
 
@@ -41,9 +42,13 @@ class SpecFactory:
     # The callables the config names by ``python:`` (``streamrl.train``'s, pickled when it
     # registered them): read once from this process's table, sent to every generator.
     callables: dict[str, bytes] = field(init=False, default_factory=dict)
+    # LoRA: version 0 of the adapters, which every learner rank and generator loads.
+    adapter_dir: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
         self.callables = blobs_for(self.config)
+        if uses_lora(self.config):
+            self.adapter_dir = str(initial_adapter_dir(self.run_dir).resolve())
 
     def shard(self, shard_id: int, ports: tuple[int, int] = (0, 0)) -> ShardSpec:
         return ShardSpec(
@@ -81,6 +86,7 @@ class SpecFactory:
             shard_endpoints=[req for _, req in self.shard_endpoints],
             report_endpoint=self.report_endpoint,
             checkpoint_dir=str((self.run_dir / "checkpoints").resolve()),
+            adapter_dir=self.adapter_dir,
             pub_port=ports[0],
             anchor_port=ports[1],
             incarnation=incarnation,
@@ -101,6 +107,7 @@ class SpecFactory:
             anchor_endpoints=[a for _, a in self.weight_endpoints],
             admission_endpoint=self.admission_endpoint,
             report_endpoint=self.report_endpoint,
+            adapter_dir=self.adapter_dir,
             incarnation=incarnation,
             callables=self.callables,
         )

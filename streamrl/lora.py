@@ -1,0 +1,247 @@
+"""LoRA adapters with peft: the adapter a run trains, as every role sees it (docs/design.md §7).
+
+With ``model.lora`` or ``model.adapter`` set the learner trains only low-rank adapters over a
+frozen base, the weight stream carries only the adapters, and each generator merges them into
+its engine's weights (``workers.lora_merge``).
+
+Version 0 of the adapters is one PEFT adapter directory that every role loads, so that the
+learner's image and every generator's are bit-identical from the start, as for full weights:
+``<run_dir>/adapter-init``, a copy of ``model.adapter`` or, without one, made by
+``write_initial_adapter``: A drawn as peft draws it (Kaiming-uniform, from ``run.seed``),
+B = 0 (the model starts as its base), saved in bf16 (the weight stream's dtype).
+
+Wire names are the adapter file's own keys, e.g.
+``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``: peft's parameter name
+without the adapter's name (``.default``).
+
+Example: ``model.lora: {r: 16}`` on SmolLM2-135M trains 4.9M adapter parameters (210
+linear layers); each update streams 4.9M bf16 values instead of 134.5M.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from streamrl.config import Config, ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+INITIAL_ADAPTER = "adapter-init"  # under the run directory
+ADAPTER_NAME = "default"  # peft's name for the one adapter a model holds
+ADAPTER_FILE = "adapter_model.safetensors"
+
+
+@dataclass(frozen=True)
+class AdapterSettings:
+    """What the adapters are: peft's LoraConfig fields that shape or scale them."""
+
+    r: int
+    alpha: float
+    target_modules: list[str] | str
+    dropout: float = 0.0
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.r
+
+
+def uses_lora(config: Config) -> bool:
+    return config.model.lora is not None or bool(config.model.adapter)
+
+
+def initial_adapter_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / INITIAL_ADAPTER
+
+
+def adapter_settings(config: Config) -> AdapterSettings:
+    """The run's adapter settings: ``model.adapter``'s own (its adapter_config.json) when given,
+    which ``model.lora``, if also set, must agree with; else ``model.lora``'s."""
+    lora = config.model.lora
+    if not config.model.adapter:
+        if lora is None:
+            raise ConfigError("config error: neither model.lora nor model.adapter is set")
+        return AdapterSettings(lora.r, lora.alpha, lora.target_modules, lora.dropout)
+    saved = read_adapter_config(Path(config.model.adapter))
+    settings = AdapterSettings(
+        int(saved["r"]),
+        float(saved.get("lora_alpha", saved["r"])),
+        saved.get("target_modules") or [],
+        lora.dropout if lora is not None else 0.0,
+    )
+    if lora is not None and (lora.r, lora.alpha) != (settings.r, settings.alpha):
+        raise ConfigError(
+            f"config error: model.lora (r={lora.r}, alpha={lora.alpha}) disagrees with "
+            f"model.adapter {config.model.adapter} (r={settings.r}, alpha={settings.alpha}): "
+            "drop model.lora or set it to the adapter's"
+        )
+    return settings
+
+
+def read_adapter_config(adapter_dir: Path) -> dict[str, Any]:
+    path = adapter_dir / "adapter_config.json"
+    if not path.is_file():
+        raise ConfigError(f"config error: model.adapter {adapter_dir} has no adapter_config.json")
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"config error: {path}: not valid JSON ({exc})") from None
+    if saved.get("peft_type", "LORA") != "LORA" or "r" not in saved:
+        raise ConfigError(f"config error: {path}: not a LoRA adapter (peft_type, r)")
+    if not (adapter_dir / ADAPTER_FILE).is_file():
+        raise ConfigError(f"config error: model.adapter {adapter_dir} has no {ADAPTER_FILE}")
+    return saved
+
+
+def peft_config(settings: AdapterSettings):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=settings.target_modules,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def adapter_shapes(model_dir: Path, settings: AdapterSettings) -> dict[str, tuple[int, ...]]:
+    """Wire name -> shape of every adapter tensor, from the base model's architecture on the
+    meta device (nothing allocated). One line when the targets name no linear layer."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    try:
+        model = get_peft_model(base, peft_config(settings))
+    except ValueError as exc:  # peft's NoMatchingPeftModuleError among them
+        first = str(exc).strip().splitlines()[0]
+        raise ConfigError(f"config error: model.lora.target_modules: {first}") from None
+    shapes = {
+        wire_name(name): tuple(p.shape) for name, p in model.named_parameters() if p.requires_grad
+    }
+    odd = [n for n in shapes if ".lora_A." not in n and ".lora_B." not in n]
+    if odd:  # lora_embedding_A etc.: the generators merge linear layers only
+        raise ConfigError(
+            f"config error: model.lora.target_modules reaches {odd[0]}: only linear layers "
+            "can be adapted (name linear modules, or `all-linear`)"
+        )
+    return shapes
+
+
+def wire_name(param_name: str) -> str:
+    """peft's parameter name -> the adapter file's key (the adapter's name dropped)."""
+    return param_name.replace(f".{ADAPTER_NAME}.", ".")
+
+
+def check_adapter(config: Config, model_dir: Path) -> AdapterSettings:
+    """Before any role starts: the targets name linear layers, and a given adapter fits the
+    base model tensor for tensor. Returns the settings."""
+    settings = adapter_settings(config)
+    shapes = adapter_shapes(model_dir, settings)
+    if config.model.adapter:
+        saved = _adapter_tensor_shapes(Path(config.model.adapter) / ADAPTER_FILE)
+        missing = sorted(set(shapes) - set(saved))
+        extra = sorted(set(saved) - set(shapes))
+        wrong = sorted(n for n in set(shapes) & set(saved) if shapes[n] != saved[n])
+        if missing or extra or wrong:
+            name = (wrong or missing or extra)[0]
+            what = (
+                f"{name} is {saved[name]} in the adapter, {shapes[name]} for this base"
+                if wrong
+                else f"{name} is {'missing from' if missing else 'extra in'} the adapter"
+            )
+            raise ConfigError(
+                f"config error: model.adapter {config.model.adapter} does not fit base model "
+                f"{config.model.name}: {what}"
+            )
+    return settings
+
+
+def _adapter_tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+
+
+def write_initial_adapter(config: Config, model_dir: Path, run_dir: Path) -> Path:
+    """``<run_dir>/adapter-init``: version 0 of the adapters (module doc). Kept when present
+    (a resumed run loads the same bytes again)."""
+    out = initial_adapter_dir(run_dir)
+    if (out / ADAPTER_FILE).is_file():
+        return out
+    settings = adapter_settings(config)
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    if config.model.adapter:
+        src = Path(config.model.adapter)
+        tensors = _load_bf16(src / ADAPTER_FILE)
+    else:
+        tensors = _fresh_adapter(adapter_shapes(model_dir, settings), config.run.seed)
+    _save_adapter(tensors, settings, str(config.model.name), staging)
+    staging.rename(out)
+    return out
+
+
+def _fresh_adapter(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torch.Tensor]:
+    """A as peft initialises it (kaiming_uniform_ with a = sqrt(5)), B = 0, in bf16."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name in sorted(shapes):
+        shape = shapes[name]
+        if ".lora_A." in name:
+            bound = 1.0 / math.sqrt(shape[1])  # kaiming_uniform_(a=sqrt(5)) on fan_in
+            a = torch.empty(shape).uniform_(-bound, bound, generator=generator)
+            tensors[name] = a.to(torch.bfloat16)
+        else:
+            tensors[name] = torch.zeros(shape, dtype=torch.bfloat16)
+    return tensors
+
+
+def _load_bf16(path: Path) -> dict[str, torch.Tensor]:
+    import torch
+    from safetensors.torch import load_file
+
+    return {k: v.to(torch.bfloat16).contiguous() for k, v in load_file(path).items()}
+
+
+def _save_adapter(
+    tensors: dict[str, torch.Tensor], settings: AdapterSettings, base: str, out: Path
+) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(out / ADAPTER_FILE))
+    cfg = peft_config(settings)
+    cfg.base_model_name_or_path = base
+    cfg.save_pretrained(str(out))
+
+
+def load_adapter_image(adapter_dir: Path) -> dict[str, torch.Tensor]:
+    """The adapters as the weight stream carries them: wire name -> contiguous bf16."""
+    return _load_bf16(Path(adapter_dir) / ADAPTER_FILE)
+
+
+def attach_adapter(model, adapter_dir: Path, settings: AdapterSettings, trainable: bool):
+    """``model`` wrapped by peft with the adapters of ``adapter_dir`` (fp32 when trainable:
+    they are the optimizer's masters; the base stays in its own dtype and frozen)."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(
+        model,
+        str(adapter_dir),
+        is_trainable=trainable,
+        config=peft_config(settings),
+        autocast_adapter_dtype=trainable,
+    )
