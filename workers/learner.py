@@ -36,6 +36,7 @@ from streamrl.role_specs import LearnerSpec
 from streamrl.transport import interface_holding, make_socket, resolve_host
 from streamrl.workers import checkpoint
 from streamrl.workers.fsdp import adamw, shard_for_training
+from streamrl.workers.lora_merge import merge_in_forward
 from streamrl.workers.publisher import WeightPublisher
 from streamrl.workers.train_step import TrainStep
 
@@ -106,7 +107,10 @@ def build_train_step(
     if lc.activation_checkpointing:
         policy.gradient_checkpointing_enable({"use_reentrant": False})
     if adapter_dir is not None:
-        policy = attach_adapter(policy, adapter_dir, adapter_settings(config), trainable=True)
+        settings = adapter_settings(config)
+        policy = attach_adapter(policy, adapter_dir, settings, trainable=True)
+        if settings.dropout == 0:  # dropout acts on the adapters' input: unmerged only
+            merge_in_forward(policy)
         policy.to(device)
         for param in policy.parameters():
             if param.requires_grad:
@@ -340,6 +344,9 @@ class Learner:
             ignore_frozen_params=self.adapter_dir is not None,
         )
         state = get_model_state_dict(self.model, options=options)
+        if self.adapter_dir is not None:  # a tied head may come along with the adapters
+            trained = {n for n, p in self.model.named_parameters() if p.requires_grad}
+            state = {k: v for k, v in state.items() if k in trained}
         if self.rank == 0:
             state = {k: v.to(torch.bfloat16) for k, v in state.items()}
             if self.adapter_dir is not None:
