@@ -170,7 +170,10 @@ def _launch(args: argparse.Namespace) -> int:
         return 2
     try:
         summary = launch(config, address=args.address)
-    except (RunError, DataError, ModelNotFoundError) as exc:
+    except ModelNotFoundError as exc:  # raised before any role starts: bad input, as above
+        print(f"streamrl: {exc}", file=sys.stderr)
+        return 2
+    except (RunError, DataError) as exc:
         print(f"streamrl: {exc}", file=sys.stderr)
         return 1
     print(f"done: version {summary['version']}, run directory {summary['run_dir']}")
@@ -181,6 +184,7 @@ def _validate(args: argparse.Namespace) -> int:
     from streamrl.config import to_yaml
     from streamrl.data import check_data
     from streamrl.envs import check_env
+    from streamrl.models import ModelNotFoundError, check_model
     from streamrl.rewards import check_rewards
     from streamrl.workers.engines import check_engine_config
 
@@ -189,6 +193,11 @@ def _validate(args: argparse.Namespace) -> int:
     check_rewards(config.rewards)
     check_env(config.env)
     check_engine_config(config.generator)  # imports no torch: a user's module:Class aside
+    try:  # a hub id's repo, revision, config and tokenizer (no weights); built-ins: no torch
+        check_model(config.model.name, revision=config.model.revision)
+    except ModelNotFoundError as exc:
+        print(f"streamrl: {exc}", file=sys.stderr)
+        return 2
     print(to_yaml(config), end="")
     return 0
 

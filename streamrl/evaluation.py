@@ -327,6 +327,6 @@ def resolve_target(target: str, overrides: list[str]) -> tuple[str, Config, Any]
                 raise EvalError(f"{target}: the run has no exported model (hf/) yet")
             return target, load_config(path / "config.yaml", overrides), path / "hf"
         config = load_config(job_for(overrides), overrides)
-        return target, config, resolve_model(target)
+        return target, config, resolve_model(target, revision=config.model.revision)
     except (ConfigError, ModelNotFoundError) as exc:
         raise EvalError(str(exc)) from None

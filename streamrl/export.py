@@ -56,6 +56,7 @@ def export_checkpoint(run_dir: Path, step: int | None, out: Path, merge: bool = 
         raise ExportError(f"{run_dir}/config.yaml: {exc}") from None
     base = resolve_model(
         config.model.name,
+        revision=config.model.revision,
         tiny_hidden=config.model.tiny_hidden,
         tiny_layers=config.model.tiny_layers,
     )

@@ -124,9 +124,9 @@ def check_model_dir(path: Path, *, name: str | None = None) -> None:
     except FileNotFoundError:
         raise ModelNotFoundError(f"{who} has no config.json") from None
     except (OSError, ValueError) as exc:
-        raise ModelNotFoundError(f"{path / 'config.json'} is unreadable: {_line(exc)}") from None
+        raise ModelNotFoundError(f"{who}: config.json is unreadable: {_line(exc)}") from None
     if not isinstance(config, dict):
-        raise ModelNotFoundError(f"{path / 'config.json'} is not a JSON object")
+        raise ModelNotFoundError(f"{who}: config.json is not a JSON object")
     from transformers import __version__
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 

@@ -19,12 +19,15 @@ against it:
 
 Each repo has one commit: ``sha`` is a sha1 of the repo id and its files' contents, so it is
 fixed while the files are, and the revision ``main`` or that sha resolves to it (any other:
-404 ``RevisionNotFound``). A missing repo is 404 ``X-Error-Code: RepoNotFound`` (a repo asked
-for as the other kind is missing too); a missing file 404 ``EntryNotFound``. A repo in ``gated``
-answers its metadata (info, tree, paths-info, as the hub does) but its files only to
-``Authorization: Bearer <token>``; otherwise 401 ``X-Error-Code: GatedRepo``, which
-``huggingface_hub`` raises as ``GatedRepoError``. ``.requests`` counts requests per URL path
-(unquoted, no query), e.g. ``server.requests["/org/m/resolve/main/config.json"]``.
+404 ``RevisionNotFound``). ``revisions`` adds named revisions (branches or tags) of a repo,
+each served from a directory of its own, with a commit of its own that resolves too. A missing
+repo is 404 ``X-Error-Code: RepoNotFound`` (a repo asked for as the other kind is missing
+too); a missing file 404 ``EntryNotFound``. A repo in ``gated`` answers its metadata (info,
+tree, paths-info, as the hub does) but its files only to ``Authorization: Bearer <token>``;
+otherwise ``X-Error-Code: GatedRepo``, which ``huggingface_hub`` raises as ``GatedRepoError``:
+401 without a token, 403 with another one (as the hub answers a token whose account has not
+accepted the licence). ``.requests`` counts requests per URL path (unquoted, no query), e.g.
+``server.requests["/org/m/resolve/main/config.json"]``.
 
 Responses are HTTP/1.0, one request per connection, so that no handler thread outlives a
 request: ``close()`` (or leaving the ``with`` block) stops the server and joins every thread.
@@ -111,6 +114,7 @@ class _Repo:
 
     def __init__(self, repo_id: str, root: Path, kind: Kind, gated: bool) -> None:
         self.id, self.root, self.kind, self.gated = repo_id, root, kind, gated
+        self.branches: dict[str, _Repo] = {}  # named revisions besides main, each a _Repo
         self._blobs: dict[str, tuple[tuple[int, int], str]] = {}
         self._lock = threading.Lock()
 
@@ -146,6 +150,13 @@ class _Repo:
         with self._lock:
             self._blobs[name] = (key, digest.hexdigest())
         return digest.hexdigest()
+
+    def at(self, rev: str) -> _Repo | None:
+        """The repo at revision ``rev`` (``main``, a named revision or either's commit)."""
+        for repo in (self, *self.branches.values()):
+            if rev == repo.commit():
+                return repo
+        return self if rev == "main" else self.branches.get(rev)
 
     def commit(self) -> str:
         digest = hashlib.sha1(f"{self.kind}:{self.id}".encode())
@@ -219,7 +230,8 @@ def _card_data(readme: Path | None) -> dict[str, Any] | None:
 class HubServer:
     """The stand-in hub: ``repos`` maps a repo id (``org/name``) to its directory; ``kinds`` its
     kind (``"model"`` unless named ``"dataset"`` there); ``gated`` the repos whose files need
-    ``Authorization: Bearer <token>``. Use as a context manager; ``.url`` is its endpoint."""
+    ``Authorization: Bearer <token>``; ``revisions`` a repo's named revisions besides ``main``
+    (``{"org/m": {"v2": dir}}``). Use as a context manager; ``.url`` is its endpoint."""
 
     def __init__(
         self,
@@ -227,18 +239,26 @@ class HubServer:
         kinds: Mapping[str, Kind] | None = None,
         token: str | None = None,
         gated: Iterable[str] = (),
+        revisions: Mapping[str, Mapping[str, Path]] | None = None,
     ) -> None:
         kinds = dict(kinds or {})
         gated = set(gated)
-        unknown = (set(kinds) | gated) - set(repos)
+        revisions = dict(revisions or {})
+        unknown = (set(kinds) | gated | set(revisions)) - set(repos)
         if unknown:
-            raise ValueError(f"kinds/gated name repos not in repos: {sorted(unknown)}")
+            raise ValueError(f"kinds/gated/revisions name repos not in repos: {sorted(unknown)}")
         if gated and token is None:
             raise ValueError("a gated repo needs a token")
         self.repos = {
             rid: _Repo(rid, Path(root), kinds.get(rid, "model"), rid in gated)
             for rid, root in repos.items()
         }
+        for rid, named in revisions.items():
+            main = self.repos[rid]
+            for rev, root in named.items():
+                if rev == "main":
+                    raise ValueError(f"{rid}: main is the repo's own directory")
+                main.branches[rev] = _Repo(rid, Path(root), main.kind, main.gated)
         self.token = token
         self.requests: Counter[str] = Counter()
         self.log: list[tuple[str, str, int]] = []  # (method, path with query, status)
@@ -281,6 +301,13 @@ class HubServer:
 
     def authorized(self, repo: _Repo, header: str | None) -> bool:
         return not repo.gated or header == f"Bearer {self.token}"
+
+    def files(self, repo_id: str, rev: str = "main") -> dict[str, Path]:
+        """What ``repo_id`` serves at ``rev``, by path in the repo (for comparing downloads)."""
+        repo = self.repos[repo_id].at(rev)
+        if repo is None:
+            raise KeyError(f"{repo_id} has no revision {rev}")
+        return repo.files()
 
 
 class _HubError(Exception):
@@ -347,14 +374,14 @@ class _Handler(BaseHTTPRequestHandler):
         sub = urllib.parse.unquote("/".join(parts[3:])).strip("/")
         expand = _flag(query.get("expand", ["false"])[0])
         if method == "GET" and endpoint in ("", "revision"):
-            self._check_revision(repo, rev)
+            repo = self._check_revision(repo, rev)
             return self._json(200, repo.info(), repo)
         if method == "GET" and endpoint == "tree":
-            self._check_revision(repo, rev)
+            repo = self._check_revision(repo, rev)
             recursive = _flag(query.get("recursive", ["false"])[0])
             return self._json(200, self._tree(repo, sub, recursive, expand), repo)
         if method == "POST" and endpoint == "paths-info":
-            self._check_revision(repo, rev)
+            repo = self._check_revision(repo, rev)
             paths, expand = self._paths_info_body()
             found = [repo.entry(p.strip("/"), expand) for p in paths if repo.exists(p.strip("/"))]
             return self._json(200, found, repo)
@@ -386,9 +413,11 @@ class _Handler(BaseHTTPRequestHandler):
         if repo is None or not tail.startswith("/resolve/"):
             raise _not_found(kind, rest.split("/resolve/")[0])
         rev, _, name = tail[len("/resolve/") :].partition("/")
-        self._check_revision(repo, urllib.parse.unquote(rev))
-        if not self.hub.authorized(repo, self.headers.get("Authorization")):
-            raise _HubError(401, "GatedRepo", f"Access to {repo.id} is restricted.")
+        repo = self._check_revision(repo, urllib.parse.unquote(rev))
+        auth = self.headers.get("Authorization")
+        if not self.hub.authorized(repo, auth):
+            status = 401 if auth is None else 403  # no token; a token without access
+            raise _HubError(status, "GatedRepo", f"Access to {repo.id} is restricted.")
         name = urllib.parse.unquote(name)
         file = repo.files().get(name)
         if file is None:
@@ -426,9 +455,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------------- helpers
 
-    def _check_revision(self, repo: _Repo, rev: str) -> None:
-        if rev not in ("main", repo.commit()):
+    def _check_revision(self, repo: _Repo, rev: str) -> _Repo:
+        """The repo at ``rev``, or 404 ``RevisionNotFound``."""
+        found = repo.at(rev)
+        if found is None:
             raise _HubError(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+        return found
 
     def _start(self, status: int, repo: _Repo | None, headers: dict[str, str]) -> None:
         self.send_response(status)

@@ -140,6 +140,7 @@ class Controller:
             model_dir = str(
                 resolve_model(
                     cfg.model.name,
+                    revision=cfg.model.revision,
                     tiny_hidden=cfg.model.tiny_hidden,
                     tiny_layers=cfg.model.tiny_layers,
                 )

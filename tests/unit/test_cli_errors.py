@@ -32,7 +32,7 @@ def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["model.name=/no/such/model"], 1, "model '/no/such/model' not found"),
+        (["model.name=/no/such/model"], 2, "model '/no/such/model' not found"),
         (["data.source=/no/such/prompts.parquet"], 2, "prompt file not found"),
         (["rewards=[{name: no_such_reward}]"], 2, "unknown reward"),
         (["generator.count=zero"], 2, "generator.count"),
