@@ -16,6 +16,13 @@ embeddings), in the compute dtype the run would pick on this machine.
   (checksummed); a call vLLM refuses leaves no request behind; a reload vLLM does not carry
   out is logged and raised.
 
+The architecture-dependent tests (``ARCH_TESTS``: staleness-0 logprobs, an update
+mid-generation, a partial update against a fresh engine) also run on the small random models
+of ``streamrl.tiny_models`` (Qwen2's q/k/v biases, Qwen3's q/k norms, Gemma3's scaled
+embeddings and sliding-window layers, Mistral, Phi-3's fused qkv/gate_up tensors, Qwen3-MoE's
+experts), on the HF and vLLM engines; an engine that refuses an architecture at launch
+(``unusable_reason``: vLLM and the MoE's fused expert names) is skipped with its reason.
+
 References are the learner's own scoring (``losses.token_logprobs`` on a full-sequence forward of
 the bf16 image) and a second engine of the same kind built from a checkpoint on disk.
 """
@@ -34,6 +41,7 @@ from support import learner_logprobs
 from streamrl.config import GeneratorConfig
 from streamrl.hardware import resolve_compute_dtype
 from streamrl.models import SMOLLM2, load_causal_lm, load_tokenizer, resolve_model
+from streamrl.tiny_models import ARCHITECTURES
 from streamrl.workers.engines import ENGINES, make_engine
 from streamrl.workers.engines.base import Engine, SamplingParams
 from streamrl.workers.engines.registry import resolve_engine
@@ -49,6 +57,16 @@ KINDS = [*ENGINES, "engines_for_tests:RenamedHF"]
 # Options of the contract's engines (max_model_len is 512: a KV cache of 128 MiB holds it;
 # the test module's engine decodes its own keys, which the HF engine's schema would refuse).
 OPTIONS = {"vllm": {"kv_cache_mb": 128}, "engines_for_tests:RenamedHF": {"rows": 8}}
+# The default model, then one small random model per architecture (streamrl.tiny_models).
+MODELS = [SMOLLM2, *ARCHITECTURES]
+# The tests that depend on the architecture; the rest (engine mechanics) run on SmolLM2 only,
+# and so does the renamed HF engine (the HF engine under another name).
+ARCH_TESTS = {
+    "test_staleness_zero_logprobs_match_the_learner",
+    "test_update_mid_generation_tags_versions_and_aborts_nothing",
+    "test_partial_update_equals_a_fresh_engine",
+}
+ARCH_KINDS = ("hf", "vllm")
 
 
 def build(kind: str, model_dir: Path, dtype: str, seed: int = 0) -> Engine:
@@ -57,9 +75,38 @@ def build(kind: str, model_dir: Path, dtype: str, seed: int = 0) -> Engine:
     return make_engine(config, model_dir, seed, compute_dtype=dtype, max_model_len=512)
 
 
+@pytest.fixture(scope="module", params=MODELS)
+def model_name(request) -> str:
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _architectures_for_arch_tests(request) -> None:
+    """Skip the small random models outside ``ARCH_TESTS`` (see the module docstring)."""
+    callspec = getattr(request.node, "callspec", None)
+    name = callspec.params.get("model_name", SMOLLM2) if callspec else SMOLLM2
+    if name != SMOLLM2 and request.node.originalname not in ARCH_TESTS:
+        pytest.skip("engine mechanics: run on the default model only")
+
+
 @pytest.fixture(scope="module")
-def model_dir() -> Path:
-    return resolve_model(SMOLLM2)
+def model_dir(model_name) -> Path:
+    return resolve_model(model_name)
+
+
+def learner_image(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The bf16 image by the learner's parameter names (what the weight stream carries; the
+    checkpoint's names too, except where transformers fuses tensors on load: MoE experts)."""
+    model = load_causal_lm(model_dir, dtype="bfloat16")
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _pick(image: dict[str, torch.Tensor], preferred: str, *parts: str) -> str:
+    """``preferred`` where the model has it (SmolLM2's), else the last tensor whose name
+    holds every one of ``parts`` (the last layer's)."""
+    if preferred in image:
+        return preferred
+    return [n for n in image if all(p in n for p in parts)][-1]
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +127,9 @@ def prompts(model_dir) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module", params=KINDS)
-def kind(request, model_dir) -> str:
+def kind(request, model_name, model_dir) -> str:
+    if model_name != SMOLLM2 and request.param not in ARCH_KINDS:
+        pytest.skip("the HF engine under another name: the default model only")
     reason = resolve_engine(request.param).unusable_reason(model_dir, DEVICE)
     if reason:
         pytest.skip(reason)
@@ -117,16 +166,14 @@ def test_staleness_zero_logprobs_match_the_learner(engine, kind, model_dir, dtyp
 
 
 def test_update_mid_generation_tags_versions_and_aborts_nothing(engine, kind, model_dir, prompts):
-    from safetensors.torch import load_file
-
     base = engine.version
-    image = load_file(str(model_dir / "model.safetensors"))
+    image = learner_image(model_dir)
+    name = _pick(image, "model.layers.5.mlp.down_proj.weight", "down_proj")
     calls = []
 
     def on_step(eng: Engine) -> None:
         calls.append(None)
         if len(calls) == 3:  # three tokens sampled so far (stepwise engines)
-            name = "model.layers.5.mlp.down_proj.weight"
             eng.update_weights([(name, image[name] * 1.01)], version=base + 1)
 
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
@@ -142,13 +189,12 @@ def test_update_mid_generation_tags_versions_and_aborts_nothing(engine, kind, mo
 
 
 def test_partial_update_equals_a_fresh_engine(engine, kind, model_dir, dtype, prompts, tmp_path):
-    from safetensors.torch import load_file, save_file
-
-    original = load_file(str(model_dir / "model.safetensors"))
+    original = learner_image(model_dir)
     changed = [
-        "model.embed_tokens.weight",  # tied to the LM head
-        "model.layers.7.self_attn.q_proj.weight",  # one part of a fused q/k/v
-        "model.layers.3.mlp.down_proj.weight",
+        "model.embed_tokens.weight",  # tied to the LM head (SmolLM2, Qwen2, Gemma3)
+        # one part of a fused q/k/v (Phi-3: the fused tensor itself)
+        _pick(original, "model.layers.7.self_attn.q_proj.weight", "self_attn.q", "proj.weight"),
+        _pick(original, "model.layers.3.mlp.down_proj.weight", "down_proj"),  # MoE: experts'
         "model.layers.0.input_layernorm.weight",
     ]
     gen = torch.Generator().manual_seed(0)
@@ -158,7 +204,12 @@ def test_partial_update_equals_a_fresh_engine(engine, kind, model_dir, dtype, pr
         new[name] = (original[name].float() * noise).to(torch.bfloat16)
     fresh_dir = tmp_path / "model"
     shutil.copytree(model_dir, fresh_dir)
-    save_file(new, str(fresh_dir / "model.safetensors"), metadata={"format": "pt"})
+    # Saved as transformers saves it (an export does): checkpoint names, experts split again.
+    fresh_model = load_causal_lm(model_dir, dtype="bfloat16")
+    with torch.no_grad():
+        for name, param in fresh_model.named_parameters():
+            param.copy_(new[name])
+    fresh_model.save_pretrained(fresh_dir, safe_serialization=True)
 
     engine.update_weights(list(original.items()), version=engine.version + 1)  # a known start
     engine.update_weights([(n, new[n]) for n in changed], version=engine.version + 1)
@@ -278,7 +329,7 @@ def assert_vllm_computes_with(engine: Engine, image: dict[str, torch.Tensor]) ->
     packed = engine.llm.apply_model(lambda m: dict(getattr(m, "packed_modules_mapping", {})))[0]
     fused_of = {part: fused for fused, parts in packed.items() for part in parts}
     expected = dict(image)
-    if "lm_head.weight" not in image:  # tied
+    if "lm_head.weight" not in image and "lm_head.weight" in own:  # tied, a head of its own
         expected["lm_head.weight"] = image["model.embed_tokens.weight"]
     wrong = []
     for name, tensor in expected.items():

@@ -4,8 +4,10 @@
   two gloo ranks, for every ``loss_agg``, with the entropy bonus, the in-loss KL and the value
   loss on (fp32, relative error <= 1e-5);
 - the learner's logprobs equal the HF engine's behaviour logprobs on samples it generated,
-  with pad-id tokens inside the prompts and two temperatures in one micro-batch, and on every
-  policy token of multi-turn episodes (the environment's tokens in no figure);
+  with pad-id tokens inside the prompts and two temperatures in one micro-batch, on every
+  architecture of ``streamrl.tiny_models`` too (Qwen2, Qwen3, Gemma3 with sliding-window
+  layers, Mistral, Phi-3, Qwen3-MoE), and on every policy token of multi-turn episodes (the
+  environment's tokens in no figure);
 - the fp32 forward runs on the bf16 image while the masters stay fp32;
 - with several PPO updates per batch the clip acts; a non-finite gradient skips the update.
 
@@ -32,6 +34,7 @@ from streamrl.envs import Environment, StepResult
 from streamrl.models import TINY, load_causal_lm, load_tokenizer, resolve_model, stop_token_ids
 from streamrl.protocol import Trajectory, TrajectoryGroup
 from streamrl.tasks.base import Prompt
+from streamrl.tiny_models import ARCHITECTURES
 from streamrl.transport import free_port
 from streamrl.workers.batching import build_micro_batches, micro_batch_rows
 from streamrl.workers.engines.base import EngineArgs, SamplingParams
@@ -265,17 +268,38 @@ def _engine_groups(model_dir: Path, shared: bool = False) -> tuple[list[Trajecto
     return groups, tokens
 
 
+# The shared-prompt layout's 4-D mask reaches every layer as given: Gemma3's sliding-window
+# layers then see the whole prompt (max |delta| 0.11 here). The fix belongs in
+# train_step._prompt_sharing_hidden (no sharing with sliding-window layers) or in batching
+# (a windowed mask per layer type); until then it fails, as this marks.
+_SLIDING_SHARED = pytest.mark.xfail(
+    reason="shared-prompt mask ignores Gemma3's sliding window (issue 42)", strict=True
+)
+
+
+@pytest.mark.parametrize("arch", [TINY, *ARCHITECTURES])
 @pytest.mark.parametrize("shared", [False, True])
 def test_learner_logprobs_equal_the_engines_behaviour_logprobs(
-    model_dir: Path, shared: bool
+    arch: str, shared: bool, request: pytest.FixtureRequest
 ) -> None:
     """Also in the shared-prompt layout: one sequence per group, each response seeing only
-    the prompt and itself, at the positions it was sampled at."""
+    the prompt and itself, at the positions it was sampled at. On every architecture: the
+    learner's forward (FSDP2 blocks, packed micro-batches, the shared-prompt mask) is the
+    engine's (Gemma3: its sliding-window layers see the same window; prompts and responses
+    run past its 16 columns)."""
+    if shared and arch == "tiny-random-gemma3":
+        request.applymarker(_SLIDING_SHARED)
+    model_dir = resolve_model(arch)
     groups, tokens = _engine_groups(model_dir, shared)
     _process_group()
     try:
         step = build_train_step(
-            _config("learner.groups_per_step=2", "learner.micro_batch_size=8"), model_dir, CPU, 1
+            _config(
+                f"model.name={arch}", "learner.groups_per_step=2", "learner.micro_batch_size=8"
+            ),
+            model_dir,
+            CPU,
+            1,
         )
         (batch,) = step._micro_batches([groups])[0]
         assert batch.shares_prompts == shared and len(batch.input_ids) == (2 if shared else 8)
