@@ -8,6 +8,9 @@ of the learner's full weights.
   an "optimizer step" changes full fp32 weights and copies each rank's rows into its shard.
   Fast, so it carries the recovery cases: uneven splits and empty ranks, PUB high-water mark
   overflow, late join, lost chunks, a corrupted diff, coalesced versions.
+- ``test_every_architecture_streams_bitwise``: ``FakeRanks`` over the real models of
+  ``streamrl.tiny_models`` (fused q/k/v and gate/up tensors, q/k norms, tied heads, 3-D
+  expert tensors), each sharded by FSDP2 along the blocks ``decoder_blocks`` finds.
 - ``test_two_gloo_learners_stream_to_subscribers``: two real gloo ranks training a tiny Llama
   (tied embeddings, odd sizes) with AdamW, publishers on each rank, subscribers in this
   process; rank 0 gathers the full state dict at the end as the reference.
@@ -27,7 +30,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from streamrl.config import WeightsConfig
+from streamrl.models import TINY
 from streamrl.protocol import WeightDiff
+from streamrl.tiny_models import ARCHITECTURES
 from streamrl.transport import free_port
 from streamrl.workers.fsdp import shard_for_training
 from streamrl.workers.publisher import WeightPublisher
@@ -76,11 +81,13 @@ class Uneven(torch.nn.Module):
 
 
 class FakeRanks:
-    def __init__(self, world: int, config: WeightsConfig, **model_kwargs) -> None:
+    def __init__(self, world: int, config: WeightsConfig, factory=None, **model_kwargs) -> None:
+        """``factory`` builds the model (default: ``Uneven(**model_kwargs)``)."""
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
+        factory = factory or (lambda: Uneven(**model_kwargs))
         torch.manual_seed(0)
-        reference = Uneven(**model_kwargs)
+        reference = factory()
         # Start from bf16-exact values so version 0 is the same image on both sides.
         self.full = {
             n: p.detach().to(torch.bfloat16).float() for n, p in reference.named_parameters()
@@ -91,7 +98,7 @@ class FakeRanks:
             dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
             try:
                 mesh = dist.device_mesh.init_device_mesh("cpu", (world,))
-                model = Uneven(**model_kwargs)
+                model = factory()
                 self.models.append(shard_for_training(model, mesh, "bfloat16"))
             finally:
                 dist.destroy_process_group()
@@ -257,6 +264,37 @@ def test_coalesced_versions_follow_the_base_chain() -> None:
         assert any(v - b > 1 for b, v in bases) and bases[-1][1] == 8
         assert_bitwise_equal(sub.image, ranks.full)
         assert sub.anchors_applied == 0
+    finally:
+        ranks.close(sub)
+
+
+@pytest.mark.parametrize("arch", [TINY, *ARCHITECTURES])
+def test_every_architecture_streams_bitwise(arch: str) -> None:
+    """Each architecture's learner, FSDP2 on two ranks with every decoder block sharded on
+    its own, streams its whole image losslessly through sparse, dense and full changes."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from streamrl.models import load_causal_lm, resolve_model
+    from streamrl.workers.fsdp import decoder_blocks
+
+    model_dir = resolve_model(arch)
+    ranks = FakeRanks(
+        2, WeightsConfig(chunk_bytes=8192), lambda: load_causal_lm(model_dir, "float32")
+    )
+    for model in ranks.models:
+        blocks = decoder_blocks(model)
+        assert len(blocks) == model.config.num_hidden_layers
+        assert all(isinstance(b, FSDPModule) for b in blocks)
+    sub = ranks.subscriber(0)
+    time.sleep(0.5)
+    try:
+        for scale in SCALES:
+            ranks.step(scale)
+        ranks.flush()
+        poll_until([sub], len(SCALES))
+        assert sub.image.keys() == ranks.full.keys()
+        assert_bitwise_equal(sub.image, ranks.full)
+        assert sub.checksum_failures == 0 and sub.anchors_applied == 0
     finally:
         ranks.close(sub)
 

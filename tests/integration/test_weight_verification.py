@@ -4,7 +4,9 @@ sockets: a block of a generator's image that diverged silently, and that no diff
 repaired by an anchor; a checkpoint step (``publish(v, verify=True)``) verifies off the cadence.
 
 The harness is ``test_weight_streaming.FakeRanks`` (two FSDP2 shards in this process), with
-steps that change only some tensors: ``embed`` never changes after version 0.
+steps that change only some tensors: ``embed`` never changes after version 0. The first case
+runs again on every architecture of ``streamrl.tiny_models`` (its embedding the tensor that
+diverges).
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ from test_weight_streaming import FakeRanks, assert_bitwise_equal, poll_until
 
 from streamrl.config import WeightsConfig
 from streamrl.protocol import GeneratorReport, WeightDiff
+from streamrl.tiny_models import ARCHITECTURES
 from streamrl.workers.weight_codec import shard_rows
 
 MOVING = ("up", "big", "norm")  # the tensors a step changes; `embed` stays at version 0
 
 
-def step(ranks: FakeRanks, *, verify: bool = False, flush: bool = True) -> None:
-    """One learner version that changes only ``MOVING`` (relative size 1e-2)."""
-    for name in MOVING:
+def step(ranks: FakeRanks, *, verify: bool = False, flush: bool = True, moving=MOVING) -> None:
+    """One learner version that changes only ``moving`` (relative size 1e-2)."""
+    for name in moving:
         tensor = ranks.full[name]
         tensor.mul_(1 + 1e-2 * torch.randn(tensor.shape, generator=ranks.generator))
     ranks._copy_rows()
@@ -39,10 +42,10 @@ def step(ranks: FakeRanks, *, verify: bool = False, flush: bool = True) -> None:
         ranks.flush()  # no coalescing: every version is sent
 
 
-def corrupt_embed(sub, rank: int, world: int = 2) -> None:
-    """Flip the low bit of one element of ``embed`` in ``rank``'s rows of the image."""
-    start, stop = shard_rows(sub.image["embed"].shape[0], rank, world)
-    bits = sub.image["embed"].view(torch.int16)
+def corrupt_embed(sub, rank: int, world: int = 2, name: str = "embed") -> None:
+    """Flip the low bit of one element of ``name`` in ``rank``'s rows of the image."""
+    start, stop = shard_rows(sub.image[name].shape[0], rank, world)
+    bits = sub.image[name].view(torch.int16)
     bits[start + (stop - start) // 2, 7] ^= 1
 
 
@@ -63,6 +66,43 @@ def wait_repaired(sub, anchors: int, timeout_s: float = 20.0) -> None:
         assert time.monotonic() < deadline, sub.metrics()
         sub.poll()
         time.sleep(0.005)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_every_architecture_catches_and_repairs_a_silent_divergence(
+    arch: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The whole-image checksums of each architecture's real FSDP2 shards (3-D expert
+    tensors, fused projections, tied heads) agree where the image does, and catch the one
+    element that diverged."""
+    from streamrl.models import load_causal_lm, resolve_model
+
+    caplog.set_level(logging.WARNING, logger="streamrl.workers.subscriber")
+    model_dir = resolve_model(arch)
+    config = WeightsConfig(chunk_bytes=8192, verify_every=2)
+    ranks = FakeRanks(2, config, lambda: load_causal_lm(model_dir, "float32"))
+    embed = "model.embed_tokens.weight"
+    moving = [name for name in ranks.full if name != embed]
+    sub = ranks.subscriber(0)
+    time.sleep(0.5)
+    try:
+        step(ranks, moving=moving)
+        poll_until([sub], 1)
+        corrupt_embed(sub, rank=1, name=embed)
+        step(ranks, moving=moving)  # v2: verified
+        poll_until([sub], 2)
+        assert sub.image_mismatches == 1 and sub.images_verified == 1  # rank 0 was fine
+        assert mismatch_versions(caplog) == [(1, 2)]
+        wait_repaired(sub, 1)
+        assert_bitwise_equal(sub.image, ranks.full)
+        step(ranks, moving=moving)
+        step(ranks, moving=moving)
+        poll_until([sub], 4)
+        assert sub.images_verified == 3 and sub.image_mismatches == 1
+        assert sub.checksum_failures == 0
+        assert_bitwise_equal(sub.image, ranks.full)
+    finally:
+        ranks.close(sub)
 
 
 @pytest.mark.slow  # about 1.5 s: 16 versions over real sockets
