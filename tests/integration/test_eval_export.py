@@ -13,6 +13,7 @@ import pytest
 from streamrl.config import load_config
 from streamrl.controller.run import Controller
 from streamrl.evaluation import eval_prompts
+from streamrl.tiny_models import ARCHITECTURES
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -98,6 +99,69 @@ def test_streamrl_export_a_step(run_dir: Path, tmp_path: Path) -> None:
     same = all(a.equal(b) for a, b in zip(last.parameters(), final.parameters(), strict=True))
     moved = any(not a.equal(b) for a, b in zip(step2.parameters(), final.parameters(), strict=True))
     assert same and moved
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_every_architecture_checkpoints_resumes_and_exports(arch: str, tmp_path: Path) -> None:
+    """What a run does with each architecture's learner, without the run: one gloo rank (the
+    one-rank compute image) trains a step and saves a checkpoint; a fresh learner loads it
+    (weights and AdamW state equal); ``export`` writes an HF directory that transformers loads
+    with the trained weights in bf16, in the checkpoint format it reads (tied heads, fused
+    Phi-3 tensors, MoE experts split again)."""
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from streamrl.checkpoint_layout import checkpoints_root
+    from streamrl.config import to_yaml
+    from streamrl.export import export_checkpoint
+    from streamrl.models import load_causal_lm, resolve_model
+    from streamrl.transport import free_port
+    from streamrl.workers import checkpoint
+    from streamrl.workers.fsdp import adamw, clip_and_step, shard_for_training
+    from streamrl.workers.learner import rendezvous
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = load_config(ROOT / "configs" / "tiny.yaml", [f"model.name={arch}"])
+    (run_dir / "config.yaml").write_text(to_yaml(config))
+    model_dir = resolve_model(arch)
+    store = rendezvous(f"127.0.0.1:{free_port()}", 0, 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = dist.device_mesh.init_device_mesh("cpu", (1,))
+
+        def learner():
+            model = shard_for_training(load_causal_lm(model_dir, "float32"), mesh, "bfloat16")
+            return model, adamw(model.parameters(), 1e-2, (0.9, 0.99), 0.0, torch.device("cpu"))
+
+        model, optimizer = learner()
+        ids = torch.randint(4, 100, (2, 24), generator=torch.Generator().manual_seed(0))
+        model(input_ids=ids, labels=ids).loss.backward()
+        clip_and_step(model, optimizer, 1.0)
+        checkpoint.save({"policy": (model, optimizer)}, checkpoints_root(run_dir), 1)
+        trained = {n: p.detach().clone() for n, p in model.named_parameters()}
+        fresh, fresh_optimizer = learner()
+        version, _ = checkpoint.load(
+            {"policy": (fresh, fresh_optimizer)}, checkpoint.latest(checkpoints_root(run_dir))
+        )
+        assert version == 1
+        for name, param in fresh.named_parameters():
+            assert torch.equal(param, trained[name]), name
+            state, saved = (
+                fresh_optimizer.state[param],
+                optimizer.state[dict(model.named_parameters())[name]],
+            )
+            assert torch.equal(state["exp_avg"], saved["exp_avg"]), name
+    finally:
+        dist.destroy_process_group()
+    assert export_checkpoint(run_dir, None, tmp_path / "hf") == 1
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.bfloat16)
+    moved = 0
+    for name, param in exported.named_parameters():
+        assert torch.equal(param, trained[name].to(torch.bfloat16)), name
+        moved += not torch.equal(param, load_causal_lm(model_dir).get_parameter(name))
+    assert moved > 0
 
 
 @pytest.mark.parametrize(
