@@ -79,7 +79,10 @@ ENGINES_SERVING: dict[str, tuple[str, ...]] = {
     "tiny-random-gemma3": ("hf", "vllm"),
     "tiny-random-mistral": ("hf", "vllm"),
     "tiny-random-phi3": ("hf", "vllm"),
-    "tiny-random-qwen3-moe": ("hf", "vllm"),
+    # vLLM serves it, but the learner streams transformers' fused expert tensors
+    # (mlp.experts.gate_up_proj), names the vLLM engine's checkpoint image lacks: refused at
+    # launch (vllm_engine.streamed_names_not_in_checkpoint).
+    "tiny-random-qwen3-moe": ("hf",),
 }
 
 

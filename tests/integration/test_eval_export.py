@@ -140,7 +140,8 @@ def test_every_architecture_checkpoints_resumes_and_exports(arch: str, tmp_path:
         model(input_ids=ids, labels=ids).loss.backward()
         clip_and_step(model, optimizer, 1.0)
         checkpoint.save({"policy": (model, optimizer)}, checkpoints_root(run_dir), 1)
-        trained = {n: p.detach().clone() for n, p in model.named_parameters()}
+        params = dict(model.named_parameters())
+        trained = {n: p.detach().clone() for n, p in params.items()}
         fresh, fresh_optimizer = learner()
         version, _ = checkpoint.load(
             {"policy": (fresh, fresh_optimizer)}, checkpoint.latest(checkpoints_root(run_dir))
@@ -148,11 +149,8 @@ def test_every_architecture_checkpoints_resumes_and_exports(arch: str, tmp_path:
         assert version == 1
         for name, param in fresh.named_parameters():
             assert torch.equal(param, trained[name]), name
-            state, saved = (
-                fresh_optimizer.state[param],
-                optimizer.state[dict(model.named_parameters())[name]],
-            )
-            assert torch.equal(state["exp_avg"], saved["exp_avg"]), name
+            saved = optimizer.state[params[name]]["exp_avg"]
+            assert torch.equal(fresh_optimizer.state[param]["exp_avg"], saved), name
     finally:
         dist.destroy_process_group()
     assert export_checkpoint(run_dir, None, tmp_path / "hf") == 1
