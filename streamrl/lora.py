@@ -187,13 +187,13 @@ def write_initial_adapter(config: Config, model_dir: Path, run_dir: Path) -> Pat
         src = Path(config.model.adapter)
         tensors = _load_bf16(src / ADAPTER_FILE)
     else:
-        tensors = _fresh_adapter(adapter_shapes(model_dir, settings), config.run.seed)
-    _save_adapter(tensors, settings, str(config.model.name), staging)
+        tensors = fresh_adapter(adapter_shapes(model_dir, settings), config.run.seed)
+    save_adapter(tensors, settings, str(config.model.name), staging)
     staging.rename(out)
     return out
 
 
-def _fresh_adapter(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torch.Tensor]:
+def fresh_adapter(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torch.Tensor]:
     """A as peft initialises it (kaiming_uniform_ with a = sqrt(5)), B = 0, in bf16."""
     import torch
 
@@ -217,7 +217,7 @@ def _load_bf16(path: Path) -> dict[str, torch.Tensor]:
     return {k: v.to(torch.bfloat16).contiguous() for k, v in load_file(path).items()}
 
 
-def _save_adapter(
+def save_adapter(
     tensors: dict[str, torch.Tensor], settings: AdapterSettings, base: str, out: Path
 ) -> None:
     from safetensors.torch import save_file

@@ -406,3 +406,65 @@ def test_a_reload_vllm_does_not_carry_out_is_logged_and_raised(engine, kind, mod
         engine.llm.apply_model(lambda model: model.__dict__.pop("load_weights", None))
     engine.update_weights(list(original.items()), version=engine.version + 1)
     assert_vllm_computes_with(engine, original)
+
+
+def test_lora_adapters_merged_in_flight_match_the_learner(
+    engine, kind, model_dir, dtype, prompts, tmp_path
+):
+    """LoRA reaches every engine as merged weights through ``update_weights``
+    (``workers.lora_merge``): an adapter version applied mid-generation tags the tokens as
+    any update does, and at staleness 0 the engine's logprobs equal those of the learner's
+    peft model (computing with the merged weight, ``merge_in_forward``) to the dtype's noise
+    level, while they differ from the base model's by far more (the adapter is not lost in
+    the merge)."""
+    from safetensors.torch import load_file
+
+    from streamrl.lora import AdapterSettings, adapter_shapes, fresh_adapter, save_adapter
+    from streamrl.lora import attach_adapter as peft_wrap
+    from streamrl.workers.lora_merge import LoraMerge, merge_in_forward
+
+    settings = AdapterSettings(r=8, alpha=16.0, target_modules="all-linear")
+    adapters = fresh_adapter(adapter_shapes(model_dir, settings), seed=0)
+    gen = torch.Generator().manual_seed(1)
+    for name, tensor in adapters.items():
+        if ".lora_B." in name:  # a trained adapter: B away from its zero start
+            adapters[name] = (0.05 * torch.randn(tensor.shape, generator=gen)).to(torch.bfloat16)
+    save_adapter(adapters, settings, str(model_dir), tmp_path)
+    merged = LoraMerge(model_dir, adapters, settings).merged(adapters)
+
+    original = load_file(str(model_dir / "model.safetensors"))
+    engine.update_weights(list(original.items()), version=engine.version + 1)  # a known start
+    version = engine.version + 1
+    calls = []
+
+    def on_step(eng: Engine) -> None:
+        calls.append(None)
+        if len(calls) == 2:
+            eng.update_weights(merged, version=version)
+
+    outputs = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=6), on_step)
+    for out in outputs:
+        assert out.finish_reason == "length" and out.token_versions[-1] == version
+        assert sorted(out.token_versions) == out.token_versions  # old, then new: no abort
+
+    params = SamplingParams(temperature=0.8, max_new_tokens=16)
+    samples = engine.generate([p for p in prompts for _ in range(2)], params)
+    base = load_causal_lm(model_dir, dtype=dtype, device=DEVICE).eval()
+    learner = peft_wrap(
+        load_causal_lm(model_dir, dtype=dtype, device=DEVICE), tmp_path, settings, False
+    ).eval()
+    assert merge_in_forward(learner) > 0  # the learner's forward, as a LoRA run trains it
+    to_learner, to_base = [], []
+    with torch.no_grad():
+        for prompt, out in zip([p for p in prompts for _ in range(2)], samples, strict=True):
+            assert set(out.token_versions) == {version}
+            got = torch.tensor(out.logprobs)
+            to_learner.append(
+                (got - learner_logprobs(learner, prompt, out.response_ids, 0.8)).abs()
+            )
+            to_base.append((got - learner_logprobs(base, prompt, out.response_ids, 0.8)).abs())
+    diff, off_base = torch.cat(to_learner), torch.cat(to_base)
+    mean_bound, max_bound = NOISE[dtype]
+    assert diff.mean() < mean_bound and diff.max() < max_bound, (kind, diff.mean(), diff.max())
+    assert off_base.mean() > 3 * diff.mean(), (kind, off_base.mean(), diff.mean())
+    engine.update_weights(list(original.items()), version=engine.version + 1)
