@@ -141,3 +141,23 @@ def test_the_fused_decode_path_takes_the_llama_like_layers_only() -> None:
         "tiny-random-phi3": False,
         "tiny-random-qwen3-moe": False,
     }
+
+
+def test_the_hf_engine_batches_a_sliding_window_model_in_waves() -> None:
+    """A sliding-window cache cannot take new rows beside running ones (``hf._Batch.join``):
+    with fewer slots than prompts, the rows of Gemma3 join only an empty batch, and every
+    prompt is answered as it is alone (greedy)."""
+    from streamrl.workers.engines.base import EngineArgs, SamplingParams
+    from streamrl.workers.engines.hf import HFEngine
+    from streamrl.workers.engines.options import HFOptions
+
+    args = EngineArgs(resolve_model("tiny-random-gemma3"), dtype="float32", seed=0)
+    engine = HFEngine(args, HFOptions(max_batch_size=2))
+    prompts = [[1, 5, 6] * k for k in range(1, 7)]
+    # Many stop tokens: rows end at different steps while others still wait.
+    params = SamplingParams(temperature=0.0, max_new_tokens=24, stop_token_ids=tuple(range(4, 40)))
+    outputs = engine.generate(prompts, params)
+    assert len({len(o.response_ids) for o in outputs}) > 1
+    for prompt, out in zip(prompts, outputs, strict=True):
+        (alone,) = engine.generate([prompt], params)
+        assert out.response_ids == alone.response_ids

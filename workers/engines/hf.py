@@ -272,7 +272,10 @@ class HFEngine(Engine):
         step_seqs: list[list[int]] = []  # per step: the sequence of each row
         step_logprobs: list[torch.Tensor] = []  # per step: [rows] float32
         while waiting or batch.seqs:
-            admit = [waiting.popleft() for _ in range(min(slots - len(batch.seqs), len(waiting)))]
+            free = slots - len(batch.seqs)
+            if batch.seqs and not batch._resizable():
+                free = 0  # sliding-window layers (Gemma3): rows join only an empty batch
+            admit = [waiting.popleft() for _ in range(min(free, len(waiting)))]
             if admit:
                 batch.join(admit, *self._prefill([prompts[i] for i in admit]))
             tokens, logprobs = sample_tokens(batch.logits, params, draws)
