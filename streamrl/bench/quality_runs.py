@@ -54,6 +54,13 @@ ARMS: dict[str, list[str]] = {
         "buffer.max_staleness=1",
         "data.sampler=difficulty",
     ],
+    # LoRA (r = 16 on every linear layer) against async-eta1's full fine-tuning, same recipe
+    # but the learning rate (docs/experiments.md, 2026-11-27).
+    "async-eta1-lora": [
+        "run.mode=async",
+        "buffer.max_staleness=1",
+        "model.lora={r: 16, alpha: 32, target_modules: all-linear}",
+    ],
     # Dynamic sampling's refill off: what a peer without it (TRL's GRPOTrainer) trains on.
     "async-eta1-nodrop": [
         "run.mode=async",
