@@ -168,7 +168,23 @@ def _prompt_sharing_hidden(config: Config, policy: torch.nn.Module, critic) -> i
     attention = getattr(model_config, "_attn_implementation", None)
     if not config.learner.share_prompts or attention not in ("eager", "sdpa"):
         return 0
+    if has_sliding_window(model_config):
+        # The shared-prompt mask is one 4-D mask for every layer: a windowed layer (Gemma 3)
+        # would see past its window, and the learner would score what no engine sampled.
+        log.info("learner.share_prompts is off for this model: it has sliding-window layers")
+        return 0
     return int(model_config.hidden_size)
+
+
+def has_sliding_window(model_config) -> bool:
+    """Whether some attention layer of the model attends within a window (Gemma 2/3,
+    Mistral v0.1, Qwen2 with use_sliding_window)."""
+    types = getattr(model_config, "layer_types", None)
+    if types:
+        return "sliding_attention" in types
+    if getattr(model_config, "use_sliding_window", True) is False:
+        return False
+    return getattr(model_config, "sliding_window", None) is not None
 
 
 class TrainStep:

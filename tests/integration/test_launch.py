@@ -150,11 +150,11 @@ def test_wandb_offline_logs_every_step(tmp_path: Path) -> None:
 
 
 # The tiny Llama with heads of 32 (vLLM's CPU attention has no kernel for 16), and Gemma3
-# (tied head, scaled embeddings, sliding-window layers; prompts unshared in the learner: its
-# shared-prompt mask ignores the window, tests/integration/test_train_step.py).
+# (tied head, scaled embeddings, sliding-window layers; the learner shares no prompts there:
+# train_step.has_sliding_window).
 VLLM_RUNS = {
     "llama": ["model.tiny_hidden=128"],
-    "gemma3": ["model.name=tiny-random-gemma3", "learner.share_prompts=false"],
+    "gemma3": ["model.name=tiny-random-gemma3"],
 }
 
 
