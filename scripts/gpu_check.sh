@@ -2,7 +2,7 @@
 # The CUDA path on a GPU machine with torch + transformers preinstalled and no network:
 # installs the wheels carried in .whl/ (pyzmq, msgspec, fastapi, ...; no Ray), installs
 # streamrl without dependencies, runs the GPU tests and the benchmarks, and writes logs to
-# $OUT (or ./gpu-out). Usage: scripts/gpu_check.sh [tests|learner|generator|weights|all]...
+# $OUT (or ./gpu-out). Usage: scripts/gpu_check.sh [tests|learner|generator|weights|lora|all]...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-out}"
@@ -44,6 +44,15 @@ run_generator() {
         --new-tokens 128 --no-fast-decode --json "$OUT/generator-transformers.json" 2>&1 \
         | tee "$OUT/generator-transformers.log"
 }
+run_lora() {
+    # LoRA (r = 16) against full fine-tuning on one GPU: step time, peak memory, bytes/update.
+    "$PY" benchmarks/lora.py --model random-smollm2-135m --device cuda --batch 64 \
+        --micro-batch 32 --prompt-tokens 256 --response-tokens 256 --no-spread --steps 5 \
+        --threads 4 --json "$OUT/lora-135m.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/lora.log"
+    "$PY" benchmarks/lora.py --model random-llama-1b --device cuda --batch 32 \
+        --micro-batch 8 --prompt-tokens 256 --response-tokens 256 --no-spread --steps 4 \
+        --threads 4 --json "$OUT/lora-1b.json" 2>&1 | grep -v "Loading weights" | tee -a "$OUT/lora.log"
+}
 run_weights() {
     "$PY" benchmarks/weights.py --model random-smollm2-135m --device cuda --quick 2>&1 \
         | tee "$OUT/weights.log"
@@ -76,6 +85,7 @@ for what in "${@:-all}"; do
         learner) run_learner ;;
         generator) run_generator ;;
         weights) run_weights ;;
+        lora) run_lora ;;
         async) run_async ;;
         all) run_tests; run_learner; run_generator; run_weights ;;
         *) echo "unknown step $what" >&2; exit 2 ;;

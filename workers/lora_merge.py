@@ -77,17 +77,30 @@ def merged_weight(
     return base.float() + scale * (b.float() @ a.float())
 
 
-class _RoundToBf16(torch.autograd.Function):
-    """The bf16 value in the forward, the gradient passed through unchanged (straight-through,
-    as ``workers.fsdp`` rounds full weights)."""
+class _MergedLinear(torch.autograd.Function):
+    """``y = x round(W0 + s B A)^T + bias``: the forward with the merged bf16 weight, the
+    backward as unmerged LoRA's. The gradients of A and B through the rounding are taken as
+    if it were not there (straight-through, as ``workers.fsdp`` rounds full weights), which
+    is ``dB = s gY^T (x A^T)`` and ``dA = s (gY B)^T x``: never the [out, in] weight
+    gradient that full fine-tuning forms, so LoRA keeps its cheap backward."""
 
     @staticmethod
-    def forward(ctx, value: torch.Tensor) -> torch.Tensor:
-        return value.to(torch.bfloat16).to(value.dtype)
+    def forward(ctx, x, base, bias, a, b, scale):
+        weight = merged_weight(base, a, b, scale).to(torch.bfloat16).to(x.dtype)
+        ctx.save_for_backward(x, weight, a, b)
+        ctx.scale = scale
+        return torch.nn.functional.linear(x, weight, bias)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return grad
+    def backward(ctx, grad):
+        x, weight, a, b = ctx.saved_tensors
+        scale = ctx.scale
+        grad_x = grad @ weight
+        flat_grad = grad.reshape(-1, grad.shape[-1])
+        flat_x = x.reshape(-1, x.shape[-1])
+        grad_b = scale * (flat_grad.t() @ (flat_x @ a.t().to(x.dtype)))
+        grad_a = scale * ((flat_grad @ b.to(x.dtype)).t() @ flat_x)
+        return grad_x, None, None, grad_a.to(a.dtype), grad_b.to(b.dtype), None
 
 
 def merge_in_forward(model: torch.nn.Module) -> int:
@@ -100,7 +113,8 @@ def merge_in_forward(model: torch.nn.Module) -> int:
     through the rounding unchanged. Returns the number of layers changed.
 
     Costs against unmerged LoRA: per layer and forward, one [out, in] merge (2 r out in
-    FLOPs), and the backward forms the [out, in] weight gradient as full fine-tuning does."""
+    FLOPs and a few passes over the weight); the backward is unmerged LoRA's
+    (``_MergedLinear``)."""
     from peft.tuners.lora.layer import Linear as LoraLinear
 
     count = 0
@@ -112,18 +126,13 @@ def merge_in_forward(model: torch.nn.Module) -> int:
 
 
 def _merged_forward(layer):
-    import torch.nn.functional as F
-
     (name,) = layer.active_adapters  # one adapter per run
     scale = layer.scaling[name]
 
     def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         base = layer.base_layer
-        value = merged_weight(
-            base.weight, layer.lora_A[name].weight, layer.lora_B[name].weight, scale
-        )
-        weight = _RoundToBf16.apply(value).to(x.dtype)
-        return F.linear(x, weight, base.bias)
+        a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
+        return _MergedLinear.apply(x, base.weight, base.bias, a, b, scale)
 
     return forward
 

@@ -148,3 +148,22 @@ def test_the_merged_forward_trains_a_and_b_only(model_dir: Path, tmp_path: Path)
     assert grads and all(".lora_A." in n or ".lora_B." in n for n in grads)
     assert len(grads) == len(adapters)
     assert all(g.abs().sum() > 0 for g in grads.values())
+
+
+def test_merged_linear_gradients_are_lora_s() -> None:
+    """For a loss linear in y (gY fixed), A's and B's gradients through the merged forward
+    equal those of ``x (W + s B A)^T`` by autograd: the rounding is passed straight through."""
+    from streamrl.workers.lora_merge import _MergedLinear
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 16, generator=gen)
+    base = torch.randn(12, 16, generator=gen).bfloat16()
+    a = torch.randn(4, 16, generator=gen, requires_grad=True)
+    b = torch.randn(12, 4, generator=gen, requires_grad=True)
+    g = torch.randn(3, 5, 12, generator=gen)
+    (_MergedLinear.apply(x, base, None, a, b, 2.0) * g).sum().backward()
+    ours = a.grad.clone(), b.grad.clone()
+    a.grad = b.grad = None
+    (torch.nn.functional.linear(x, base.float() + 2.0 * b @ a) * g).sum().backward()
+    torch.testing.assert_close(ours[0], a.grad)
+    torch.testing.assert_close(ours[1], b.grad)
