@@ -52,7 +52,7 @@ import msgspec
 import zmq
 
 from streamrl import checkpoint_layout
-from streamrl.config import Config
+from streamrl.config import Config, ConfigError
 from streamrl.controller.admission import AdmissionServer
 from streamrl.controller.context import RunContext
 from streamrl.controller.drops import DropWatch
@@ -482,8 +482,8 @@ def _check_engine(config: Config, model_dir: Path) -> None:
 
     try:
         check_engine(config.generator, model_dir)
-    except EngineUnavailable as exc:
-        raise RunError(str(exc)) from None
+    except EngineUnavailable as exc:  # bad input like any other: one line, exit 2
+        raise ConfigError(str(exc)) from None
 
 
 def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
