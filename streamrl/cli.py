@@ -184,6 +184,7 @@ def _validate(args: argparse.Namespace) -> int:
     from streamrl.config import to_yaml
     from streamrl.data import check_data
     from streamrl.envs import check_env
+    from streamrl.lora import check_adapter, uses_lora
     from streamrl.models import ModelNotFoundError, check_model
     from streamrl.rewards import check_rewards
     from streamrl.workers.engines import check_engine_config
@@ -194,10 +195,12 @@ def _validate(args: argparse.Namespace) -> int:
     check_env(config.env)
     check_engine_config(config.generator)  # imports no torch: a user's module:Class aside
     try:  # a hub id's repo, revision, config and tokenizer (no weights); built-ins: no torch
-        check_model(config.model.name, revision=config.model.revision)
+        model_dir = check_model(config.model.name, revision=config.model.revision)
     except ModelNotFoundError as exc:
         print(f"streamrl: {exc}", file=sys.stderr)
         return 2
+    if model_dir is not None and uses_lora(config):
+        check_adapter(config, model_dir)  # the model's architecture on the meta device
     print(to_yaml(config), end="")
     return 0
 

@@ -97,22 +97,25 @@ def resolve_model(
     raise ModelNotFoundError(_not_found(name))
 
 
-def check_model(name: str, *, revision: str | None = None) -> None:
+def check_model(name: str, *, revision: str | None = None) -> Path | None:
     """What ``streamrl validate`` checks of ``model.name`` without building or downloading any
     weights: a local directory or ``.gguf`` file exists (and the directory passes
     ``check_model_dir``); a hub id's repo and revision exist, may be read, hold safetensors,
     and its config and tokenizer (downloaded into the HF cache, as the launch would) pass
-    ``check_model_dir``. Other names (the built-ins) are the launch's to check."""
+    ``check_model_dir``. Other names (the built-ins) are the launch's to check. Returns the
+    directory holding the model's config.json when one was checked, else None."""
     path = Path(name).expanduser()
     if path.is_dir():
         check_model_dir(path)
-    elif path.suffix == ".gguf":
+        return path
+    if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelNotFoundError(f"model {name!r} not found: no such .gguf file")
     elif "/" in name and is_hub_id(name):
-        _hub_dir(name, revision, weights=False)
+        return _hub_dir(name, revision, weights=False)
     elif "/" in name or name.startswith("."):
         raise ModelNotFoundError(_not_found(name))
+    return None
 
 
 def check_model_dir(path: Path, *, name: str | None = None) -> None:

@@ -36,6 +36,8 @@ def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         (["data.source=/no/such/prompts.parquet"], 2, "prompt file not found"),
         (["rewards=[{name: no_such_reward}]"], 2, "unknown reward"),
         (["generator.count=zero"], 2, "generator.count"),
+        (["model.lora={target_modules: [nope]}"], 2, "target_modules"),
+        (["model.adapter=/no/such/adapter"], 2, "adapter_config.json"),
         # An engine that cannot serve the model (vLLM: heads of 16 have no CPU kernel).
         (["generator.engine=vllm"], 2, "generator.engine"),
         (["--learners", "3"], 2, "divisible"),
