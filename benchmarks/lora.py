@@ -8,7 +8,7 @@ token answers, one micro-batch (``benchmarks/learner.py`` makes the synthetic gr
 step is followed by what the weight publisher does: a bf16 snapshot of the trained
 parameters and its diff against the previous one (``workers.publisher``), whose encoded size
 is the bytes a generator receives per update. For LoRA, the generator's merge of a whole
-adapter version into full weights (``workers.lora_merge``) is timed too.
+adapter version into full weights (``streamrl.lora.LoraMerge``) is timed too.
 
 Figures: step time (median of ``--steps`` after one warm-up), peak RSS of the process (CPU)
 or peak CUDA memory allocated, trained parameters, bytes per update (median), merge time.
@@ -71,12 +71,16 @@ def _sync(device: str) -> None:
 def _mode(lora: bool, args: argparse.Namespace, out: str) -> None:
     import torch.distributed as dist
 
-    from streamrl.lora import adapter_settings, load_adapter_image, write_initial_adapter
+    from streamrl.lora import (
+        LoraMerge,
+        adapter_settings,
+        load_adapter_image,
+        write_initial_adapter,
+    )
     from streamrl.malloc import keep_freed_memory
     from streamrl.models import resolve_model
     from streamrl.transport import free_port
     from streamrl.workers.learner import build_train_step, rendezvous
-    from streamrl.workers.lora_merge import LoraMerge
     from streamrl.workers.publisher import encode_shard, local_bf16_shards
 
     torch.set_num_threads(args.threads)

@@ -103,12 +103,11 @@ def write_adapter(trained: dict, adapter_dir: Path, base: Path, out: Path) -> No
 
 def write_merged(trained: dict, base: Path, adapter_dir: Path, out: Path) -> None:
     """The base model with ``trained`` merged in, in bf16, exactly as every generator merges
-    it (``workers.lora_merge``), loadable with ``AutoModelForCausalLM.from_pretrained``."""
+    it (``streamrl.lora.LoraMerge``), loadable with ``AutoModelForCausalLM.from_pretrained``."""
     import torch
 
-    from streamrl.lora import AdapterSettings, read_adapter_config, wire_name
+    from streamrl.lora import AdapterSettings, LoraMerge, read_adapter_config, wire_name
     from streamrl.models import load_causal_lm, load_tokenizer
-    from streamrl.workers.lora_merge import LoraMerge
 
     saved = read_adapter_config(adapter_dir)
     settings = AdapterSettings(int(saved["r"]), float(saved["lora_alpha"]), [])

@@ -2,7 +2,8 @@
 
 With ``model.lora`` or ``model.adapter`` set the learner trains only low-rank adapters over a
 frozen base, the weight stream carries only the adapters, and each generator merges them into
-its engine's weights (``workers.lora_merge``).
+its engine's weights (``LoraMerge``), and the learner computes with the same merged weights
+(``workers.lora_forward``).
 
 Version 0 of the adapters is one PEFT adapter directory that every role loads, so that the
 learner's image and every generator's are bit-identical from the start, as for full weights:
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -245,3 +247,76 @@ def attach_adapter(model, adapter_dir: Path, settings: AdapterSettings, trainabl
         config=peft_config(settings),
         autocast_adapter_dtype=trainable,
     )
+
+
+# --------------------------------------------------------------------------- the merge
+# Every engine takes LoRA as full weights through ``Engine.update_weights``, the path full
+# fine-tuning uses: a generator keeps the adapted layers' base weights (bf16, as loaded) and
+# turns changed adapter tensors into their layers' merged weights, ``W0 + (alpha / r) B A``
+# in float32 rounded once to bf16. An update then lands between two decode steps like any
+# other (version tags, no aborts), and no engine needs LoRA kernels. vLLM's own LoRA
+# (``LoRARequest``) is not used: it loads an adapter per request from disk and keeps it for
+# the request's life, so an update could not reach a sequence in flight, and every version
+# would be an adapter to load and evict (docs/design.md §7).
+#
+# Example: the subscriber reports ``...q_proj.lora_B.weight`` changed at version 5;
+# ``LoraMerge.merged`` returns ``[("model.layers.0.self_attn.q_proj.weight", W)]``, which the
+# engine's ``update_weights(..., version=5)`` takes.
+
+_PREFIX = "base_model.model."  # peft's wrapper path before the base model's own names
+
+
+def layer_of(wire: str) -> str:
+    """``base_model.model.X.lora_A.weight`` -> ``X`` (the adapted layer's module path)."""
+    body = wire.removeprefix(_PREFIX)
+    for part in (".lora_A.", ".lora_B."):
+        if part in body:
+            return body.split(part)[0]
+    raise ValueError(f"{wire}: not a LoRA A/B tensor name")
+
+
+class LoraMerge:
+    """Merged weights of the adapted layers from the adapter image (see module doc)."""
+
+    def __init__(
+        self, model_dir: Path, adapters: dict[str, torch.Tensor], settings: AdapterSettings
+    ) -> None:
+        from streamrl.models import load_bf16_image
+
+        self.scale = settings.scale
+        self.layers = sorted({layer_of(name) for name in adapters})
+        base = load_bf16_image(model_dir)
+        missing = [f"{layer}.weight" for layer in self.layers if f"{layer}.weight" not in base]
+        if missing:
+            raise ValueError(f"adapted layer {missing[0]} is not in {model_dir}")
+        # Only the adapted layers' base weights are kept; the rest of the image is dropped.
+        self.base = {layer: base[f"{layer}.weight"] for layer in self.layers}
+
+    def merged(
+        self, adapters: dict[str, torch.Tensor], changed: Iterable[str] | None = None
+    ) -> list[tuple[str, torch.Tensor]]:
+        """(checkpoint name, merged bf16 weight) of every layer an adapter tensor in
+        ``changed`` belongs to (None: every adapted layer), from the adapter image."""
+        layers = self.layers if changed is None else sorted({layer_of(n) for n in changed})
+        return [(f"{layer}.weight", self.merge(adapters, layer)) for layer in layers]
+
+    def merge(self, adapters: dict[str, torch.Tensor], layer: str) -> torch.Tensor:
+        import torch
+
+        a = adapters[f"{_PREFIX}{layer}.lora_A.weight"]
+        b = adapters[f"{_PREFIX}{layer}.lora_B.weight"]
+        with torch.no_grad():
+            return merged_weight(self.base[layer], a, b, self.scale).to(torch.bfloat16)
+
+
+def merged_weight(
+    base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """``W0 + scale * B @ A`` in float32: the one merge formula of the generators, the export
+    and the learner's forward (``workers.lora_forward``), before the rounding to bf16."""
+    return base.float() + scale * (b.float() @ a.float())
+
+
+def is_base(adapters: dict[str, torch.Tensor]) -> bool:
+    """True while every B is zero (a fresh adapter: the engine already holds the base)."""
+    return all(not bool(t.any()) for name, t in adapters.items() if ".lora_B." in name)

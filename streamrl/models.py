@@ -41,12 +41,23 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from streamrl.model_store import (  # re-exported: the names callers know
+    CHAR_VOCAB,
+    TINY,
+    ModelNotFoundError,
+    build_char_tokenizer,
+    char_token_ids,
+    publish_atomically,
+    streamrl_home,
+)
+
+_publish_atomically = publish_atomically
+_char_token_ids = char_token_ids
 
 if TYPE_CHECKING:
     from streamrl.data import Prompt
@@ -54,17 +65,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SMOLLM2 = "smollm2-135m-instruct"
-TINY = "tiny-random-llama"
 GEMMA3 = "gemma-3-270m"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class ModelNotFoundError(FileNotFoundError):
-    """The model name resolves to nothing on this machine; the message says what to do."""
-
-
-def streamrl_home() -> Path:
-    return Path(os.environ.get("STREAMRL_HOME", Path.home() / ".cache" / "streamrl"))
 
 
 def resolve_model(
@@ -362,24 +364,6 @@ def _cached_hub_dir(
     return snapshot
 
 
-def _publish_atomically(build, target: Path) -> Path:
-    """Build a model directory in a temp dir and rename it into place (safe under races)."""
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        build(staging)
-        try:
-            staging.rename(target)
-        except OSError:  # another process won the race; its copy is identical
-            shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
-
-
 # --------------------------------------------------------------------------- SmolLM2 from GGUF
 
 
@@ -462,48 +446,12 @@ def _gemma3_dir() -> Path:
 
 # --------------------------------------------------------------------------- tiny random Llama
 
-_CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
-_SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-_CHAT_TEMPLATE = (
-    "{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] }}<eos>{% endfor %}"
-    "{% if add_generation_prompt %}<bos>assistant\n{% endif %}"
-)
-
-
-def build_char_tokenizer():
-    """A self-contained character-level tokenizer (100 tokens) with a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(_SPECIALS + _CHARS)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token="<pad>",
-        bos_token="<bos>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-    )
-    tokenizer.chat_template = _CHAT_TEMPLATE
-    return tokenizer
-
-
-def _char_token_ids() -> dict[str, int]:
-    """The special-token ids of ``build_char_tokenizer`` (its vocabulary order)."""
-    return {
-        "pad_token_id": _SPECIALS.index("<pad>"),
-        "bos_token_id": _SPECIALS.index("<bos>"),
-        "eos_token_id": _SPECIALS.index("<eos>"),
-    }
-
 
 def _tiny_dir(hidden: int, layers: int) -> Path:
-    spec = {"hidden": hidden, "layers": layers, "vocab": len(_SPECIALS) + len(_CHARS), "v": 2}
+    spec = {"hidden": hidden, "layers": layers, "vocab": CHAR_VOCAB, "v": 2}
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     fields = {
-        "vocab_size": len(_SPECIALS) + len(_CHARS),
+        "vocab_size": CHAR_VOCAB,
         "hidden_size": hidden,
         "intermediate_size": hidden * 2,
         "num_hidden_layers": layers,

@@ -92,23 +92,23 @@ def is_tiny(name: str) -> bool:
 
 def tiny_config(name: str) -> tuple[str, dict[str, Any]]:
     """The model_type and config fields of ``name`` (the char tokenizer's special ids in)."""
-    from streamrl.models import TINY, ModelNotFoundError, _char_token_ids
+    from streamrl.model_store import TINY, ModelNotFoundError, char_token_ids
 
     if name not in ARCHITECTURES:
         known = ", ".join([TINY, *ARCHITECTURES])
         raise ModelNotFoundError(f"model {name!r} is not a tiny random model ({known})")
     model_type, fields = ARCHITECTURES[name]
-    return model_type, {**_COMMON, **fields, **_char_token_ids()}
+    return model_type, {**_COMMON, **fields, **char_token_ids()}
 
 
 def tiny_dir(name: str) -> Path:
     """The model directory of ``name``, built on first use (atomically: safe under races)."""
-    from streamrl.models import _publish_atomically, streamrl_home
+    from streamrl.model_store import publish_atomically, streamrl_home
 
     model_type, fields = tiny_config(name)
     spec = {"type": model_type, "fields": fields, "v": 1}
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
-    return _publish_atomically(
+    return publish_atomically(
         lambda out: _build(out, model_type, fields), streamrl_home() / "models" / f"{name}-{digest}"
     )
 
@@ -118,7 +118,7 @@ def _build(out: Path, model_type: str, fields: dict[str, Any]) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from streamrl.models import build_char_tokenizer
+    from streamrl.model_store import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     config = AutoConfig.for_model(model_type, **fields)

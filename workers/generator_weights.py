@@ -23,12 +23,11 @@ from pathlib import Path
 import torch
 import zmq
 
-from streamrl.lora import adapter_settings, load_adapter_image
+from streamrl.lora import LoraMerge, adapter_settings, is_base, load_adapter_image
 from streamrl.models import load_bf16_image
 from streamrl.protocol import GeneratorActivity, LearnerClockInfo
 from streamrl.role_specs import GeneratorSpec
 from streamrl.workers.engines import Engine
-from streamrl.workers.lora_merge import LoraMerge, is_base
 from streamrl.workers.subscriber import WeightSubscriber
 
 log = logging.getLogger(__name__)
@@ -57,7 +56,7 @@ class GeneratorWeights:
         # learner restart until the new group's anchors land (``streamrl.clock``).
         self.held_epoch = 0
         # With LoRA the stream carries adapters only: the image is theirs, and each version
-        # reaches the engine as merged weights (``workers.lora_merge``).
+        # reaches the engine as merged weights (``streamrl.lora.LoraMerge``).
         self.lora: LoraMerge | None = None
         if spec.adapter_dir:
             image = load_adapter_image(Path(spec.adapter_dir))

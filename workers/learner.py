@@ -36,7 +36,7 @@ from streamrl.role_specs import LearnerSpec
 from streamrl.transport import interface_holding, make_socket, resolve_host
 from streamrl.workers import checkpoint
 from streamrl.workers.fsdp import adamw, shard_for_training
-from streamrl.workers.lora_merge import merge_in_forward
+from streamrl.workers.lora_forward import merge_in_forward
 from streamrl.workers.publisher import WeightPublisher
 from streamrl.workers.train_step import TrainStep
 

@@ -19,14 +19,13 @@ import torch.distributed as dist
 from test_cuda_path import _sampled_groups
 
 from streamrl.config import load_config
-from streamrl.lora import adapter_settings, load_adapter_image, write_initial_adapter
+from streamrl.lora import LoraMerge, adapter_settings, load_adapter_image, write_initial_adapter
 from streamrl.models import resolve_model
 from streamrl.tiny_models import ARCHITECTURES
 from streamrl.transport import free_port
 from streamrl.workers.engines.base import EngineArgs
 from streamrl.workers.engines.hf import HFEngine
 from streamrl.workers.learner import build_train_step, rendezvous
-from streamrl.workers.lora_merge import LoraMerge
 from streamrl.workers.publisher import local_bf16_shards
 
 pytestmark = pytest.mark.gpu

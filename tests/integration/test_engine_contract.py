@@ -412,16 +412,22 @@ def test_lora_adapters_merged_in_flight_match_the_learner(
     engine, kind, model_dir, dtype, prompts, tmp_path
 ):
     """LoRA reaches every engine as merged weights through ``update_weights``
-    (``workers.lora_merge``): an adapter version applied mid-generation tags the tokens as
+    (``streamrl.lora.LoraMerge``): an adapter version applied mid-generation tags the tokens as
     any update does, and at staleness 0 the engine's logprobs equal those of the learner's
     peft model (computing with the merged weight, ``merge_in_forward``) to the dtype's noise
     level, while they differ from the base model's by far more (the adapter is not lost in
     the merge)."""
     from safetensors.torch import load_file
 
-    from streamrl.lora import AdapterSettings, adapter_shapes, fresh_adapter, save_adapter
+    from streamrl.lora import (
+        AdapterSettings,
+        LoraMerge,
+        adapter_shapes,
+        fresh_adapter,
+        save_adapter,
+    )
     from streamrl.lora import attach_adapter as peft_wrap
-    from streamrl.workers.lora_merge import LoraMerge, merge_in_forward
+    from streamrl.workers.lora_forward import merge_in_forward
 
     settings = AdapterSettings(r=8, alpha=16.0, target_modules="all-linear")
     adapters = fresh_adapter(adapter_shapes(model_dir, settings), seed=0)

@@ -12,6 +12,7 @@ class _Tokenizer:
     """Prompts as one token per message; a response's ids are the characters of its text."""
 
     eos_token_id, unk_token_id = 0, 1
+    chat_template = "messages"  # has one: prompts go through apply_chat_template
 
     def convert_tokens_to_ids(self, token: str) -> int:
         return self.unk_token_id

@@ -1,6 +1,6 @@
 """LoRA's pieces without a run: settings, the checks before any role starts, version 0 of the
 adapters, the generators' merge and the learner's merged forward (``streamrl.lora``,
-``workers.lora_merge``), on the tiny random Llama."""
+``workers.lora_forward``), on the tiny random Llama."""
 
 from __future__ import annotations
 
@@ -14,17 +14,20 @@ from streamrl.config import ConfigError, load_config
 from streamrl.lora import (
     ADAPTER_FILE,
     AdapterSettings,
+    LoraMerge,
     adapter_shapes,
     attach_adapter,
     check_adapter,
     fresh_adapter,
+    is_base,
+    layer_of,
     load_adapter_image,
     save_adapter,
     uses_lora,
     write_initial_adapter,
 )
 from streamrl.models import TINY, load_causal_lm, resolve_model
-from streamrl.workers.lora_merge import LoraMerge, is_base, layer_of, merge_in_forward
+from streamrl.workers.lora_forward import merge_in_forward
 
 SETTINGS = AdapterSettings(r=4, alpha=8.0, target_modules="all-linear")
 
@@ -153,7 +156,7 @@ def test_the_merged_forward_trains_a_and_b_only(model_dir: Path, tmp_path: Path)
 def test_merged_linear_gradients_are_lora_s() -> None:
     """For a loss linear in y (gY fixed), A's and B's gradients through the merged forward
     equal those of ``x (W + s B A)^T`` by autograd: the rounding is passed straight through."""
-    from streamrl.workers.lora_merge import _MergedLinear
+    from streamrl.workers.lora_forward import _MergedLinear
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(3, 5, 16, generator=gen)
