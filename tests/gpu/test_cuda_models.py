@@ -15,32 +15,19 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-from test_cuda_path import _sampled_groups
+from test_cuda_path import _sampled_groups, nccl_group  # noqa: F401 (a fixture)
 
 from streamrl.config import load_config
 from streamrl.lora import LoraMerge, adapter_settings, load_adapter_image, write_initial_adapter
 from streamrl.models import resolve_model
 from streamrl.tiny_models import ARCHITECTURES
-from streamrl.transport import free_port
 from streamrl.workers.engines.base import EngineArgs
 from streamrl.workers.engines.hf import HFEngine
-from streamrl.workers.learner import build_train_step, rendezvous
+from streamrl.workers.learner import build_train_step
 from streamrl.workers.publisher import local_bf16_shards
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda", 0)
-
-
-@pytest.fixture
-def nccl_group():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    torch.cuda.set_device(0)
-    store = rendezvous(f"127.0.0.1:{free_port()}", 0, 1)
-    dist.init_process_group("nccl", store=store, rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _config(model: str, dtype: str, *extra: str):
