@@ -44,7 +44,8 @@ def _config(model: str, dtype: str, *extra: str):
     )
 
 
-def test_lora_rounds_on_cuda_stay_at_noise(nccl_group, tmp_path: Path):
+@pytest.mark.usefixtures("nccl_group")
+def test_lora_rounds_on_cuda_stay_at_noise(tmp_path: Path):
     model = "random-smollm2-135m"
     model_dir = resolve_model(model)
     config = _config(model, "bfloat16", "learner.lr=2e-3", "model.lora={r: 16, alpha: 32}")
@@ -77,8 +78,9 @@ def test_lora_rounds_on_cuda_stay_at_noise(nccl_group, tmp_path: Path):
             assert torch.equal(frozen[name], param.detach()), name
 
 
+@pytest.mark.usefixtures("nccl_group")
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
-def test_every_architecture_learner_matches_the_cuda_engine(nccl_group, arch: str):
+def test_every_architecture_learner_matches_the_cuda_engine(arch: str):
     model_dir = resolve_model(arch)
     engine = HFEngine(EngineArgs(model_dir, device="cuda", dtype="float32", seed=0))
     groups = _sampled_groups(model_dir, engine, 2, seed=0)
