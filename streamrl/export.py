@@ -106,13 +106,11 @@ def write_merged(trained: dict, base: Path, adapter_dir: Path, out: Path) -> Non
     it (``streamrl.lora.LoraMerge``), loadable with ``AutoModelForCausalLM.from_pretrained``."""
     import torch
 
-    from streamrl.lora import AdapterSettings, LoraMerge, read_adapter_config, wire_name
+    from streamrl.lora import LoraMerge, saved_settings, wire_name
     from streamrl.models import load_causal_lm, load_tokenizer
 
-    saved = read_adapter_config(adapter_dir)
-    settings = AdapterSettings(int(saved["r"]), float(saved["lora_alpha"]), [])
     adapters = {wire_name(n): t for n, t in trained.items()}
-    merged = dict(LoraMerge(base, adapters, settings).merged(adapters))
+    merged = dict(LoraMerge(base, adapters, saved_settings(adapter_dir)).merged(adapters))
     model = load_causal_lm(base, "bfloat16")
     params = dict(model.named_parameters())
     with torch.no_grad():
@@ -123,9 +121,7 @@ def write_merged(trained: dict, base: Path, adapter_dir: Path, out: Path) -> Non
     load_tokenizer(base).save_pretrained(out)
 
 
-def save_adapter_and_merged(
-    trained: dict, base: Path, adapter_dir: Path, config, out: Path
-) -> None:
+def save_adapter_and_merged(trained: dict, base: Path, adapter_dir: Path, out: Path) -> None:
     """The end of a LoRA run: its adapter in ``<run>/adapter`` and the merged model in
     ``out`` (``<run>/hf``, which evaluation reads)."""
     write_adapter(trained, adapter_dir, base, out.parent / "adapter")

@@ -69,13 +69,7 @@ def adapter_settings(config: Config) -> AdapterSettings:
         if lora is None:
             raise ConfigError("config error: neither model.lora nor model.adapter is set")
         return AdapterSettings(lora.r, lora.alpha, lora.target_modules, lora.dropout)
-    saved = read_adapter_config(Path(config.model.adapter))
-    settings = AdapterSettings(
-        int(saved["r"]),
-        float(saved.get("lora_alpha", saved["r"])),
-        saved.get("target_modules") or [],
-        lora.dropout if lora is not None else 0.0,
-    )
+    settings = saved_settings(Path(config.model.adapter), lora.dropout if lora else 0.0)
     if lora is not None and (lora.r, lora.alpha) != (settings.r, settings.alpha):
         raise ConfigError(
             f"config error: model.lora (r={lora.r}, alpha={lora.alpha}) disagrees with "
@@ -83,6 +77,17 @@ def adapter_settings(config: Config) -> AdapterSettings:
             "drop model.lora or set it to the adapter's"
         )
     return settings
+
+
+def saved_settings(adapter_dir: Path, dropout: float = 0.0) -> AdapterSettings:
+    """The settings a PEFT adapter directory's adapter_config.json holds."""
+    saved = read_adapter_config(adapter_dir)
+    return AdapterSettings(
+        int(saved["r"]),
+        float(saved.get("lora_alpha", saved["r"])),
+        saved.get("target_modules") or [],
+        dropout,
+    )
 
 
 def read_adapter_config(adapter_dir: Path) -> dict[str, Any]:

@@ -352,9 +352,7 @@ class Learner:
             if self.adapter_dir is not None:
                 from streamrl.export import save_adapter_and_merged
 
-                save_adapter_and_merged(
-                    state, self.model_dir, self.adapter_dir, self.config, Path(out_dir)
-                )
+                save_adapter_and_merged(state, self.model_dir, self.adapter_dir, Path(out_dir))
             else:
                 self.model.config.use_cache = True
                 self.model.config.dtype = torch.bfloat16
