@@ -143,16 +143,98 @@ class DataConfig(_Section):
     difficulty_keep: float = 0.25
 
 
+class JudgeSpec(_Section):
+    """A generative judge (``rewards: - judge: {...}``, workers/judge.py): a causal LM asked
+    about each response with ``template``, served by a reward role of its own."""
+
+    # A built-in, a local HF directory, a .gguf file or a hub id (streamrl.models).
+    model: str
+    # ``{prompt}``, ``{response}`` and ``{ground_truth}`` are filled in; sent as the user turn
+    # of the judge's chat template (a model without one gets the text as it is).
+    template: str = (
+        "Question: {prompt}\nReference answer: {ground_truth}\nResponse: {response}\n"
+        "Is the response correct? Answer Yes or No."
+    )
+    # verdict: P(yes) / (P(yes) + P(no)) from the judge's next-token distribution after the
+    # prompt (one forward pass); number: the judge generates (greedy) on the project's engine
+    # (``engine``) and the first number it writes, mapped from ``number_range`` onto [0, 1].
+    score: Literal["verdict", "number"] = "verdict"
+    # The verdict's spellings: the first token of each counts (not ``yes:``/``no:``, which
+    # YAML reads as booleans).
+    yes_tokens: list[str] = msgspec.field(default_factory=lambda: ["Yes", " Yes", "yes", " yes"])
+    no_tokens: list[str] = msgspec.field(default_factory=lambda: ["No", " No", "no", " no"])
+    # A verdict whose yes + no probability is below this is unparsable (counted, not 0).
+    min_verdict_mass: float = 0.05
+    number_range: tuple[float, float] = (0.0, 10.0)
+    max_new_tokens: int = 16
+    # The engine a ``number`` judge generates on (hf or vllm; streamrl.workers.engines).
+    engine: str = "hf"
+
+
 class RewardSpec(_Section):
+    """One reward: a rule (``name``), a sequence-classification reward model (``model``) or a
+    generative judge (``judge``), exactly one of the three. Model rewards and judges are
+    served by reward roles of their own (docs/design.md §7c)."""
+
     # A registered name (`numeric_match`, `numeric_close`, `number_only`, `equation_form`,
     # `stopped`, `gsm8k`, `boxed_math`, `exact_match`, `countdown`, `countdown_close`,
     # `reasoning_gym`,
     # `target_token_share`; streamrl/rewards.py), `module:function`, or from Python
     # (streamrl.train) a callable's `python:` name.
-    name: str
+    name: str = ""
+    # A sequence-classification reward model (AutoModelForSequenceClassification, one score
+    # per response): a local HF directory (``streamrl rm train``'s output), a hub id, ...
+    model: str = ""
+    judge: JudgeSpec | None = None
     weight: float = 1.0
-    # Extra keyword arguments for the reward function.
+    # Extra keyword arguments for the reward function (rules only).
     args: dict[str, Any] = msgspec.field(default_factory=dict)
+    # How this reward's scores are scaled before the weighted sum: none; running (minus the
+    # running mean, over the running std, of every score this generator has seen of it);
+    # group (minus the group's mean, over its std).
+    normalize: Literal["none", "running", "group"] = "none"
+    # The scorer's name in reports, /status and each group's ``scorers`` (default: the rule's
+    # name, "rm-<dir name>", "judge-<dir name>").
+    label: str = ""
+
+    @property
+    def kind(self) -> Literal["rule", "model", "judge"]:
+        return "model" if self.model else "judge" if self.judge is not None else "rule"
+
+    @property
+    def served(self) -> bool:
+        """Scored by a reward role (a model or a judge), not in the generator."""
+        return self.kind != "rule"
+
+    def display_name(self) -> str:
+        if self.label:
+            return self.label
+        if self.kind == "rule":
+            return self.name
+        source = self.model if self.model else self.judge.model  # type: ignore[union-attr]
+        stem = source.rstrip("/").rsplit("/", 1)[-1] or source
+        return f"{'rm' if self.kind == 'model' else 'judge'}-{stem}"
+
+
+class ScoringConfig(_Section):
+    """Reward roles (docs/design.md §7c): how model rewards and judges are served."""
+
+    # Responses one forward pass scores at most (batched across groups and generators).
+    max_batch: int = 64
+    # How long a role waits for more requests once it has some, to fill a batch.
+    batch_wait_ms: int = 5
+    # A request not answered in this long is sent again (``max_attempts`` in all), then its
+    # group is refused with the reason (counted).
+    timeout_s: float = 60.0
+    max_attempts: int = 3
+    # cpu or cuda (``streamrl launch --gpus-per-reward N`` sets cuda and N GPUs per role).
+    device: str = "cpu"
+    gpus_per_role: float = 0.0
+    # torch threads of each reward role (0 = the cores it is pinned to, else a share).
+    threads: int = 0
+    # Under placement.pin_cpus, whose cores reward roles share: the learners' (default: on
+    # most CPUs the generator sets the pace, and scoring must not slow it) or the generators'.
+    cores: Literal["learner", "generator"] = "learner"
 
 
 class EnvConfig(_Section):
@@ -384,6 +466,7 @@ class Config(_Section):
     rewards: list[RewardSpec] = msgspec.field(
         default_factory=lambda: [RewardSpec(name="numeric_match")]
     )
+    scoring: ScoringConfig = msgspec.field(default_factory=ScoringConfig)
     env: EnvConfig = msgspec.field(default_factory=EnvConfig)
     generator: GeneratorConfig = msgspec.field(default_factory=GeneratorConfig)
     buffer: BufferConfig = msgspec.field(default_factory=BufferConfig)
@@ -503,6 +586,34 @@ def _finalize(config: Config) -> Config:
             not (config.env.name and config.rewards),
             f"rewards: an episode's reward comes from its environment (env.name="
             f"{config.env.name}); set rewards: []",
+        ),
+        *(
+            (
+                sum((bool(r.name), bool(r.model), r.judge is not None)) == 1,
+                f"rewards[{i}]: give exactly one of name (a rule), model (a reward model) or judge",
+            )
+            for i, r in enumerate(config.rewards)
+        ),
+        (
+            len({r.display_name() for r in config.rewards}) == len(config.rewards),
+            "rewards: two rewards share a name; give one of them a label",
+        ),
+        (config.scoring.max_batch >= 1, "scoring.max_batch must be >= 1"),
+        (config.scoring.batch_wait_ms >= 0, "scoring.batch_wait_ms must be >= 0"),
+        (config.scoring.timeout_s > 0, "scoring.timeout_s must be > 0"),
+        (config.scoring.max_attempts >= 1, "scoring.max_attempts must be >= 1"),
+        *(
+            (
+                r.judge is None
+                or (
+                    0 <= r.judge.min_verdict_mass < 1
+                    and r.judge.number_range[0] < r.judge.number_range[1]
+                    and r.judge.max_new_tokens >= 1
+                ),
+                f"rewards[{i}].judge: min_verdict_mass must be in [0, 1), number_range "
+                f"(low, high) with low < high, max_new_tokens >= 1",
+            )
+            for i, r in enumerate(config.rewards)
         ),
         (config.env.max_turns >= 1, "env.max_turns must be >= 1"),
         (config.env.max_tokens >= 1, "env.max_tokens must be >= 1"),

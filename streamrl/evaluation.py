@@ -127,7 +127,7 @@ def exact_check(config: Config) -> Check:
     from streamrl.rewards import CombinedReward, RewardInput
 
     spec = next((r for r in config.rewards if r.name == config.eval.check), None)
-    reward = CombinedReward([RewardSpec(config.eval.check, 1.0, spec.args if spec else {})])
+    reward = CombinedReward([RewardSpec(name=config.eval.check, args=spec.args if spec else {})])
     return lambda prompt, response: reward(RewardInput.of(prompt, response, [])) >= 1.0
 
 
@@ -257,7 +257,8 @@ def score(
 def _figures(samples: list[dict[str, Any]], config: Config, prompts: int, version: int) -> dict:
     """The eval/* figures of scored responses (module doc)."""
     n = max(len(samples), 1)
-    top_reward = sum(spec.weight for spec in config.rewards)
+    # The rules' top score (served rewards are scored by their roles, not here).
+    top_reward = sum(spec.weight for spec in config.rewards if not spec.served)
     figures = {
         "eval/reward_mean": sum(s["reward"] for s in samples) / n,
         "eval/accuracy": sum(s["reward"] >= top_reward - 1e-9 for s in samples) / n,

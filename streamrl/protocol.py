@@ -107,6 +107,10 @@ class Trajectory(msgspec.Struct):
     # than by the environment's normal end, why (a malformed tool call, a limit, an error).
     turns: int = 0
     end_reason: str = ""
+    # Each configured reward's own score of this response, in ``rewards:`` order, before
+    # normalisation and weighting (NaN: a served scorer could not score it, counted); empty
+    # when the job has one rule reward and no normalisation (``reward`` is that score).
+    reward_parts: list[float] = []
 
     @classmethod
     def from_lists(
@@ -233,6 +237,13 @@ class TrajectoryGroup(msgspec.Struct):
     # identity only in its id, which the shard parses.
     sender: Annotated[str, msgspec.Meta(max_length=MAX_SENDER_NAME)] = ""
     seq: Annotated[int, msgspec.Meta(ge=-1, le=MAX_SEQ)] = -1
+    # The served scorers (reward models, judges) that scored this group, each as
+    # ``"<label>@<weights hash>"`` (``streamrl.scorer``); empty: rules only.
+    scorers: list[str] = []
+    # Why its served scores could not be had (timeouts used up, a scorer's error), or "": a
+    # group pushed only so that the shard counts and drops it (``unscored``), which returns
+    # its admission budget and settles its prompt as any dropped group's.
+    unscored: str = ""
 
     @property
     def min_version(self) -> int:
@@ -489,6 +500,9 @@ class Receipts(msgspec.Struct, omit_defaults=True):
 
     delivered: dict[int, int] = {}
     shard_epochs: dict[int, int] = {}
+    # Per reward role (its reward's index in ``rewards:``), how often it was restarted: a rise
+    # means requests in flight to it were lost, and the generator sends them again.
+    scorer_epochs: dict[int, int] = {}
 
 
 class ReplyParts(NamedTuple):
@@ -679,6 +693,7 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     outcome_indices: list[int] = []
     outcome_flat: list[bool] = []
     outcomes_total: int = 0
+    scoring: ScoringFigures = msgspec.field(default_factory=lambda: ScoringFigures())
 
 
 class ShardReport(msgspec.Struct, tag="shard_report"):
@@ -699,6 +714,68 @@ class EvalReport(msgspec.Struct, tag="eval_report"):
     weights_epoch: int = 0
 
 
+class ScoreItemWire(msgspec.Struct, array_like=True):
+    """One response to score (``streamrl.scorer.ScoreItem`` on the wire)."""
+
+    prompt: str
+    response: str
+    ground_truth: str = ""
+
+
+class ScoreRequest(msgspec.Struct, tag="score_request"):
+    """A generator's group (or an evaluation's responses) sent to a reward role: scored in
+    one reply. ``request_id`` is unique per generator process; a reply to an id already
+    answered is counted and ignored (a retried request answered twice)."""
+
+    request_id: Annotated[str, msgspec.Meta(max_length=MAX_SENDER_NAME + 24)]
+    items: list[ScoreItemWire]
+
+
+class ScoreReply(msgspec.Struct, tag="score_reply"):
+    request_id: str
+    # One per item; None: the scorer could not score it (a judge's unparsable verdict).
+    scores: list[float | None]
+    identity: str  # "<label>@<weights hash>" of the scorer that scored them
+    # Set when the role refused or failed the request (the scores are then empty).
+    error: str = ""
+
+
+class RewardRoleReport(msgspec.Struct, tag="reward_report"):
+    """A reward role's totals (``workers.reward_role``), sent every second: the controller's
+    ``/status``, ``summary.json`` and the bench read them."""
+
+    index: int  # the reward's position in ``rewards:``
+    incarnation: int
+    label: str
+    identity: str
+    time: float
+    requests: int = 0
+    items: int = 0
+    batches: int = 0
+    busy_s: float = 0.0  # scoring (forward passes)
+    up_s: float = 0.0  # since the scorer was ready
+    queue_depth: int = 0  # requests received and not yet answered, now
+    queue_wait_s: float = 0.0  # summed over requests: received -> its batch started
+    latency_p50_s: float = 0.0  # received -> answered, over the newest requests
+    latency_p95_s: float = 0.0
+    failures: int = 0  # batches whose scoring raised (their requests answered with error)
+    unparsable: int = 0  # items scored None
+    malformed: int = 0  # frames that did not decode (counted, dropped)
+
+
+class ScoringFigures(msgspec.Struct):
+    """A generator's side of scoring (``workers.scoring``), totals of this process."""
+
+    waiting: int = 0  # groups sampled and waiting for their scores, now
+    sent: int = 0  # requests sent (first tries and retries)
+    retries: int = 0  # requests sent again: past their timeout, or their role restarted
+    timeouts: int = 0
+    refused: int = 0  # groups given up (attempts used up, or an error reply), not pushed
+    duplicates: int = 0  # replies to requests already answered (ignored)
+    unparsable: dict[str, int] = {}  # per scorer label: items scored None (imputed, counted)
+    wait_s: float = 0.0  # summed over scored groups: sampled -> every score in
+
+
 class Heartbeat(msgspec.Struct, tag="heartbeat"):
     """Sent every second by a thread of the role's process, whatever its main loop is doing:
     a process that stops sending (killed, SIGSTOPped, wedged) misses its heartbeats."""
@@ -709,4 +786,12 @@ class Heartbeat(msgspec.Struct, tag="heartbeat"):
     time: float
 
 
-Report = LearnerStep | GeneratorReport | ShardReport | EvalReport | Heartbeat | BatchTaken
+Report = (
+    LearnerStep
+    | GeneratorReport
+    | ShardReport
+    | EvalReport
+    | Heartbeat
+    | BatchTaken
+    | RewardRoleReport
+)

@@ -366,24 +366,32 @@ def resolve_reward(name: str) -> RewardFn:
 
 
 class CombinedReward:
-    """Weighted sum of the configured rewards; one failing plugin call scores 0 and is counted."""
+    """The job's rule rewards (``rewards:`` entries with a ``name``; model rewards and judges
+    are served by reward roles, ``workers.scoring``): each one's score of a response
+    (``scores``), or their weighted sum (``__call__``). One failing plugin call scores 0 and
+    is counted."""
 
     def __init__(self, specs: list[RewardSpec]) -> None:
         self.parts: list[tuple[RewardFn, float, dict[str, Any]]] = [
-            (resolve_reward(s.name), s.weight, dict(s.args)) for s in specs
+            (resolve_reward(s.name), s.weight, dict(s.args)) for s in specs if not s.served
         ]
         self.errors = 0
 
-    def __call__(self, sample: RewardInput) -> float:
-        total = 0.0
-        for fn, weight, kwargs in self.parts:
+    def scores(self, sample: RewardInput) -> list[float]:
+        """Each rule's score of ``sample``, unweighted, in config order."""
+        out = []
+        for fn, _, kwargs in self.parts:
             try:
-                total += weight * float(fn(sample, **kwargs))
+                out.append(float(fn(sample, **kwargs)))
             except Exception:  # a user plugin bug must not kill the generator
                 if not self.errors:  # once: the counts are on every report
                     log.exception("reward %r raised; scored 0 (counted in reward_errors)", fn)
                 self.errors += 1
-        return total
+                out.append(0.0)
+        return out
+
+    def __call__(self, sample: RewardInput) -> float:
+        return sum(w * v for (_, w, _), v in zip(self.parts, self.scores(sample), strict=True))
 
 
 # Built-in rewards that compare by math-verify (the extra ``streamrl[math]``).
@@ -394,6 +402,8 @@ def check_rewards(specs: list[RewardSpec]) -> None:
     """Every reward resolves, and a built-in one accepts its ``args`` (probed on one sample,
     so ``scale: 0`` or a misspelt argument fails at load, not as counted errors mid-run)."""
     for spec in specs:
+        if spec.served:  # a reward model or a judge: its role checks it (workers.reward_role)
+            continue
         fn = resolve_reward(spec.name)
         if "after" in spec.args:  # a reward gated on another (``stopped``) names it
             resolve_reward(str(spec.args["after"]))

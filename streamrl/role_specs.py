@@ -82,3 +82,19 @@ class GeneratorSpec(RoleSpec):
     # The Python API's callables the config names (``python:<name>`` -> cloudpickle bytes,
     # ``streamrl.callables``): registered first thing, before rewards or environments load.
     callables: dict[str, bytes] = {}
+    # Each reward role's ROUTER by its reward's index in ``rewards:`` (served rewards only).
+    reward_endpoints: dict[int, str] = {}
+
+
+class RewardRoleSpec(RoleSpec):
+    """A reward role (``workers.reward_role``): serves one ``rewards:`` entry's reward model
+    or judge on its ROUTER."""
+
+    config: Config  # scoring.threads resolved for this role
+    index: int  # the reward's position in ``rewards:``
+    model_dir: str  # the scorer's model, resolved by the controller
+    report_endpoint: str
+    # 0: any free port. A restarted role binds its predecessor's port, so every generator's
+    # DEALER reconnects to it by itself.
+    port: int = 0
+    incarnation: int = 0

@@ -45,6 +45,7 @@ from streamrl.workers.generator_reports import Reporting, generator_report
 from streamrl.workers.generator_sockets import AdmissionClient, ShardPushers
 from streamrl.workers.generator_weights import GeneratorWeights
 from streamrl.workers.sampling import Sampler
+from streamrl.workers.scoring import GroupScoring
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +112,23 @@ class Generator:
         self.pushers = ShardPushers.connect(
             self.ctx, spec.shard_endpoints, sender, spec.generator_id
         )
-        on_step = self.weights.poll if gen.in_flight_updates else None
+        hooked = gen.in_flight_updates or bool(spec.reward_endpoints)
+        on_step = self._between_steps if hooked else None
         self.sampler = Sampler(config, self.engine, self.tokenizer, spec.generator_id, on_step)
+        # Served rewards (docs/design.md §7c): groups wait for their scores here while the
+        # engine samples on; None when every reward is a rule.
+        self.scoring = (
+            GroupScoring(
+                self.ctx,
+                config,
+                dict(spec.reward_endpoints),
+                sender,
+                self.sampler.question,
+                self.sampler.settle,
+            )
+            if spec.reward_endpoints
+            else None
+        )
         self.prompts_per_call = gen.prompts_per_call
         self.eval_set: list[Prompt] | None = None  # loaded when this generator is first asked
         # The newest (learner epoch, version) an evaluation was asked for and answered: a
@@ -132,6 +148,9 @@ class Generator:
             grant, directives, clock, receipts = reply.parts()
             self.weights.follow_clock(clock)
             self.pushers.take_receipts(receipts)
+            if self.scoring is not None:
+                self.scoring.take_epochs(receipts.scorer_epochs)
+                self.push_scored()
             ending = self.obey(directives)
             if ending is None and not self.generate_granted(grant):
                 ending = "stop"  # the run stopped while this generator waited for weights
@@ -164,19 +183,44 @@ class Generator:
             with self.reporting.timing("wait_admission_s"):
                 self.weights.poll()
                 self.reporting.report()
-                time.sleep(0.02)
+                if self.scoring is not None and self.scoring.pending:
+                    self.push_scored(wait_ms=20)
+                else:
+                    time.sleep(0.02)
             return True
         with self.reporting.timing("wait_weights_s"):
-            held = self.weights.wait_for_version(grant.min_version, run_goes_on=self._run_goes_on)
+            held = self.weights.wait_for_version(
+                grant.min_version, run_goes_on=self._run_goes_on, meanwhile=self.push_scored
+            )
         if not held:
             return False
         with self.reporting.timing("busy_s"):
             epoch = self.weights.held_epoch
-            self.pushers.push(self.sampler.generate_groups(grant.prompt_indices, epoch))
+            groups = self.sampler.generate_groups(grant.prompt_indices, epoch)
+            if self.scoring is None:
+                self.pushers.push(groups)
+            else:  # scored by the reward roles while the next call samples
+                self.scoring.submit(groups)
+                self.push_scored()
         self.reporting.timers.calls += 1
         # After every call: the controller's per-step figures count the groups just pushed.
         self.reporting.report(force=True)
         return True
+
+    def _between_steps(self, engine: Engine) -> None:
+        """The engine's hook between decode steps: in-flight weight updates (when on) and
+        the served scores that came in (pushed at once: the learner may wait for them)."""
+        if self.config.generator.in_flight_updates:
+            self.weights.poll(engine)
+        if self.scoring is not None and self.scoring.pending:
+            self.push_scored()
+
+    def push_scored(self, wait_ms: int = 0) -> None:
+        """Push the groups whose served scores are all in (``workers.scoring``)."""
+        if self.scoring is not None:
+            scored = self.scoring.pump(wait_ms)
+            if scored:
+                self.pushers.push(scored)
 
     def finish(self, drain: bool) -> dict[str, int]:
         """Leave the run. ``drain`` (it stopped): first apply versions up to the learner's
@@ -190,6 +234,11 @@ class Generator:
             if evaluator and (weights.held_epoch, self.engine.version) > self.evaluated:
                 # The final weights: what the run produced.
                 self.evaluate(self.engine.version, weights.held_epoch, final=True)
+        if self.scoring is not None:  # what waits for scores is pushed (or refused) first
+            stop_at = time.monotonic() + self.config.run.drain_timeout_s
+            while self.scoring.pending and time.monotonic() < stop_at:
+                self.push_scored(wait_ms=50)
+            self.push_scored()
         self.pushers.await_receipts(self.admission)
         self.reporting.report(force=True)
         return {"version": self.engine.version, "groups": self.pushers.groups_pushed}
@@ -204,8 +253,15 @@ class Generator:
 
     def _figures(self) -> GeneratorReport:
         pushed, timers = self.pushers.groups_pushed, self.reporting.timers
+        scoring = self.scoring.figures if self.scoring is not None else None
         return generator_report(
-            self.generator_id, self.incarnation, self.weights, self.sampler, pushed, timers
+            self.generator_id,
+            self.incarnation,
+            self.weights,
+            self.sampler,
+            pushed,
+            timers,
+            scoring,
         )
 
     # ------------------------------------------------------------------ evaluation
@@ -238,6 +294,8 @@ class Generator:
         result = evaluate(self.engine, self.tokenizer, self.config, self.eval_set)
         if final or self.evaluated[1] < 0:
             add_unseen_phrasing(result, self.engine, self.tokenizer, self.config)
+        if self.scoring is not None:
+            self._score_eval(result)
         result.metrics["eval/seconds"] = time.monotonic() - start
         self.evaluated = (epoch, version)
         held_epoch = self.weights.held_epoch
@@ -252,7 +310,31 @@ class Generator:
             result.metrics,
         )
 
+    def _score_eval(self, result) -> None:
+        """The served rewards' view of the held-out responses, beside the rules' exact
+        check: ``eval/reward/<label>`` (their mean raw score) and ``.../unparsable``. An RLHF
+        job reads the model reward and the true accuracy side by side here."""
+        from streamrl.protocol import ScoreItemWire
+
+        assert self.scoring is not None and self.eval_set is not None
+        questions = {p.prompt_id: p.messages[-1]["content"] for p in self.eval_set}
+        items = [
+            ScoreItemWire(questions.get(s["prompt_id"], ""), s["response"], s["ground_truth"])
+            for s in result.samples
+        ]
+        if not items:
+            return
+        scored = self.scoring.score_now(items, self.config.scoring.timeout_s)
+        for reward, (scores, _identity) in scored.items():
+            label = self.config.rewards[reward].display_name()
+            present = [s for s in scores if s is not None]
+            if present:
+                result.metrics[f"eval/reward/{label}"] = sum(present) / len(present)
+            result.metrics[f"eval/reward/{label}/unparsable"] = float(len(scores) - len(present))
+
     def close(self) -> None:
+        if self.scoring is not None:
+            self.scoring.close()
         self.sampler.close()
         self.reporting.close()
         self.weights.close()

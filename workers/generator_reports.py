@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING
 import msgspec
 import zmq
 
-from streamrl.protocol import EvalReport, GeneratorActivity, GeneratorReport, Heartbeat
+from streamrl.protocol import (
+    EvalReport,
+    GeneratorActivity,
+    GeneratorReport,
+    Heartbeat,
+    ScoringFigures,
+)
 from streamrl.transport import make_socket
 
 if TYPE_CHECKING:  # the parts a report reads; they never import this module's users
@@ -118,6 +124,7 @@ def generator_report(
     sampler: Sampler,
     groups_pushed: int,
     timers: GeneratorActivity,
+    scoring: ScoringFigures | None = None,
 ) -> GeneratorReport:
     """The generator's figures now, read from the parts that own them."""
     sub, episodes = weights.subscriber, sampler.episodes
@@ -145,4 +152,5 @@ def generator_report(
         outcome_indices=[index for index, _ in sampler.outcomes],
         outcome_flat=[flat for _, flat in sampler.outcomes],
         outcomes_total=sampler.outcomes_total,
+        scoring=msgspec.structs.replace(scoring) if scoring else ScoringFigures(),
     )

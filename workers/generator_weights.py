@@ -138,12 +138,13 @@ class GeneratorWeights:
         stop_at: float = float("inf"),
         run_goes_on: Callable[[], bool] | None = None,
         epoch: int | None = None,
+        meanwhile: Callable[[], None] | None = None,
     ) -> bool:
         """Apply versions until ``version`` is held (of learner epoch ``epoch``, if given);
         False if ``stop_at`` passes first, the learners restart past ``epoch`` meanwhile, or
         ``run_goes_on`` (asked once a second, if given) says the run stopped: a stopped
         learner would never publish the version waited for, a restarted one may never reach
-        it."""
+        it. ``meanwhile`` runs on every turn of the wait (the generator's scoring replies)."""
 
         def held() -> bool:
             same_epoch = epoch is None or self.held_epoch == epoch
@@ -155,6 +156,8 @@ class GeneratorWeights:
                 return False  # those weights are gone
             self.poll()
             self.subscriber.wait(0.01)
+            if meanwhile is not None:
+                meanwhile()
             if run_goes_on is not None and time.monotonic() > next_check:
                 next_check = time.monotonic() + 1.0
                 if not run_goes_on():

@@ -157,7 +157,7 @@ class JudgeScorer:
         firsts: dict[str, set[int]] = {}
         for side in ("yes", "no"):
             firsts[side] = set()
-            for spelling in getattr(self.spec, side):
+            for spelling in getattr(self.spec, f"{side}_tokens"):
                 ids = self.tokenizer.encode(spelling, add_special_tokens=False)
                 unk = self.tokenizer.unk_token_id
                 if not ids or (unk is not None and unk in ids):

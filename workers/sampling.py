@@ -22,6 +22,7 @@ from streamrl.config import Config
 from streamrl.data import Prompt, prompt_stream
 from streamrl.models import encode_prompt, stop_token_ids
 from streamrl.protocol import OUTCOME_WINDOW, Trajectory, TrajectoryGroup, pack_int32
+from streamrl.reward_mix import RewardMix
 from streamrl.rewards import CombinedReward, RewardInput
 from streamrl.workers.engines import Engine, SamplingParams
 from streamrl.workers.engines.base import StepHook
@@ -47,6 +48,13 @@ class Sampler:
         self.generator_id, self.on_step = generator_id, on_step
         self.prompts = prompt_stream(config)
         self.reward = CombinedReward(config.rewards)
+        # Every reward's weight and normalisation (streamrl.reward_mix); rules are scored
+        # here, served rewards by their roles (workers.scoring), then ``settle`` sums them.
+        self.mix = RewardMix(
+            [r.weight for r in config.rewards], [r.normalize for r in config.rewards]
+        )
+        self.served = [i for i, r in enumerate(config.rewards) if r.served]
+        self.rules = [i for i, r in enumerate(config.rewards) if not r.served]
         self.episodes = EpisodeRunner(config, tokenizer) if config.env.name else None
         self.params = SamplingParams(
             temperature=gen.temperature,
@@ -80,11 +88,7 @@ class Sampler:
         else:
             trajectories = self._response_trajectories(prompts)
         finished = time.time()
-        for i, index in enumerate(prompt_indices):
-            rewards = [t.reward for t in trajectories[i * size : (i + 1) * size]]
-            self.outcomes.append((index, not has_reward_variance(rewards)))
-        self.outcomes_total += len(prompt_indices)
-        return [
+        groups = [
             TrajectoryGroup(
                 group_id="",  # given with its delivery identity when pushed (``ShardPushers``)
                 prompt_id=prompt.prompt_id,
@@ -98,6 +102,43 @@ class Sampler:
             )
             for i, (prompt, index) in enumerate(zip(prompts, prompt_indices, strict=True))
         ]
+        if self.episodes is not None or not self.served:
+            for group in groups:  # every score is in: settled now
+                self.settle(group, {})
+        return groups
+
+    def question(self, group: TrajectoryGroup) -> str:
+        """The question a group answers (what its served scorers are shown)."""
+        prompt = self.prompts[group.prompt_index]
+        return prompt.messages[-1]["content"] if prompt.messages else ""
+
+    def settle(
+        self, group: TrajectoryGroup, served: dict[int, tuple[list[float | None], str]]
+    ) -> None:
+        """Give each response its reward: the rules' scores (in ``reward_parts`` since it
+        was sampled) and the served rewards' (``served``: per reward index, the scores and
+        the scorer's identity) normalised, weighted and summed (``streamrl.reward_mix``);
+        then record the group's outcome for the difficulty sampler. An episode's reward is
+        its environment's, as it came."""
+        trajectories = group.trajectories
+        if self.episodes is None and not self.mix.plain:
+            parts: list[list[float | None]] = [
+                [t.reward_parts[i] for t in trajectories] for i in range(len(self.config.rewards))
+            ]
+            for i in self.served:
+                scores, identity = served[i]
+                parts[i] = scores
+                group.scorers.append(identity)
+            rewards, _ = self.mix.combine(parts)
+            for j, t in enumerate(trajectories):
+                t.reward = rewards[j]
+                t.reward_parts = [
+                    float("nan") if parts[i][j] is None else float(parts[i][j])  # type: ignore[arg-type]
+                    for i in range(len(parts))
+                ]
+        rewards_now = [t.reward for t in trajectories]
+        self.outcomes.append((group.prompt_index, not has_reward_variance(rewards_now)))
+        self.outcomes_total += 1
 
     def _response_trajectories(self, prompts: list[Prompt]) -> list[Trajectory]:
         """``group_size`` sampled responses of each prompt, scored by the job's rewards."""
@@ -112,7 +153,13 @@ class Sampler:
         for row, out in enumerate(outputs):
             prompt = prompts[row // size]
             text = self.tokenizer.decode(out.response_ids, skip_special_tokens=True)
-            reward = self.reward(RewardInput.of(prompt, text, out.response_ids, out.finish_reason))
+            sample = RewardInput.of(prompt, text, out.response_ids, out.finish_reason)
+            if self.mix.plain:  # one rule, unnormalised: its weighted score, as ever
+                reward, parts = self.reward(sample), []
+            else:  # every reward's score, in config order; served ones come later (NaN)
+                reward, parts = float("nan"), [float("nan")] * len(self.config.rewards)
+                for i, score in zip(self.rules, self.reward.scores(sample), strict=True):
+                    parts[i] = score
             trajectories.append(
                 Trajectory(
                     prompt_ids=prompt_bytes[row // size],
@@ -124,6 +171,7 @@ class Sampler:
                     generator_id=self.generator_id,
                     response_text=text,
                     temperature=self.params.temperature,
+                    reward_parts=parts,
                 )
             )
             self.tokens_generated += len(out.response_ids)

@@ -14,7 +14,7 @@ from typing import Any
 
 import ray
 
-from streamrl.controller.specs import GeneratorSpec, LearnerSpec, ShardSpec
+from streamrl.controller.specs import GeneratorSpec, LearnerSpec, RewardRoleSpec, ShardSpec
 from streamrl.malloc import keep_freed_memory
 from streamrl.transport import resolve_host
 
@@ -130,3 +130,29 @@ class GeneratorActor:
             return self.generator.run()
         finally:
             self.generator.close()
+
+
+@ray.remote(num_cpus=0, max_concurrency=2)
+class RewardRoleActor:
+    """A reward role (``workers.reward_role``); ``endpoint`` answers once its scorer loaded."""
+
+    def __init__(self, spec: RewardRoleSpec) -> None:
+        _setup_process(spec.log_file, spec.cores)
+        from streamrl.workers.reward_role import RewardRole
+
+        self.role = RewardRole(spec)
+
+    def endpoint(self) -> str:
+        return self.role.endpoint
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def serve(self) -> None:
+        try:
+            self.role.serve()
+        finally:
+            self.role.close()
+
+    def stop(self) -> None:
+        self.role.stop()

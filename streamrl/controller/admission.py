@@ -95,6 +95,7 @@ class AdmissionServer:
                 receipts=Receipts(
                     delivered=_receipts(state, request.sender),
                     shard_epochs=dict(state.shard_epochs),
+                    scorer_epochs=dict(state.scorer_epochs),
                 ),
             )
 

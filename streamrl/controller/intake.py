@@ -34,6 +34,7 @@ from streamrl.protocol import (
     Heartbeat,
     LearnerStep,
     Report,
+    RewardRoleReport,
     ShardReport,
 )
 from streamrl.transport import Codec, bind_random, make_socket
@@ -117,6 +118,8 @@ class ReportIntake:
                 self.on_eval(evaluation)
             case ShardReport() as shard:
                 state.shard_report(shard)
+            case RewardRoleReport() as scorer:
+                state.reward_role_report(scorer)
 
     def current_learner_report(self, report: LearnerStep | BatchTaken) -> bool:
         """Whether ``report`` comes from the current learner group and names a version it can

@@ -28,7 +28,7 @@ import zmq
 from streamrl.config import Config, to_dict
 from streamrl.controller.context import RunContext
 from streamrl.controller.knobs import LIVE_KEYS, get_key, set_key
-from streamrl.controller.records import episode_totals
+from streamrl.controller.records import episode_totals, scoring_figures
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import RunState
 from streamrl.protocol import Ack, Checkpoint, EvalReport, Reconfigure
@@ -122,6 +122,7 @@ class LiveRun:
                 for g in sorted(state.generators.values(), key=lambda g: g.generator_id)
             ],
             "episodes": episode_totals(state.all_generator_reports()),
+            "scoring": scoring_figures(state),
             "admission": {
                 "started": policy.started,
                 "dropped": policy.dropped,

@@ -87,11 +87,15 @@ class Placement:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         options: dict[str, Any] = {}
-        gpus = {"learner": self.config.learner.gpus, "generator": self.config.generator.gpus}
+        gpus = {
+            "learner": self.config.learner.gpus,
+            "generator": self.config.generator.gpus,
+            "scoring": self.config.scoring.gpus_per_role,
+        }
         count = self._counts
         if gpus.get(role, 0) <= 0:
             return options
-        if index >= count[role]:
+        if role == "scoring" or index >= count[role]:  # reward roles: any free GPU
             return {"num_gpus": gpus[role]}
         if role not in self._groups:
             from ray.util.placement_group import placement_group
@@ -154,12 +158,17 @@ def cpu_split(config: Config, available: list[int]) -> dict[str, list[list[int]]
         pools = {"learner": cores[:k], "generator": cores[k:]}
     else:
         pools = {"learner": cores, "generator": cores}
-    return {role: _share(pools[role], n) for role, n in cpu_roles.items() if n}
+    split = {role: _share(pools[role], n) for role, n in cpu_roles.items() if n}
+    if config.scoring.device == "cpu" and any(r.served for r in config.rewards):
+        # Reward roles share one role's pool (``scoring.cores``), all of it each: a scorer is
+        # idle between batches, and its batches are short next to a generation call.
+        split["scoring"] = [list(pools[config.scoring.cores])]
+    return split
 
 
 def describe_split(split: dict[str, list[list[int]]]) -> str:
     """``learner rank 0: cores [0]; generator 0: cores [1]`` (what the controller prints)."""
-    names = {"learner": "learner rank", "generator": "generator"}
+    names = {"learner": "learner rank", "generator": "generator", "scoring": "reward roles"}
     return "; ".join(
         f"{names[role]} {i}: cores {sets[i]}"
         for role, sets in split.items()

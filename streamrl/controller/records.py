@@ -147,7 +147,53 @@ def run_summary(
             for e in evals
             if state.eval_is_live(e)
         ],
+        # Served rewards (docs/design.md §7c): each reward role's figures, and the generators'.
+        "scoring": scoring_figures(state),
     }
+
+
+def scoring_figures(state: RunState) -> dict[str, Any]:
+    """Each reward role's latency, queue and failures (its current incarnation's totals;
+    ``restarts`` counts the ones before), and the generators' side summed over every
+    generator process: groups waiting now, retries, timeouts, refusals, duplicate replies,
+    unparsable scores per scorer."""
+    roles = []
+    for index, r in sorted(state.reward_roles.items()):
+        roles.append(
+            {
+                "index": index,
+                "label": r.label,
+                "identity": r.identity,
+                "incarnation": r.incarnation,
+                "requests": r.requests,
+                "items": r.items,
+                "batches": r.batches,
+                "busy_fraction": r.busy_s / r.up_s if r.up_s > 0 else 0.0,
+                "queue_depth": r.queue_depth,
+                "queue_wait_mean_s": r.queue_wait_s / r.requests if r.requests else 0.0,
+                "latency_p50_s": r.latency_p50_s,
+                "latency_p95_s": r.latency_p95_s,
+                "failures": r.failures,
+                "unparsable": r.unparsable,
+                "malformed": r.malformed,
+                "restarts": state.restarts.get(f"reward role {index}", 0),
+            }
+        )
+    reports = state.all_generator_reports()
+    totals: dict[str, Any] = {
+        key: sum(getattr(g.scoring, key) for g in reports)
+        for key in ("sent", "retries", "timeouts", "refused", "duplicates")
+    }
+    totals["waiting"] = sum(g.scoring.waiting for g in state.generators.values())
+    unparsable: dict[str, int] = {}
+    for g in reports:
+        for label, n in g.scoring.unparsable.items():
+            unparsable[label] = unparsable.get(label, 0) + n
+    totals["unparsable"] = unparsable
+    scored = sum(g.groups_pushed for g in reports) if roles else 0
+    wait = sum(g.scoring.wait_s for g in reports)
+    totals["wait_mean_s"] = wait / scored if scored else 0.0
+    return {"roles": roles, "generators": totals}
 
 
 def outcome(summary: dict[str, Any]) -> str:

@@ -35,7 +35,7 @@ from typing import Any, Literal
 from streamrl.controller.processes import ProcessIdentity
 from streamrl.files import atomic_write_text
 
-RoleKind = Literal["buffer shard", "learner rank", "generator"]
+RoleKind = Literal["buffer shard", "learner rank", "generator", "reward role"]
 
 
 @dataclass(frozen=True, order=True)
@@ -57,6 +57,11 @@ class RoleId:
     @classmethod
     def generator(cls, generator_id: int) -> RoleId:
         return cls("generator", generator_id)
+
+    @classmethod
+    def reward(cls, index: int) -> RoleId:
+        """The reward role serving ``rewards[index]``."""
+        return cls("reward role", index)
 
 
 @dataclass

@@ -72,6 +72,7 @@ from streamrl.controller.recovery import (
     start_learner_group,
     start_shard,
 )
+from streamrl.controller.reward_roles import RewardPool, resolve_scorer_models
 from streamrl.controller.roles import Roles
 from streamrl.controller.rundir import (
     RunError,
@@ -146,6 +147,7 @@ class Controller:
                 )
             )
             _check_engine(cfg, Path(model_dir))
+            self.scorer_dirs = resolve_scorer_models(cfg)
             if uses_lora(cfg):
                 check_adapter(cfg, Path(model_dir))
             check_port_free(cfg.admin.host, cfg.admin.port, "admin endpoint")
@@ -204,9 +206,11 @@ class Controller:
 
         ctx, cfg, state = self.ctx, self.config, self.state
         self.pool, self.recovery = GeneratorPool(ctx), Recovery(ctx)
+        self.rewards = RewardPool(ctx, self.scorer_dirs)
         ctx.specs.shard_endpoints = [
             start_shard(ctx, i).endpoints for i in range(cfg.buffer.shards)
         ]
+        self.rewards.launch_all()  # their scorers load while the learners do
         self._start_admin()
         if ctx.specs.cores:
             print(f"cpu pinning: {describe_split(ctx.specs.cores)}", file=self.console, flush=True)
@@ -234,6 +238,7 @@ class Controller:
             self._resume_from(start_version, checkpoint is not None)
         if cfg.eval.every > 0 and cfg.eval.before_train:
             state.eval_requested = start_version  # generator 0's first call evaluates
+        ctx.specs.reward_endpoints = self.rewards.await_ready()
         for g in range(cfg.generator.count):
             self.pool.start(g)
         ctx.roles.refresh_pids(wait=True)
@@ -290,7 +295,7 @@ class Controller:
         while True:
             try:
                 self._record_reports()
-                restarted = self._check_roles()
+                restarted = self._check_roles() or self.rewards.check()
                 if restarted:
                     # A restart held this loop: take the heartbeats queued meanwhile before
                     # judging any generator silent.
@@ -333,6 +338,8 @@ class Controller:
         with state.lock:
             state.stop = True
         self._wait_generators()
+        self.rewards.stop_all()
+        self.intake.drain(timeout_ms=300)  # their last reports
         learners = ctx.roles.actors("learner rank")
         ray.get([learner.final_checkpoint.remote() for learner in learners])
         with state.lock:  # the final checkpoint holds every step; pushes are all in

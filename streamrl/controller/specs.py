@@ -16,7 +16,7 @@ from streamrl.callables import blobs_for
 from streamrl.config import Config
 from streamrl.cores import role_threads
 from streamrl.lora import initial_adapter_dir, uses_lora
-from streamrl.role_specs import NODE, GeneratorSpec, LearnerSpec, ShardSpec
+from streamrl.role_specs import NODE, GeneratorSpec, LearnerSpec, RewardRoleSpec, ShardSpec
 
 
 def bind_host_for(address: str | None) -> str:
@@ -39,6 +39,8 @@ class SpecFactory:
     available_cores: list[int] = field(default_factory=list)
     shard_endpoints: list[tuple[str, str]] = field(default_factory=list)  # (ingest, requests)
     weight_endpoints: list[tuple[str, str]] = field(default_factory=list)  # (PUB, anchors)
+    # Each reward role's ROUTER, by its reward's index in ``rewards:`` (docs/design.md §7c).
+    reward_endpoints: dict[int, str] = field(default_factory=dict)
     # The callables the config names by ``python:`` (``streamrl.train``'s, pickled when it
     # registered them): read once from this process's table, sent to every generator.
     callables: dict[str, bytes] = field(init=False, default_factory=dict)
@@ -110,6 +112,25 @@ class SpecFactory:
             adapter_dir=self.adapter_dir,
             incarnation=incarnation,
             callables=self.callables,
+            reward_endpoints=dict(self.reward_endpoints),
+        )
+
+    def reward_role(
+        self, index: int, model_dir: str, port: int = 0, incarnation: int = 0
+    ) -> RewardRoleSpec:
+        cores = self.cores_of("scoring", index)
+        threads = role_threads(self.config, "scoring", cores, len(self.available_cores))
+        scoring = msgspec.structs.replace(self.config.scoring, threads=threads)
+        return RewardRoleSpec(
+            log_file=self.log_file(f"reward-{index}"),
+            bind_host=self.bind_host,
+            cores=cores,
+            config=msgspec.structs.replace(self.config, scoring=scoring),
+            index=index,
+            model_dir=model_dir,
+            report_endpoint=self.report_endpoint,
+            port=port,
+            incarnation=incarnation,
         )
 
     def cores_of(self, role: str, index: int) -> list[int] | None:

@@ -184,6 +184,11 @@ class RunState:
     # Restarts of each buffer shard so far (AdmissionReply.receipts.shard_epochs): generators
     # resend it what it has not acknowledged.
     shard_epochs: dict[int, int] = field(default_factory=dict)
+    # Restarts of each reward role so far, by its reward's index (``Receipts.scorer_epochs``):
+    # generators send it what was in flight again.
+    scorer_epochs: dict[int, int] = field(default_factory=dict)
+    # Each reward role's newest report (its current incarnation's), by its reward's index.
+    reward_roles: dict[int, Any] = field(default_factory=dict)
     # The run's one stop flag (``Controller.request_stop``, or the learners finished): admission
     # closes, generators drain, and a role failing now ends the run instead of restarting.
     stop: bool = False
@@ -245,6 +250,14 @@ class RunState:
             self.last_seen[f"buffer shard {stats.shard_id}"] = report.time
             if self.policy is not None:
                 self.policy.set_dropped(self.buffer_dropped())
+
+    def reward_role_report(self, report: Any) -> None:
+        """A ``RewardRoleReport``: kept if it is from the role's current incarnation."""
+        with self.lock:
+            if report.incarnation < self.scorer_epochs.get(report.index, 0):
+                return  # a replaced role's last words
+            self.reward_roles[report.index] = report
+            self.last_seen[f"reward role {report.index}"] = report.time
 
     # ------------------------------------------------------------------ budget rules
 

@@ -303,3 +303,34 @@ def test_evaluations_across_a_learner_restart_are_of_live_weights_once_each(
     summary_evals = [(e["epoch"], e["requested"]) for e in summary["eval"]]
     assert summary_evals == [(r["epoch"], r["requested"]) for r in live]
     print(f"evaluations on the live timeline: {[(r['epoch'], r['requested']) for r in live]}")
+
+
+def test_a_killed_reward_role_restarts_and_every_group_is_scored_once(tmp_path: Path) -> None:
+    """A judge's reward role killed with -9 mid-run: started again on its port, the
+    generators send it what was in flight, and the run finishes with every logged group
+    scored exactly once (one scorer identity each), none refused, nothing lost."""
+    run_dir = tmp_path / "run"
+    judge = (
+        "{judge: {model: tiny-random-llama, template: 'Q {prompt} A {response}', "
+        "yes_tokens: ['1'], no_tokens: ['0'], min_verdict_mass: 0.0}, weight: 0.5, "
+        "normalize: group}"
+    )
+    rule = "{name: target_token_share, args: {token_id: 27}}"
+    proc = _launch(run_dir, f"rewards=[{rule}, {judge}]")
+    with killed_on_error(proc):
+        victim = _kill_at_random_step(run_dir, proc, "reward role 1", signal.SIGKILL)
+    out, summary = finish_run(proc, run_dir)
+    assert summary["version"] == STEPS
+    assert summary["restarts"] == {"reward role 1": 1}
+    assert "reward role 1 (judge-tiny-random-llama):" in out and "restarted (restart 1/3)" in out
+    assert not alive(victim)
+    (role,) = summary["scoring"]["roles"]
+    assert role["incarnation"] == 1
+    assert summary["scoring"]["generators"]["refused"] == 0
+    groups = [g for shard in shard_dirs(run_dir / "buffer") for g, _ in scan_shard(shard)]
+    assert groups and all(g.scorers == [role["identity"]] for g in groups)
+    print(
+        f"retries {summary['scoring']['generators']['retries']}, "
+        f"duplicates {summary['scoring']['generators']['duplicates']}"
+    )
+    assert_nothing_lost(summary, run_dir)

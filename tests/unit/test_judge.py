@@ -88,10 +88,10 @@ def test_braces_in_a_response_are_text_not_fields(verdict_judge: JudgeScorer) ->
 
 def test_a_spelling_the_tokenizer_cannot_encode_is_refused() -> None:
     with pytest.raises(ValueError, match="cannot be encoded") as err:
-        _judge(yes=["Ÿes"])  # not in the character vocabulary
+        _judge(yes_tokens=["Ÿes"])  # not in the character vocabulary
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="cannot be encoded"):
-        _judge(no=[""])
+        _judge(no_tokens=[""])
 
 
 def test_first_tokens_shared_by_yes_and_no_count_for_neither(verdict_judge) -> None:
@@ -101,7 +101,7 @@ def test_first_tokens_shared_by_yes_and_no_count_for_neither(verdict_judge) -> N
     assert space not in verdict_judge.yes_ids and space not in verdict_judge.no_ids
     assert sorted(verdict_judge.yes_ids) == sorted(tok.convert_tokens_to_ids(["Y", "y"]))
     with pytest.raises(ValueError, match="same tokens"):
-        _judge(yes=[" Yes"], no=[" No"])
+        _judge(yes_tokens=[" Yes"], no_tokens=[" No"])
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,33 @@
+"""What a served scorer (a reward model or a judge, docs/design.md §7c) is given and gives.
+
+A scorer takes a batch of ``ScoreItem``s (the question, the response, the reference answer)
+and returns one float per item, or None where it could not score that item (a judge's
+unparsable verdict): the caller counts those and never reads them as 0. Its ``identity``
+(``"<label>@<weights hash>"``) travels with every score, so a trajectory says which weights
+scored it.
+
+Stdlib only: the generator's scoring client and the controller import this without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ScoreItem:
+    prompt: str  # the question: the prompt's last user message
+    response: str
+    ground_truth: str = ""
+
+
+class Scorer(Protocol):
+    identity: str
+
+    def score(self, items: list[ScoreItem]) -> list[float | None]: ...
+
+
+def scorer_identity(label: str, weights_hash: str) -> str:
+    """``"rm-smol@3f9a1c2b7d01"``: the scorer's name and the hash of the weights it serves."""
+    return f"{label}@{weights_hash}"

@@ -1,0 +1,81 @@
+"""Served rewards in real runs (docs/design.md §7c): a judge and a reward model, each in a
+reward role of its own, scoring the tiny job's groups beside a rule; every group scored once,
+with the scorer's identity; the weighted, normalised reward as computed by hand from the
+logged parts; the evaluation's model reward beside its exact check."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from support import assert_nothing_lost, finish_run, killed_on_error, launch_tiny
+
+from streamrl.buffers.durable_log import scan_shard, shard_dirs
+
+pytestmark = pytest.mark.slow
+
+RULE = "{name: target_token_share, args: {token_id: 27}}"
+JUDGE = (
+    "{judge: {model: tiny-random-llama, template: 'Q {prompt} A {response} ok?', "
+    "yes_tokens: ['1'], no_tokens: ['0'], min_verdict_mass: 0.0}, weight: 0.5, "
+    "normalize: group}"
+)
+MODEL = "{model: tiny-random-reward, weight: 0.25, normalize: running, label: rm}"
+
+
+def _run(tmp_path: Path, rewards: str, *more: str) -> tuple[str, dict, Path]:
+    run_dir = tmp_path / "run"
+    proc = launch_tiny(
+        run_dir,
+        f"rewards=[{rewards}]",
+        "run.max_steps=4",
+        "eval.every=2",
+        "eval.max_prompts=8",
+        *more,
+    )
+    with killed_on_error(proc):
+        out, summary = finish_run(proc, run_dir)
+    return out, summary, run_dir
+
+
+def _logged(run_dir: Path) -> list:
+    return [g for shard in shard_dirs(run_dir / "buffer") for g, _ in scan_shard(shard)]
+
+
+def test_a_judge_beside_a_rule_scores_every_group_once_and_weights_them(tmp_path: Path) -> None:
+    out, summary, run_dir = _run(tmp_path, f"{RULE}, {JUDGE}")
+    assert summary["version"] == 4
+    (role,) = summary["scoring"]["roles"]
+    assert role["label"] == "judge-tiny-random-llama" and role["failures"] == 0
+    assert role["requests"] > 0 and role["items"] >= 4 * len(_logged(run_dir))
+    generators = summary["scoring"]["generators"]
+    assert generators["refused"] == 0 and generators["waiting"] == 0
+    groups = _logged(run_dir)
+    assert groups
+    for group in groups:
+        assert group.scorers == [role["identity"]]  # scored once, by these weights
+        rule = [t.reward_parts[0] for t in group.trajectories]
+        judge = [t.reward_parts[1] for t in group.trajectories]
+        mean = sum(judge) / len(judge)
+        std = math.sqrt(sum((j - mean) ** 2 for j in judge) / len(judge))
+        for t, r, j in zip(group.trajectories, rule, judge, strict=True):
+            normalised = (j - mean) / std if std > 1e-6 else 0.0
+            assert t.reward == pytest.approx(r + 0.5 * normalised, abs=1e-9)
+            assert 0.0 <= j <= 1.0
+    evals = summary["eval"]
+    assert all("eval/reward/judge-tiny-random-llama" in e for e in evals), evals
+    assert_nothing_lost(summary, run_dir)
+
+
+def test_a_reward_model_scores_a_real_run(tmp_path: Path) -> None:
+    out, summary, run_dir = _run(tmp_path, f"{RULE}, {MODEL}")
+    assert summary["version"] == 4
+    (role,) = summary["scoring"]["roles"]
+    assert role["label"] == "rm" and role["identity"].startswith("rm@")
+    assert role["unparsable"] == 0 and role["failures"] == 0
+    for group in _logged(run_dir):
+        assert group.scorers == [role["identity"]]
+        assert all(math.isfinite(t.reward_parts[1]) for t in group.trajectories)
+    assert all("eval/reward/rm" in e for e in summary["eval"])
+    assert_nothing_lost(summary, run_dir)

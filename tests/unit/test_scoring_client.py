@@ -1,0 +1,183 @@
+"""The generator's scoring client (workers.scoring) against a ROUTER the test answers by hand:
+each group settled exactly once whatever is retried or answered twice, overdue requests sent
+again, a restarted role's requests resent, refusals pushed marked ``unscored``."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+import zmq
+
+from streamrl.config import Config, RewardSpec, ScoringConfig
+from streamrl.protocol import ScoreReply, ScoreRequest, Trajectory, TrajectoryGroup
+from streamrl.workers.scoring import GroupScoring
+
+ENC, DEC = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(ScoreRequest)
+
+
+def _group(index: int, size: int = 2) -> TrajectoryGroup:
+    trajectories = [
+        Trajectory.from_lists(
+            [1],
+            [2, 3],
+            [-0.1, -0.2],
+            [0, 0],
+            float("nan"),
+            "stop",
+            0,
+            response_text=f"answer {index}.{j}",
+        )
+        for j in range(size)
+    ]
+    return TrajectoryGroup(
+        "", f"p{index}", trajectories, 0.0, 0.0, ground_truth="7", prompt_index=index
+    )
+
+
+class _Role:
+    """A ROUTER standing in for a reward role: the test reads requests and answers them."""
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+
+    def take(self, n: int, timeout_s: float = 5.0) -> list[tuple[bytes, ScoreRequest]]:
+        got, deadline = [], time.monotonic() + timeout_s
+        while len(got) < n and time.monotonic() < deadline:
+            if self.sock.poll(50):
+                peer, frame = self.sock.recv_multipart()
+                got.append((peer, DEC.decode(frame)))
+        assert len(got) == n, f"{len(got)} requests, want {n}"
+        return got
+
+    def answer(self, peer: bytes, request: ScoreRequest, error: str = "") -> None:
+        scores = [] if error else [float(len(i.response)) for i in request.items]
+        reply = ScoreReply(request.request_id, scores, "rm@abc", error)
+        self.sock.send_multipart([peer, ENC.encode(reply)])
+
+
+@pytest.fixture
+def wiring():
+    ctx = zmq.Context()
+    role = _Role(ctx)
+    settled: list[tuple[TrajectoryGroup, dict]] = []
+    config = Config(
+        rewards=[RewardSpec(name="numeric_match"), RewardSpec(model="/models/rm")],
+        scoring=ScoringConfig(timeout_s=0.3, max_attempts=2),
+    )
+
+    def settle(group, served):
+        settled.append((group, served))
+        for t in group.trajectories:
+            t.reward = served[1][0][0]
+
+    client = GroupScoring(
+        ctx, config, {1: role.endpoint}, "gen-a", lambda g: f"q{g.prompt_index}", settle
+    )
+    yield client, role, settled
+    client.close()
+    ctx.destroy(linger=0)
+
+
+def _pump_until(client: GroupScoring, n: int, timeout_s: float = 5.0) -> list[TrajectoryGroup]:
+    out, deadline = [], time.monotonic() + timeout_s
+    while len(out) < n and time.monotonic() < deadline:
+        out += client.pump(wait_ms=20)
+    return out
+
+
+def test_a_group_waits_for_its_scores_and_is_settled_once(wiring) -> None:
+    client, role, settled = wiring
+    client.submit([_group(0), _group(1)])
+    assert client.pending == 2 and client.pump() == []
+    requests = role.take(2)
+    assert [r.items[0].prompt for _, r in requests] == ["q0", "q1"]
+    assert requests[0][1].items[1].response == "answer 0.1"
+    for peer, request in reversed(requests):  # answered out of order
+        role.answer(peer, request)
+    done = _pump_until(client, 2)
+    assert [g.prompt_index for g in done] == [0, 1]  # pushed in submission order
+    assert client.pending == 0 and len(settled) == 2
+    assert settled[0][1] == {1: ([10.0, 10.0], "rm@abc")}
+    role.answer(*requests[0])  # a second answer to the same request
+    assert _pump_until(client, 1, timeout_s=0.5) == []
+    assert client.figures.duplicates == 1 and len(settled) == 2
+
+
+def test_an_overdue_request_is_sent_again_and_then_refused(wiring) -> None:
+    client, role, settled = wiring
+    client.submit([_group(3)])
+    role.take(1)  # never answered
+    time.sleep(0.35)
+    assert client.pump() == []
+    ((_, again),) = role.take(1)  # the retry
+    time.sleep(0.35)
+    (refused,) = _pump_until(client, 1)
+    assert refused.unscored.startswith("rm-rm: no reply in 2 attempt(s)")
+    assert client.figures.retries == 1 and client.figures.timeouts == 2
+    assert client.figures.refused == 1 and not settled and client.pending == 0
+
+
+def test_a_restarted_role_is_sent_what_was_in_flight_and_scores_it_once(wiring) -> None:
+    client, role, settled = wiring
+    client.submit([_group(5)])
+    (first,) = role.take(1)
+    client.take_epochs({1: 1})  # the role restarted: what it held is gone
+    client.take_epochs({1: 1})  # the same epoch again: nothing more sent
+    (second,) = role.take(1)
+    assert second[1].request_id == first[1].request_id
+    role.answer(*second)
+    role.answer(*first)  # the old one answered too (it was not lost after all)
+    assert len(_pump_until(client, 1)) == 1
+    time.sleep(0.1)
+    client.pump()
+    assert len(settled) == 1 and client.figures.duplicates == 1
+
+
+def test_an_error_reply_refuses_the_group_with_the_reason(wiring) -> None:
+    client, role, settled = wiring
+    client.submit([_group(6)])
+    ((peer, request),) = role.take(1)
+    role.answer(peer, request, error="ValueError: boom")
+    (group,) = _pump_until(client, 1)
+    assert group.unscored == "rm-rm: ValueError: boom"
+    assert all(t.reward != t.reward for t in group.trajectories)  # NaN: the shard refuses it
+    assert not settled
+
+
+def test_a_malformed_reply_is_dropped_and_the_group_still_scored(wiring) -> None:
+    client, role, settled = wiring
+    client.submit([_group(7)])
+    ((peer, request),) = role.take(1)
+    role.sock.send_multipart([peer, b"\xc1garbage"])
+    role.answer(peer, request)
+    assert len(_pump_until(client, 1)) == 1 and len(settled) == 1
+
+
+def test_groups_settled_while_an_evaluation_waits_are_pushed_once(wiring) -> None:
+    client, role, settled = wiring
+    client.submit([_group(8)])
+    (group_request,) = role.take(1)
+    role.answer(*group_request)
+    time.sleep(0.1)  # the group's reply is in before the evaluation's request goes out
+
+    import threading
+
+    from streamrl.protocol import ScoreItemWire
+
+    def answer_eval():
+        ((peer, request),) = role.take(1)
+        role.answer(peer, request)
+
+    server = threading.Thread(target=answer_eval)
+    server.start()
+    scores = client.score_now([ScoreItemWire("q", "abc", "7")], timeout_s=5)
+    server.join()
+    assert scores == {1: ([3.0], "rm@abc")}
+    assert [g.prompt_index for g in client.pump()] == [8]
+    assert client.pump() == [] and client.pump() == []
+    assert len(settled) == 1

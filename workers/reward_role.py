@@ -1,0 +1,210 @@
+"""Reward role: serves one reward model or judge to every generator (docs/design.md §7c).
+
+Its ROUTER takes ``ScoreRequest``s (one group's responses each) from any number of
+generators; ``serve`` reads what has arrived, waits ``scoring.batch_wait_ms`` for more once
+it has some, scores up to ``scoring.max_batch`` responses in one forward pass whatever group
+or generator they came from, and answers each request with its scores and the scorer's
+identity (``"<label>@<weights hash>"``). A batch whose scoring raises answers its requests
+with the error (the generator refuses those groups with the reason); a frame that does not
+decode is counted and dropped. Every second a ``RewardRoleReport`` goes to the controller.
+
+Restart: the controller starts a dead role again on the same port (``RewardRoleSpec.port``),
+so the generators' DEALERs reconnect by themselves, and raises the role's epoch in admission
+replies (``Receipts.scorer_epochs``) so they send what was in flight to it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import msgspec
+import torch
+import zmq
+
+from streamrl.config import Config, RewardSpec
+from streamrl.cores import role_threads
+from streamrl.hardware import resolve_compute_dtype
+from streamrl.protocol import RewardRoleReport, ScoreReply, ScoreRequest
+from streamrl.role_specs import RewardRoleSpec
+from streamrl.scorer import ScoreItem, Scorer
+from streamrl.transport import DECODE_ERRORS, bind_random, make_socket, resolve_host
+
+log = logging.getLogger(__name__)
+
+REPORT_EVERY_S = 1.0
+LATENCY_WINDOW = 256  # requests the latency percentiles are taken over
+
+
+def make_scorer(config: Config, reward: RewardSpec, model_dir: Path, seed: int = 0) -> Scorer:
+    """The reward model or judge that ``reward`` names, on ``scoring.device``."""
+    device = config.scoring.device
+    dtype = resolve_compute_dtype(config.model.compute_dtype, device)
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    label = reward.display_name()
+    if reward.kind == "model":
+        from streamrl.reward_model import RewardModelScorer
+
+        return RewardModelScorer(model_dir, label, device=device, dtype=dtype)
+    if reward.kind == "judge":
+        from streamrl.workers.judge import JudgeScorer
+
+        assert reward.judge is not None
+        return JudgeScorer(
+            reward.judge, model_dir, label, device=device, compute_dtype=dtype, seed=seed
+        )
+    raise ValueError(f"reward {label!r} is a rule: it is scored in the generator")
+
+
+class _Pending(msgspec.Struct):
+    peer: bytes
+    request: ScoreRequest
+    received: float
+
+
+class RewardRole:
+    """One reward role process: its scorer, its ROUTER, its reports."""
+
+    def __init__(self, spec: RewardRoleSpec) -> None:
+        config = spec.config
+        self.spec, self.config = spec, config
+        self.reward = config.rewards[spec.index]
+        threads = role_threads(config, "scoring", spec.cores, len(os.sched_getaffinity(0)))
+        self.threads = threads
+        torch.set_num_threads(threads)
+        self.ctx = zmq.Context()
+        self.router = make_socket(self.ctx, zmq.ROUTER, rcvhwm=10_000, sndhwm=10_000)
+        host = resolve_host(spec.bind_host)
+        self.endpoint = bind_random(self.router, host, f"reward role {spec.index}", spec.port)
+        self.reports = make_socket(self.ctx, zmq.PUSH, sndhwm=16)
+        self.reports.connect(spec.report_endpoint)
+        started = time.monotonic()
+        self.scorer = make_scorer(config, self.reward, Path(spec.model_dir), config.run.seed)
+        log.info(
+            "reward role %d: %s ready in %.1f s (%d threads)",
+            spec.index,
+            self.scorer.identity,
+            time.monotonic() - started,
+            threads,
+        )
+        self.decoder = msgspec.msgpack.Decoder(ScoreRequest)
+        self.encoder = msgspec.msgpack.Encoder()
+        self.queue: deque[_Pending] = deque()
+        self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
+        self.figures = RewardRoleReport(
+            spec.index, spec.incarnation, self.reward.display_name(), self.scorer.identity, 0.0
+        )
+        self.ready_at = time.monotonic()
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ serving
+
+    def serve(self) -> None:
+        """Answer requests until ``stop``."""
+        torch.set_num_threads(self.threads)  # Ray runs this on another thread than __init__
+        next_report = 0.0
+        while not self._stop.is_set():
+            if not self.queue:
+                self._read(timeout_ms=100)
+            if self.queue and self.config.scoring.batch_wait_ms:
+                self._read(timeout_ms=self.config.scoring.batch_wait_ms)
+            self._read(timeout_ms=0)
+            if self.queue:
+                self._score_batch()
+            if time.monotonic() >= next_report:
+                self._report()
+                next_report = time.monotonic() + REPORT_EVERY_S
+        self._report()
+
+    def _read(self, timeout_ms: int) -> None:
+        if not self.router.poll(timeout_ms, zmq.POLLIN):
+            return
+        while True:
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                self.figures.malformed += 1
+                continue
+            try:
+                request = self.decoder.decode(frames[1])
+            except DECODE_ERRORS:
+                if not self.figures.malformed:
+                    log.warning("reward role %d: a malformed request dropped", self.spec.index)
+                self.figures.malformed += 1
+                continue
+            self.queue.append(_Pending(frames[0], request, time.monotonic()))
+            self.figures.requests += 1
+
+    def _score_batch(self) -> None:
+        """The oldest requests, up to ``scoring.max_batch`` responses (at least one request
+        whole), scored in one call, each answered."""
+        limit, batch, size = self.config.scoring.max_batch, [], 0
+        while self.queue and (not batch or size + len(self.queue[0].request.items) <= limit):
+            pending = self.queue.popleft()
+            batch.append(pending)
+            size += len(pending.request.items)
+        items = [
+            ScoreItem(i.prompt, i.response, i.ground_truth) for p in batch for i in p.request.items
+        ]
+        start = time.monotonic()
+        for pending in batch:
+            self.figures.queue_wait_s += start - pending.received
+        error = ""
+        try:
+            scores = self.scorer.score(items) if items else []
+            if len(scores) != len(items):
+                raise ValueError(f"{len(scores)} scores for {len(items)} responses")
+        except Exception as exc:  # a scorer bug or a bad input must not end the role
+            log.exception("reward role %d: scoring a batch raised", self.spec.index)
+            self.figures.failures += 1
+            error, scores = f"{type(exc).__name__}: {exc}"[:300], []
+        done = time.monotonic()
+        self.figures.busy_s += done - start
+        self.figures.batches += 1
+        self.figures.items += len(items)
+        self.figures.unparsable += sum(s is None for s in scores)
+        offset = 0
+        for pending in batch:
+            n = len(pending.request.items)
+            part = [] if error else [_finite_or_none(s) for s in scores[offset : offset + n]]
+            offset += n
+            reply = ScoreReply(pending.request.request_id, part, self.scorer.identity, error)
+            self.router.send_multipart([pending.peer, self.encoder.encode(reply)])
+            self.latencies.append(done - pending.received)
+
+    def _report(self) -> None:
+        figures = self.figures
+        figures.time = time.time()
+        figures.up_s = time.monotonic() - self.ready_at
+        figures.queue_depth = len(self.queue)
+        if self.latencies:
+            ordered = sorted(self.latencies)
+            figures.latency_p50_s = ordered[len(ordered) // 2]
+            figures.latency_p95_s = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        try:
+            self.reports.send(self.encoder.encode(figures), zmq.NOBLOCK)
+        except zmq.Again:  # the controller is behind: the next report carries the totals
+            pass
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        shutdown = getattr(self.scorer, "shutdown", None)
+        if shutdown is not None:  # a judge's vLLM engine
+            shutdown()
+        self.ctx.destroy(linger=0)
+
+
+def _finite_or_none(score: float | None) -> float | None:
+    """A NaN or infinite score is no score (unparsable, counted), never passed on."""
+    if score is None:
+        return None
+    value = float(score)
+    return value if value == value and abs(value) != float("inf") else None
