@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     launch.add_argument("--gpus-per-generator", type=float, help="generator.gpus")
     launch.add_argument("--gpus-per-learner", type=float, help="learner.gpus")
+    launch.add_argument(
+        "--gpus-per-reward", type=float, help="GPUs per reward role (scoring.gpus_per_role)"
+    )
 
     validate = sub.add_parser("validate", help="check a config and print it resolved")
     validate.add_argument("config")
@@ -114,7 +117,9 @@ def _add_rm_parser(sub: argparse._SubParsersAction) -> None:
         "pairs",
         help="preference pairs from a run's logged responses, ranked by a rule reward",
         description="Score every logged response of RUN_DIR with a rule reward and pair, "
-        "within each group, a higher-scored response (chosen) with a lower one (rejected).",
+        "within each group, a higher-scored response (chosen) with a lower one (rejected). "
+        "The durable log keeps consumed groups until it compacts: run the source job with "
+        "buffer.compact_every_s=0 to keep every group it trained on.",
     )
     pairs.add_argument("run_dir")
     pairs.add_argument("--out", required=True, help="the pairs' JSONL file")
@@ -190,6 +195,7 @@ def _launch(args: argparse.Namespace) -> int:
         ("name", "run.name"),
         ("gpus_per_generator", "generator.gpus"),
         ("gpus_per_learner", "learner.gpus"),
+        ("gpus_per_reward", "scoring.gpus_per_role"),
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -233,6 +239,9 @@ def _validate(args: argparse.Namespace) -> int:
     check_engine_config(config.generator)  # imports no torch: a user's module:Class aside
     try:  # a hub id's repo, revision, config and tokenizer (no weights); built-ins: no torch
         model_dir = check_model(config.model.name, revision=config.model.revision)
+        for reward in config.rewards:  # served rewards' models (docs/design.md §7c)
+            if reward.served:
+                check_model(reward.model or reward.judge.model)  # type: ignore[union-attr]
     except ModelNotFoundError as exc:
         print(f"streamrl: {exc}", file=sys.stderr)
         return 2

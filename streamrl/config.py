@@ -528,6 +528,8 @@ def _finalize(config: Config) -> Config:
         config.learner.device, config.learner.backend = "cuda", "nccl"
     if config.generator.gpus > 0 and config.generator.device == "cpu":
         config.generator.device = "cuda"
+    if config.scoring.gpus_per_role > 0 and config.scoring.device == "cpu":
+        config.scoring.device = "cuda"
     if config.run.mode == "sync":
         # Synchronous mode is the async machinery with no staleness and no in-flight updates.
         config.buffer.max_staleness = 0

@@ -267,6 +267,10 @@ def _figures(samples: list[dict[str, Any]], config: Config, prompts: int, versio
         "eval/prompts": float(prompts),
         "eval/version": float(version),
     }
+    if not any(not spec.served for spec in config.rewards):
+        # No rule: the rules' reward and accuracy mean nothing (the served rewards' view is
+        # ``eval/reward/<label>``, the generator's); the exact check is the true accuracy.
+        del figures["eval/reward_mean"], figures["eval/accuracy"]
     if config.eval.samples > 1:
         solved = {s["prompt_id"] for s in samples if s["exact"]}
         figures["eval/pass_at_k"] = len(solved) / max(prompts, 1)

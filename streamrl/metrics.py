@@ -112,11 +112,20 @@ class MetricsLog:
                 f"| {metrics.get('eval/prompts', 0):.0f} prompts"
             )
         else:
+            rules = (  # absent when every reward is served (a reward model, a judge)
+                f"| accuracy {metrics['eval/accuracy']:.3f} "
+                f"| reward {metrics['eval/reward_mean']:.3f} "
+                if "eval/accuracy" in metrics
+                else ""
+            )
+            served = "".join(  # the served rewards' mean scores (docs/design.md §7c)
+                f"| {key.removeprefix('eval/reward/')} {value:.3f} "
+                for key, value in metrics.items()
+                if key.startswith("eval/reward/") and not key.endswith("/unparsable")
+            )
             text = (
                 f"eval v{version:>3} | exact {metrics.get('eval/exact_match', 0.0):.3f} "
-                f"| completed {metrics.get('eval/completed', 0.0):.3f} "
-                f"| accuracy {metrics.get('eval/accuracy', 0.0):.3f} "
-                f"| reward {metrics.get('eval/reward_mean', 0.0):.3f} "
+                f"| completed {metrics.get('eval/completed', 0.0):.3f} {rules}{served}"
                 f"| {metrics.get('eval/prompts', 0):.0f} prompts"
             )
         self._print(text)

@@ -31,10 +31,10 @@ import re
 from pathlib import Path
 
 import torch
-import xxhash
 
 from streamrl.config import GeneratorConfig, JudgeSpec
 from streamrl.models import has_chat_template, load_causal_lm, load_tokenizer, stop_token_ids
+from streamrl.reward_model import weights_hash
 from streamrl.scorer import ScoreItem, scorer_identity
 from streamrl.workers.engines import Engine, SamplingParams, make_engine
 
@@ -70,18 +70,6 @@ def fill_template(template: str, item: ScoreItem) -> str:
     return pattern.sub(lambda m: fields[m.group()], template)
 
 
-def _weights_hash(model_dir: Path) -> str:
-    """12 hex digits of xxh3-64 over the bytes of the directory's safetensors files, in name
-    order: which weights scored a trajectory (``Scorer.identity``). Private until the reward
-    model's ``weights_hash`` (streamrl/reward_model.py) is there to share."""
-    digest = xxhash.xxh3_64()
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 24):
-                digest.update(chunk)
-    return digest.hexdigest()[:12]
-
-
 class JudgeScorer:
     """The ``Scorer`` of one judge model (``streamrl.scorer``): ``score`` takes a batch of
     items and returns one float in [0, 1] or None per item, in order. ``compute_dtype`` is a
@@ -101,7 +89,7 @@ class JudgeScorer:
     ) -> None:
         self.spec, self.device, self.batch_size = spec, device, batch_size
         self.tokenizer = load_tokenizer(model_dir)
-        self.weights_hash = _weights_hash(model_dir)
+        self.weights_hash = weights_hash(model_dir)
         self.identity = scorer_identity(label, self.weights_hash)
         config = json.loads((Path(model_dir) / "config.json").read_text())
         self.max_tokens = min(config.get("max_position_embeddings") or 2048, MAX_JUDGE_TOKENS)

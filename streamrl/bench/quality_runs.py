@@ -156,7 +156,7 @@ def from_metrics(
             "seconds": e["time"] - t0,
             "exact": e["eval/exact_match"],
             "completed": e["eval/completed"],
-            "reward_mean": e["eval/reward_mean"],
+            "reward_mean": e.get("eval/reward_mean", float("nan")),
         }
         for e in records
         if e.get("event") == "eval"

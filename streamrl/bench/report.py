@@ -84,6 +84,21 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: di
             f"{'met' if row['efficiency'] >= 0.9 else 'missed'} | {_pct(row['generator_busy'])} "
             f"| {'met' if row['generator_busy'] >= 0.9 else 'missed'} |"
         )
+    roles = [(r, label, f) for r in results for label, f in r.get("reward_roles", {}).items()]
+    if roles:
+        lines += [
+            "",
+            "Reward roles (docs/design.md §7c), over each window:",
+            "",
+            "| mode | reward role | busy | queue wait mean | latency p95 | requests |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r, label, f in roles:
+            lines.append(
+                f"| {mode_label(r)} | {label} | {_pct(f['busy_fraction'])} | "
+                f"{1000 * f['queue_wait_mean_s']:.0f} ms | {1000 * f['latency_p95_s']:.0f} ms | "
+                f"{f['requests']:.0f} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -142,7 +142,35 @@ def measure(records: list[dict[str, Any]], warmup: int, config: Config) -> dict[
         / len(window),
         "weights_changed_frac_max": max(r.get("weights/changed_frac", 0.0) for r in steps),
         "timeline": timeline(steps, n_gen),
+        "reward_roles": reward_role_figures(opening, last),
     }
+
+
+def reward_role_figures(opening: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+    """Per reward role (docs/design.md §7c), over the window: its busy fraction (scoring
+    seconds over its up seconds) and the mean wait of a request in its queue before its
+    batch began; empty without served rewards. A role restarted in the window is measured
+    from its restart (its totals start again)."""
+    out = {}
+    for key in last:
+        if not (key.startswith("scoring/") and key.endswith("/busy_s_total")):
+            continue
+        prefix = key.removesuffix("/busy_s_total")
+        label = prefix.removeprefix("scoring/")
+
+        def delta(name: str, prefix: str = prefix) -> float:
+            now, then = last.get(f"{prefix}/{name}", 0.0), opening.get(f"{prefix}/{name}", 0.0)
+            return now - then if now >= then else now  # restarted: its own totals
+
+        requests = delta("requests_total")
+        up = delta("up_s_total")
+        out[label] = {
+            "busy_fraction": delta("busy_s_total") / up if up > 0 else 0.0,
+            "queue_wait_mean_s": delta("queue_wait_s_total") / requests if requests else 0.0,
+            "latency_p95_s": float(last.get(f"{prefix}/latency_p95_s", 0.0)),
+            "requests": requests,
+        }
+    return out
 
 
 def timeline(steps: list[dict[str, Any]], n_gen: int) -> list[dict[str, float]]:
@@ -262,6 +290,14 @@ def bench_throughput(
             file=console,
             flush=True,
         )
+        for label, role in result["reward_roles"].items():
+            print(
+                f"{'':<12} reward role {label}: busy {100 * role['busy_fraction']:.0f}%, "
+                f"queue wait {1000 * role['queue_wait_mean_s']:.0f} ms mean, latency p95 "
+                f"{1000 * role['latency_p95_s']:.0f} ms, {role['requests']:.0f} requests",
+                file=console,
+                flush=True,
+            )
     comparison = compare(results)
     shape = {
         "generators": config.generator.count,

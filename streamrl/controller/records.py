@@ -59,7 +59,25 @@ def step_record(state: RunState, step: LearnerStep, tokens_per_s: float) -> dict
             f"generators/{name}_total": sum(getattr(g.activity, name) for g in every)
             for name in GeneratorActivity.__struct_fields__
         },
+        **scoring_record(state, gens),
     }
+
+
+def scoring_record(state: RunState, gens: list[GeneratorReport]) -> dict[str, float]:
+    """Served rewards' figures in a step record (none without them): groups waiting for
+    scores now, and per reward role its current incarnation's totals (busy and up seconds,
+    requests, summed queue wait) for rates over any window (``streamrl bench``)."""
+    if not state.reward_roles:
+        return {}
+    out: dict[str, float] = {"scoring/waiting": sum(g.scoring.waiting for g in gens)}
+    for r in state.reward_roles.values():
+        prefix = f"scoring/{r.label}"
+        out[f"{prefix}/busy_s_total"] = r.busy_s
+        out[f"{prefix}/up_s_total"] = r.up_s
+        out[f"{prefix}/requests_total"] = r.requests
+        out[f"{prefix}/queue_wait_s_total"] = r.queue_wait_s
+        out[f"{prefix}/latency_p95_s"] = r.latency_p95_s
+    return out
 
 
 def run_summary(
