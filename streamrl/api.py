@@ -77,7 +77,9 @@ from streamrl.config import Config, ConfigError, load_config, to_dict
 
 # A reward as ``train`` takes it: a callable (``RewardInput`` -> float), a registered name or
 # ``module:function``, ``(name_or_callable, weight)`` or ``(name_or_callable, weight, args)``,
-# or a mapping with the keys of a config's reward (``name``, ``weight``, ``args``).
+# or a mapping with the keys of a config's reward (``name``, ``weight``, ``args``,
+# ``normalize``, ``label``; or ``model``/``judge`` instead of ``name``: a served reward model
+# or judge, docs/design.md §7c).
 RewardArg = Callable[..., float] | str | tuple[Any, ...] | Mapping[str, Any]
 
 
@@ -113,10 +115,11 @@ def train(
     """Run one job in this process and return how it ended (module doc: the config's
     sources and their order, callables, progress, errors)."""
     console = sys.stdout if console is None else console  # a notebook's, at the call
-    parts = [_reward_parts(i, item) for i, item in enumerate(rewards or [])]
+    served = [dict(item) for item in rewards or [] if _is_served(item)]
+    parts = [_reward_parts(i, item) for i, item in enumerate(rewards or []) if not _is_served(item)]
     if env is not None and not isinstance(env, str | type):
         raise ConfigError(f"env: expected a name or an Environment class, got {env!r}")
-    objects = [("reward", target) for target, _, _ in parts if not isinstance(target, str)]
+    objects = [("reward", target) for target, _, _, _ in parts if not isinstance(target, str)]
     if isinstance(env, type):
         objects.append(("env", env))
     names = callables.register(objects)  # each one pickled: ConfigError if it cannot be
@@ -126,9 +129,9 @@ def train(
     if model is not None:
         extra.append(_override("model.name", os.fspath(model)))
     if rewards is not None or env is not None:
-        named = [(t if isinstance(t, str) else names[id(t)], w, a) for t, w, a in parts]
-        specs = [{"name": n, "weight": w, "args": a} for n, w, a in named]
-        extra.append(_override("rewards", specs))
+        named = [(t if isinstance(t, str) else names[id(t)], w, a, k) for t, w, a, k in parts]
+        specs = [{"name": n, "weight": w, "args": a, **k} for n, w, a, k in named]
+        extra.append(_override("rewards", _in_given_order(rewards or [], specs, served)))
     if env is not None:
         extra.append(_override("env.name", env if isinstance(env, str) else names[id(env)]))
     if name is not None:
@@ -258,14 +261,32 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} {value!r} is not a config value")
 
 
-def _reward_parts(index: int, item: RewardArg) -> tuple[Any, float, dict[str, Any]]:
-    """(a name or a callable, weight, args) of one ``rewards`` item."""
+def _is_served(item: RewardArg) -> bool:
+    """A mapping naming a reward model or a judge: the config checks it as it is."""
+    return isinstance(item, Mapping) and ("model" in item or "judge" in item)
+
+
+def _in_given_order(
+    items: Sequence[RewardArg], rules: list[dict[str, Any]], served: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The rules' and the served rewards' specs back in the order the caller gave them."""
+    rule_specs, served_specs = iter(rules), iter(served)
+    return [next(served_specs) if _is_served(i) else next(rule_specs) for i in items]
+
+
+def _reward_parts(index: int, item: RewardArg) -> tuple[Any, float, dict[str, Any], dict]:
+    """(a name or a callable, weight, args, the other keys given) of one ``rewards`` item."""
     where = f"rewards[{index}]"
+    extra: dict[str, Any] = {}
     if isinstance(item, Mapping):
-        unknown = set(item) - {"name", "weight", "args"}
+        unknown = set(item) - {"name", "weight", "args", "normalize", "label"}
         if "name" not in item or unknown:
-            raise ConfigError(f"{where}: expected the keys name, weight, args; got {sorted(item)}")
+            raise ConfigError(
+                f"{where}: expected the keys name, weight, args, normalize, label (or model or "
+                f"judge for a served reward); got {sorted(item)}"
+            )
         target, weight, args = item["name"], item.get("weight", 1.0), item.get("args", {})
+        extra = {k: item[k] for k in ("normalize", "label") if k in item}
     elif isinstance(item, tuple):
         if not 1 <= len(item) <= 3:
             raise ConfigError(f"{where}: expected (name_or_callable, weight, args), got {item!r}")
@@ -278,7 +299,7 @@ def _reward_parts(index: int, item: RewardArg) -> tuple[Any, float, dict[str, An
         raise ConfigError(f"{where}: the weight must be a number, got {weight!r}")
     if not isinstance(args, Mapping):
         raise ConfigError(f"{where}: args must be a mapping of keyword arguments, got {args!r}")
-    return target, float(weight), dict(args)
+    return target, float(weight), dict(args), extra
 
 
 def _source_text(source: str | os.PathLike[str]) -> str:

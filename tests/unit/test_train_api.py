@@ -43,15 +43,22 @@ def test_a_mapping_config_is_a_yaml_files_contents() -> None:
 
 def test_reward_arguments() -> None:
     fn = _closure(1.0)
-    assert api._reward_parts(0, fn) == (fn, 1.0, {})
-    assert api._reward_parts(1, "numeric_match") == ("numeric_match", 1.0, {})
-    assert api._reward_parts(2, ("numeric_close", 0.5)) == ("numeric_close", 0.5, {})
+    assert api._reward_parts(0, fn) == (fn, 1.0, {}, {})
+    assert api._reward_parts(1, "numeric_match") == ("numeric_match", 1.0, {}, {})
+    assert api._reward_parts(2, ("numeric_close", 0.5)) == ("numeric_close", 0.5, {}, {})
     assert api._reward_parts(3, ("numeric_close", 0.5, {"scale": 5})) == (
         "numeric_close",
         0.5,
         {"scale": 5},
+        {},
     )
-    assert api._reward_parts(4, {"name": "x:y", "weight": 2}) == ("x:y", 2.0, {})
+    assert api._reward_parts(4, {"name": "x:y", "weight": 2}) == ("x:y", 2.0, {}, {})
+    assert api._reward_parts(5, {"name": "x:y", "normalize": "group", "label": "xy"}) == (
+        "x:y",
+        1.0,
+        {},
+        {"normalize": "group", "label": "xy"},
+    )
     for bad, why in (
         (3, "rewards\\[0\\]: expected a callable"),
         (("numeric_match", "heavy"), "weight must be a number"),
@@ -61,6 +68,14 @@ def test_reward_arguments() -> None:
     ):
         with pytest.raises(ConfigError, match=why):
             api._reward_parts(0, bad)
+
+
+def test_served_rewards_keep_their_place_among_the_rules() -> None:
+    served = {"model": "runs/rm", "weight": 0.5, "normalize": "running"}
+    items = ["numeric_match", served, ("numeric_close", 0.5)]
+    rules = [{"name": "numeric_match"}, {"name": "numeric_close"}]
+    assert api._is_served(served) and not api._is_served("numeric_match")
+    assert api._in_given_order(items, rules, [served]) == [rules[0], served, rules[1]]
 
 
 def test_callables_get_stable_unique_names_and_resolve_by_them() -> None:
