@@ -55,6 +55,8 @@ class Sampler:
         )
         self.served = [i for i, r in enumerate(config.rewards) if r.served]
         self.rules = [i for i, r in enumerate(config.rewards) if not r.served]
+        # One rule, unnormalised: the reward is its weighted score, as it always was.
+        self.plain = self.mix.plain and not self.served
         self.episodes = EpisodeRunner(config, tokenizer) if config.env.name else None
         self.params = SamplingParams(
             temperature=gen.temperature,
@@ -121,7 +123,7 @@ class Sampler:
         then record the group's outcome for the difficulty sampler. An episode's reward is
         its environment's, as it came."""
         trajectories = group.trajectories
-        if self.episodes is None and not self.mix.plain:
+        if self.episodes is None and not self.plain:
             parts: list[list[float | None]] = [
                 [t.reward_parts[i] for t in trajectories] for i in range(len(self.config.rewards))
             ]
@@ -154,7 +156,7 @@ class Sampler:
             prompt = prompts[row // size]
             text = self.tokenizer.decode(out.response_ids, skip_special_tokens=True)
             sample = RewardInput.of(prompt, text, out.response_ids, out.finish_reason)
-            if self.mix.plain:  # one rule, unnormalised: its weighted score, as ever
+            if self.plain:  # one rule, unnormalised: its weighted score, as ever
                 reward, parts = self.reward(sample), []
             else:  # every reward's score, in config order; served ones come later (NaN)
                 reward, parts = float("nan"), [float("nan")] * len(self.config.rewards)

@@ -21,7 +21,7 @@ JUDGE = (
     "yes_tokens: ['1'], no_tokens: ['0'], min_verdict_mass: 0.0}, weight: 0.5, "
     "normalize: group}"
 )
-MODEL = "{model: tiny-random-reward, weight: 0.25, normalize: running, label: rm}"
+MODEL = "{model: tiny-random-reward, label: rm}"
 
 
 def _run(tmp_path: Path, rewards: str, *more: str) -> tuple[str, dict, Path]:
@@ -68,14 +68,19 @@ def test_a_judge_beside_a_rule_scores_every_group_once_and_weights_them(tmp_path
     assert_nothing_lost(summary, run_dir)
 
 
-def test_a_reward_model_scores_a_real_run(tmp_path: Path) -> None:
-    out, summary, run_dir = _run(tmp_path, f"{RULE}, {MODEL}")
+def test_a_reward_model_alone_scores_a_real_run(tmp_path: Path) -> None:
+    """The RLHF shape: the reward model's score is the reward (no rule beside it)."""
+    out, summary, run_dir = _run(tmp_path, MODEL)
     assert summary["version"] == 4
     (role,) = summary["scoring"]["roles"]
     assert role["label"] == "rm" and role["identity"].startswith("rm@")
     assert role["unparsable"] == 0 and role["failures"] == 0
-    for group in _logged(run_dir):
+    groups = _logged(run_dir)
+    assert groups
+    for group in groups:
         assert group.scorers == [role["identity"]]
-        assert all(math.isfinite(t.reward_parts[1]) for t in group.trajectories)
-    assert all("eval/reward/rm" in e for e in summary["eval"])
+        for t in group.trajectories:
+            assert math.isfinite(t.reward) and t.reward == t.reward_parts[0]
+    assert len({t.reward for g in groups for t in g.trajectories}) > 1  # scores, not zeros
+    assert all("eval/reward/rm" in e and "eval/accuracy" not in e for e in summary["eval"])
     assert_nothing_lost(summary, run_dir)
