@@ -617,6 +617,14 @@ def _finalize(config: Config) -> Config:
             )
             for i, r in enumerate(config.rewards)
         ),
+        *(
+            (
+                r.judge is None or "{response}" in r.judge.template,
+                f"rewards[{i}].judge.template must show the judge the response: put "
+                "{response} in it (and {prompt}, {ground_truth} if it needs them)",
+            )
+            for i, r in enumerate(config.rewards)
+        ),
         (config.env.max_turns >= 1, "env.max_turns must be >= 1"),
         (config.env.max_tokens >= 1, "env.max_tokens must be >= 1"),
         (config.env.step_timeout_s > 0, "env.step_timeout_s must be > 0"),
@@ -786,7 +794,11 @@ def _pretty_validation(message: str) -> str:
     if unknown:
         key, section = unknown.groups()
         return f"unknown key `{section + '.' if section else ''}{key}`"
-    return message.replace("`$.", "`").replace("`$`", "`<root>`")
+    message = message.replace("`$.", "`").replace("`$`", "`<root>`")
+    if message.startswith("Expected `str` - at `key` in"):
+        # YAML 1.1 reads yes/no/on/off/true/false keys as booleans, numbers as numbers.
+        message += " (a key YAML reads as a boolean or a number: yes, no, on, off, 1; quote it)"
+    return message
 
 
 def to_yaml(config: Config) -> str:
