@@ -11,7 +11,6 @@ over-optimisation of the reward model (docs/design.md §7c, README "RLHF").
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from run_waits import read_metrics
