@@ -232,9 +232,12 @@ class ScoringConfig(_Section):
     gpus_per_role: float = 0.0
     # torch threads of each reward role (0 = the cores it is pinned to, else a share).
     threads: int = 0
-    # Under placement.pin_cpus, whose cores reward roles share: the learners' (default: on
-    # most CPUs the generator sets the pace, and scoring must not slow it) or the generators'.
-    cores: Literal["learner", "generator"] = "learner"
+    # Under placement.pin_cpus, whose cores reward roles share: the generators' (default) or
+    # the learners'. Give scoring the side that waits: on the default job on an AVX512 EPYC
+    # (2 cores, learner-bound) a SmolLM2 reward model cost 14% of async samples/s on the
+    # generator's core and 39% on the learner's (README, "Rewards from models"); where the
+    # generator sets the pace (AMX), try "learner".
+    cores: Literal["learner", "generator"] = "generator"
 
 
 class EnvConfig(_Section):
