@@ -113,9 +113,9 @@ class MetricsLog:
             )
         else:
             rules = (  # absent when every reward is served (a reward model, a judge)
-                f"| accuracy {metrics['eval/accuracy']:.3f} "
-                f"| reward {metrics['eval/reward_mean']:.3f} "
-                if "eval/accuracy" in metrics
+                f"| accuracy {metrics.get('eval/accuracy', 0.0):.3f} "
+                f"| reward {metrics.get('eval/reward_mean', 0.0):.3f} "
+                if "eval/accuracy" in metrics or "eval/reward_mean" in metrics
                 else ""
             )
             served = "".join(  # the served rewards' mean scores (docs/design.md §7c)
