@@ -14,6 +14,8 @@
 - ``roles``: one typed id and slot per started role; role health for ``/status``.
 - ``supervisor``: generators replaced when dead or silent, added and retired on demand.
 - ``recovery``: buffer shards and the learner group started, and restarted when one dies.
+- ``reward_roles``: the reward roles of served rewards (reward models, judges) started before
+  the generators, and restarted on their ports when one dies (docs/design.md §7c).
 - ``processes``: a process named by pid and start time, so a reused pid is never signalled.
 - ``records``/``drops``: the step records, the summary and the console's lines; the warning
   when every group is being dropped.
