@@ -35,19 +35,21 @@ if TYPE_CHECKING:  # the parts a report reads; they never import this module's u
 
 class HeartbeatThread:
     """A ``Heartbeat`` every ``every_s`` from a daemon thread with its own socket (ZeroMQ
-    sockets are not thread-safe): the supervisor replaces a generator that goes silent."""
+    sockets are not thread-safe): the supervisor replaces a generator (or a reward role,
+    ``role="reward role"``) that goes silent."""
 
     def __init__(
         self,
         ctx: zmq.Context,
         endpoint: str,
-        generator_id: int,
+        index: int,
         incarnation: int,
         every_s: float = 1.0,
+        role: str = "generator",
     ) -> None:
         self.sock = make_socket(ctx, zmq.PUSH, sndhwm=4)
         self.sock.connect(endpoint)
-        self.beat = Heartbeat("generator", generator_id, incarnation, 0.0)
+        self.beat = Heartbeat(role, index, incarnation, 0.0)
         self.every_s = every_s
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="heartbeat")

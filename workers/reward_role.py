@@ -33,6 +33,7 @@ from streamrl.protocol import RewardRoleReport, ScoreReply, ScoreRequest
 from streamrl.role_specs import RewardRoleSpec
 from streamrl.scorer import ScoreItem, Scorer
 from streamrl.transport import DECODE_ERRORS, bind_random, make_socket, resolve_host
+from streamrl.workers.generator_reports import HeartbeatThread
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +79,14 @@ class RewardRole:
         torch.set_num_threads(threads)
         self.ctx = zmq.Context()
         self.router = make_socket(self.ctx, zmq.ROUTER, rcvhwm=10_000, sndhwm=10_000)
-        host = resolve_host(spec.bind_host)
-        self.endpoint = bind_random(self.router, host, f"reward role {spec.index}", spec.port)
+        self.endpoint = _bind(self.router, resolve_host(spec.bind_host), spec.index, spec.port)
         self.reports = make_socket(self.ctx, zmq.PUSH, sndhwm=16)
         self.reports.connect(spec.report_endpoint)
+        # First, before the scorer loads: the controller hears this process from the start,
+        # and replaces it when it goes silent (SIGSTOP, a wedged forward) as when it dies.
+        self.heartbeat = HeartbeatThread(
+            self.ctx, spec.report_endpoint, spec.index, spec.incarnation, role="reward role"
+        )
         started = time.monotonic()
         self.scorer = make_scorer(config, self.reward, Path(spec.model_dir), config.run.seed)
         log.info(
@@ -196,10 +201,27 @@ class RewardRole:
         self._stop.set()
 
     def close(self) -> None:
+        self.heartbeat.stop()
         shutdown = getattr(self.scorer, "shutdown", None)
         if shutdown is not None:  # a judge's vLLM engine
             shutdown()
         self.ctx.destroy(linger=0)
+
+
+BIND_RETRY_S = 30.0  # a restarted role's predecessor may hold its port a moment longer
+
+
+def _bind(router: zmq.Socket, host: str, index: int, port: int) -> str:
+    """Bind the role's ROUTER on ``port`` (0: any), waiting while the port is still held: a
+    killed predecessor (ray.kill is asynchronous) releases it when its process is gone."""
+    deadline = time.monotonic() + BIND_RETRY_S
+    while True:
+        try:
+            return bind_random(router, host, f"reward role {index}", port)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or not port or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _finite_or_none(score: float | None) -> float | None:

@@ -6,6 +6,7 @@ generators, restarted when it dies.
 | ``serve()`` ended with an error (kill -9)    | start it again on the same port; its epoch     |
 |                                              | rises in admission replies, and generators     |
 |                                              | send what was in flight to it again            |
+| no heartbeat for ``run.heartbeat_timeout_s`` | kill it (SIGSTOP too), start it again as above |
 | more restarts than ``run.max_restarts``      | the run fails with a line naming it            |
 | the run stops                                | asked to stop after the generators left        |
 
@@ -16,6 +17,7 @@ loop then drains the reports queued meanwhile, as after a learner restart.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from streamrl.config import Config
@@ -26,6 +28,7 @@ from streamrl.controller.rundir import RunError, last_line
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 600.0  # loading a reward model (a hub download included)
+FIRST_BEAT_GRACE_S = 60.0  # a fresh actor process imports torch before its first heartbeat
 
 
 def resolve_scorer_models(config: Config) -> dict[int, str]:
@@ -99,17 +102,23 @@ class RewardPool:
         ctx, restarted = self.ctx, False
         if ctx.state.stop:
             return False
+        now = time.time()
         for index, slot in list(self.slots.items()):
             if slot.run_ref is None:
                 continue
             done, _ = ray.wait([slot.run_ref], timeout=0)
-            if not done:
-                continue
-            try:
-                ray.get(slot.run_ref)
-                failure = "exited early"
-            except ray.exceptions.RayError as exc:
-                failure = last_line(exc)
+            if done:
+                try:
+                    ray.get(slot.run_ref)
+                    failure = "exited early"
+                except ray.exceptions.RayError as exc:
+                    failure = last_line(exc)
+            else:
+                heard = ctx.state.last_seen.get(str(RoleId.reward(index)))
+                silent_for = now - (heard or slot.started_at + FIRST_BEAT_GRACE_S)
+                if silent_for <= ctx.config.run.heartbeat_timeout_s:
+                    continue
+                failure = f"no heartbeat for {silent_for:.0f} s"
             self.restart(index, failure)
             restarted = True
         return restarted
@@ -119,6 +128,8 @@ class RewardPool:
         restarts = ctx.count_restart(str(role), failure)
         ctx.roles.kill(role)
         ctx.roles.forget(role)
+        with ctx.state.lock:  # not heard from yet: its grace starts when it is launched
+            ctx.state.last_seen.pop(str(role), None)
         incarnation = restarts
         slot = self._launch(index, incarnation)
         self._ready(index, slot)

@@ -421,8 +421,13 @@ class RunState:
         self.ended.append(report)
 
     def heartbeat(self, beat: Heartbeat) -> None:
-        """A generator's heartbeat; one from a replaced incarnation is ignored."""
+        """A generator's or a reward role's heartbeat; one from a replaced incarnation is
+        ignored."""
         with self.lock:
+            if beat.role == "reward role":
+                if beat.incarnation >= self.scorer_epochs.get(beat.index, 0):
+                    self.last_seen[f"reward role {beat.index}"] = beat.time
+                return
             health = self.health.get(beat.index)
             if health is not None and health.incarnation == beat.incarnation:
                 self.last_seen[f"generator {beat.index}"] = beat.time

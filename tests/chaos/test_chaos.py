@@ -305,10 +305,14 @@ def test_evaluations_across_a_learner_restart_are_of_live_weights_once_each(
     print(f"evaluations on the live timeline: {[(r['epoch'], r['requested']) for r in live]}")
 
 
-def test_a_killed_reward_role_restarts_and_every_group_is_scored_once(tmp_path: Path) -> None:
-    """A judge's reward role killed with -9 mid-run: started again on its port, the
-    generators send it what was in flight, and the run finishes with every logged group
-    scored exactly once (one scorer identity each), none refused, nothing lost."""
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["kill-9", "sigstop"])
+def test_a_lost_reward_role_restarts_and_every_group_is_scored_once(
+    tmp_path: Path, how: int
+) -> None:
+    """A judge's reward role killed with -9 (or SIGSTOPped: its heartbeats stop) mid-run:
+    started again on its port, the generators send it what was in flight, and the run
+    finishes with every logged group scored exactly once (one scorer identity each), none
+    refused, nothing lost."""
     run_dir = tmp_path / "run"
     judge = (
         "{judge: {model: tiny-random-llama, template: 'Q {prompt} A {response}', "
@@ -318,11 +322,13 @@ def test_a_killed_reward_role_restarts_and_every_group_is_scored_once(tmp_path: 
     rule = "{name: target_token_share, args: {token_id: 27}}"
     proc = _launch(run_dir, f"rewards=[{rule}, {judge}]")
     with killed_on_error(proc):
-        victim = _kill_at_random_step(run_dir, proc, "reward role 1", signal.SIGKILL)
+        victim = _kill_at_random_step(run_dir, proc, "reward role 1", how)
     out, summary = finish_run(proc, run_dir)
     assert summary["version"] == STEPS
     assert summary["restarts"] == {"reward role 1": 1}
     assert "reward role 1 (judge-tiny-random-llama):" in out and "restarted (restart 1/3)" in out
+    (restart,) = events(run_dir, "restart")
+    assert ("no heartbeat" if how == signal.SIGSTOP else "") in restart["failure"]
     assert not alive(victim)
     (role,) = summary["scoring"]["roles"]
     assert role["incarnation"] == 1
