@@ -38,6 +38,8 @@ PEER_ARMS = ("trl",)
 # Each arm's own keys. η is buffer.max_staleness; the async arms keep the config's default
 # off-policy correction unless they say otherwise.
 ARMS: dict[str, list[str]] = {
+    # The colocated synchronous baseline: nothing pinned (placement.pin_cpus is off unless the
+    # config sets it), each phase on every core while the other waits (streamrl.cores).
     "sync": ["run.mode=sync"],
     "async-eta1": ["run.mode=async", "buffer.max_staleness=1"],
     "async-eta2": ["run.mode=async", "buffer.max_staleness=2"],

@@ -1,9 +1,16 @@
 """``streamrl bench throughput``: synchronous against asynchronous mode, steady state only.
 
-The same config runs once with ``--mode sync`` and once async at each ``max_staleness`` (η),
-each through ``streamrl launch`` in its own process, on the same placement: on CPU, learner
-ranks and generators are pinned to disjoint cores (``placement.pin_cpus``), the way separate
-GPU pools are; on GPU, each role has its own device. Held-out evaluation is off.
+The same config runs in sync mode twice and async at each ``max_staleness`` (η), each through
+``streamrl launch`` in its own process. Two synchronous baselines:
+
+- **split** (``sync``): the async placement. On CPU, learner ranks and generators are pinned
+  to disjoint cores (``placement.pin_cpus``), the way separate GPU pools are; on GPU, each
+  role has its own device. Each phase idles the other's resources.
+- **colocated** (``sync-colocated``, CPU only): nothing pinned, so each phase runs on every
+  core while the other waits (``streamrl.cores``), as a colocated synchronous trainer does
+  (verl's hybrid engine, TRL). The stronger baseline, and the headline.
+
+Async runs on the split placement. Held-out evaluation is off.
 
 Every figure comes from the run's ``metrics.jsonl`` over a window that skips ``warmup``
 steps (process start, model load and, in async mode, the η batches generated before the
@@ -16,9 +23,11 @@ first step) and spans the ``steps`` after it:
   waiting for a weight version, and paused applying weights;
 - the staleness histogram and weight bytes published per step.
 
-From the sync run, T_gen and T_train per step (each role's busy seconds per step: in sync mode
-each runs alone) give the ideal speedup ``(T_gen + T_train) / max(T_gen, T_train)``;
-efficiency = measured async/sync ÷ ideal.
+From the split sync run, T_gen and T_train per step (each role's busy seconds per step: in sync
+mode each runs alone) give the ideal speedup ``(T_gen + T_train) / max(T_gen, T_train)``;
+efficiency = measured async/sync ÷ ideal. Against the colocated baseline the ideal is
+``(T_gen' + T_train') / max(T_gen, T_train)``, with T' the colocated run's (each phase on every
+core) and the denominator async's best step on the split placement.
 """
 
 from __future__ import annotations
@@ -37,14 +46,18 @@ class BenchError(RuntimeError):
     """A benchmark that cannot run or measures nothing; the message is one line."""
 
 
+COLOCATED = "sync-colocated"  # the colocated synchronous baseline's mode and run name
+
+
 def mode_overrides(mode: str, eta: int, steps: int, warmup: int, out: Path) -> list[str]:
-    """What every benchmarked run shares, beside the user's overrides."""
-    name = "sync" if mode == "sync" else f"async-eta{eta}"
+    """What every benchmarked run shares, beside the user's overrides. ``mode``: sync,
+    sync-colocated or async."""
+    name = mode if mode != "async" else f"async-eta{eta}"
     return [
         f"run.output_dir={out / 'runs'}",
         f"run.name={name}",
         "run.overwrite=true",
-        f"run.mode={mode}",
+        f"run.mode={'sync' if mode == COLOCATED else mode}",
         f"run.max_steps={warmup + steps}",
         f"buffer.max_staleness={eta}",
         "eval.every=0",
@@ -52,7 +65,7 @@ def mode_overrides(mode: str, eta: int, steps: int, warmup: int, out: Path) -> l
         "eval.patience=0",
         "run.stop_when_starved_s=0",
         "logging.progress=false",
-        "placement.pin_cpus=true",
+        f"placement.pin_cpus={'false' if mode == COLOCATED else 'true'}",
     ]
 
 
@@ -77,7 +90,7 @@ def run_mode(
             raise BenchError(f"the {name} run failed: see {log.name}")
     lines = (out / "runs" / name / "metrics.jsonl").read_text().splitlines()
     result = measure(live_records([json.loads(line) for line in lines]), warmup, config)
-    result.update(mode=mode, eta=0 if mode == "sync" else eta, name=name)
+    result.update(mode=mode, eta=eta if mode == "async" else 0, name=name)
     return result
 
 
@@ -202,24 +215,40 @@ def check_weights_move(result: dict[str, Any]) -> None:
 
 
 def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """async/sync per η against the ideal from the sync run's T_gen and T_train."""
+    """async/sync per η against the ideal from the split sync run's T_gen and T_train, and,
+    when it ran, against the colocated sync run (module doc)."""
     sync = next(r for r in results if r["mode"] == "sync")
     t_gen, t_train = sync["t_gen_per_step_s"], sync["t_train_per_step_s"]
-    ideal = (t_gen + t_train) / max(t_gen, t_train, 1e-9)
+    slowest = max(t_gen, t_train, 1e-9)
+    ideal = (t_gen + t_train) / slowest
+    colocated = next((r for r in results if r["mode"] == COLOCATED), None)
+    ideal_colocated = None
+    if colocated is not None:
+        step = colocated["t_gen_per_step_s"] + colocated["t_train_per_step_s"]
+        ideal_colocated = step / slowest
     rows = []
     for r in results:
-        if r["mode"] == "sync":
+        if r["mode"] != "async":
             continue
         ratio = r["samples_per_s"] / sync["samples_per_s"]
-        rows.append(
-            {
-                "eta": r["eta"],
-                "async_over_sync": ratio,
-                "efficiency": ratio / ideal,
-                "generator_busy": r["generator_busy"],
-            }
+        row = {
+            "eta": r["eta"],
+            "async_over_sync": ratio,
+            "efficiency": ratio / ideal,
+            "generator_busy": r["generator_busy"],
+        }
+        if colocated is not None and ideal_colocated is not None:
+            row["async_over_colocated"] = r["samples_per_s"] / colocated["samples_per_s"]
+            row["efficiency_colocated"] = row["async_over_colocated"] / ideal_colocated
+        rows.append(row)
+    out = {"t_gen_s": t_gen, "t_train_s": t_train, "ideal": ideal, "async": rows}
+    if colocated is not None:
+        out.update(
+            t_gen_colocated_s=colocated["t_gen_per_step_s"],
+            t_train_colocated_s=colocated["t_train_per_step_s"],
+            ideal_colocated=ideal_colocated,
         )
-    return {"t_gen_s": t_gen, "t_train_s": t_train, "ideal": ideal, "async": rows}
+    return out
 
 
 def placement_text(config: Config) -> str:
@@ -273,7 +302,10 @@ def bench_throughput(
         flush=True,
     )
     results = []
-    for mode, eta in [("sync", 0), *(("async", e) for e in etas)]:
+    # The colocated baseline is a CPU one: on GPUs each role keeps its own device.
+    on_cpu = config.learner.device == "cpu" and config.generator.device == "cpu"
+    baselines = [("sync", 0), *([(COLOCATED, 0)] if on_cpu else [])]
+    for mode, eta in [*baselines, *(("async", e) for e in etas)]:
         result = run_mode(config_path, overrides, mode, eta, steps, warmup, out)
         if mode == "sync":
             check_weights_move(result)
@@ -315,14 +347,27 @@ def bench_throughput(
     except ImportError:  # matplotlib is a dev extra: the figures are in report.md either way
         print("matplotlib is not installed: no PNGs", file=console)
     print(
-        f"ideal async/sync {comparison['ideal']:.2f}x (T_gen {comparison['t_gen_s']:.2f} s, "
-        f"T_train {comparison['t_train_s']:.2f} s per step)",
+        f"ideal async/sync (split) {comparison['ideal']:.2f}x (T_gen "
+        f"{comparison['t_gen_s']:.2f} s, T_train {comparison['t_train_s']:.2f} s per step)",
         file=console,
     )
-    for row in comparison["async"]:
+    if "ideal_colocated" in comparison:
         print(
-            f"async η={row['eta']}: {row['async_over_sync']:.2f}x sync, efficiency "
-            f"{row['efficiency']:.2f} of ideal (target 0.9), generator busy "
+            f"ideal async/sync (colocated) {comparison['ideal_colocated']:.2f}x (T_gen "
+            f"{comparison['t_gen_colocated_s']:.2f} s, T_train "
+            f"{comparison['t_train_colocated_s']:.2f} s per step on every core)",
+            file=console,
+        )
+    for row in comparison["async"]:
+        against_colocated = (
+            f"; {row['async_over_colocated']:.2f}x colocated sync, efficiency "
+            f"{row['efficiency_colocated']:.2f}"
+            if "async_over_colocated" in row
+            else ""
+        )
+        print(
+            f"async η={row['eta']}: {row['async_over_sync']:.2f}x split sync, efficiency "
+            f"{row['efficiency']:.2f} of ideal (target 0.9){against_colocated}; generator busy "
             f"{100 * row['generator_busy']:.0f}% (target 90%)",
             file=console,
         )

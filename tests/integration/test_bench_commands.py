@@ -36,7 +36,7 @@ def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_bench_throughput_measures_both_modes_on_pinned_cores(bench_dir: Path) -> None:
     report = json.loads((bench_dir / "results.json").read_text())
     modes = {r["name"]: r for r in report["results"]}
-    assert set(modes) == {"sync", "async-eta1"}
+    assert set(modes) == {"sync", "sync-colocated", "async-eta1"}
     for r in modes.values():
         assert r["steps"] == 3 and r["samples_per_s"] > 0 and r["generated_tokens_per_s"] > 0
         assert 0 < r["generator_busy"] <= 1.5 and 0 < r["learner_busy"] <= 1.0
@@ -54,6 +54,11 @@ def test_bench_throughput_measures_both_modes_on_pinned_cores(bench_dir: Path) -
         log = (bench_dir / "runs" / "sync" / "logs" / "generator-0.log").read_text()
         assert "pinned to cores" in log
     assert report["comparison"]["ideal"] >= 1.0
+    # The colocated baseline: nothing pinned, so each phase has every core.
+    colocated_log = (bench_dir / "runs" / "sync-colocated" / "logs" / "generator-0.log")
+    assert "pinned to cores" not in colocated_log.read_text()
+    assert "async_over_colocated" in report["comparison"]["async"][0]
+    assert "| sync (colocated) |" in (bench_dir / "report.md").read_text()
     for name in ("report.md", "throughput.png", "utilisation.png", "reward.png"):
         assert (bench_dir / name).stat().st_size > 0
     assert "| async η=1 |" in (bench_dir / "report.md").read_text()
