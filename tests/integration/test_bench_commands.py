@@ -55,7 +55,7 @@ def test_bench_throughput_measures_both_modes_on_pinned_cores(bench_dir: Path) -
         assert "pinned to cores" in log
     assert report["comparison"]["ideal"] >= 1.0
     # The colocated baseline: nothing pinned, so each phase has every core.
-    colocated_log = (bench_dir / "runs" / "sync-colocated" / "logs" / "generator-0.log")
+    colocated_log = bench_dir / "runs" / "sync-colocated" / "logs" / "generator-0.log"
     assert "pinned to cores" not in colocated_log.read_text()
     assert "async_over_colocated" in report["comparison"]["async"][0]
     assert "| sync (colocated) |" in (bench_dir / "report.md").read_text()
