@@ -241,7 +241,7 @@ def _validate(args: argparse.Namespace) -> int:
         model_dir = check_model(config.model.name, revision=config.model.revision)
         for reward in config.rewards:  # served rewards' models (docs/design.md §7c)
             if reward.served:
-                check_model(reward.model or reward.judge.model)  # type: ignore[union-attr]
+                check_model(reward.served_model)
     except ModelNotFoundError as exc:
         print(f"streamrl: {exc}", file=sys.stderr)
         return 2
@@ -305,7 +305,7 @@ def _rm_train(args: argparse.Namespace) -> int:
 
     from transformers.utils import logging as hf_logging
 
-    from streamrl.reward_model import read_pairs, train_reward_model
+    from streamrl.reward_model import accuracy_text, read_pairs, train_reward_model
 
     pairs = read_pairs(Path(args.pairs))
     hf_logging.set_verbosity_error()  # the new head's load report: printed below in a line
@@ -324,8 +324,7 @@ def _rm_train(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         log=lambda line: print(line, flush=True),
     )
-    accuracy = figures["accuracy_after"]
-    shown = "n/a (no held-out pairs)" if accuracy is None else f"{accuracy:.3f}"
+    shown = accuracy_text(figures["accuracy_after"])
     print(f"wrote {args.out} in {figures['seconds']:.0f} s: held-out pairwise accuracy {shown}")
     return 0
 

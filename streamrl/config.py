@@ -206,12 +206,17 @@ class RewardSpec(_Section):
         """Scored by a reward role (a model or a judge), not in the generator."""
         return self.kind != "rule"
 
+    @property
+    def served_model(self) -> str:
+        """The model a reward role loads: the reward model's, or the judge's; "" for a rule."""
+        return self.model or (self.judge.model if self.judge is not None else "")
+
     def display_name(self) -> str:
         if self.label:
             return self.label
         if self.kind == "rule":
             return self.name
-        source = self.model if self.model else self.judge.model  # type: ignore[union-attr]
+        source = self.served_model
         stem = source.rstrip("/").rsplit("/", 1)[-1] or source
         return f"{'rm' if self.kind == 'model' else 'judge'}-{stem}"
 

@@ -267,7 +267,7 @@ def _figures(samples: list[dict[str, Any]], config: Config, prompts: int, versio
         "eval/prompts": float(prompts),
         "eval/version": float(version),
     }
-    if not any(not spec.served for spec in config.rewards):
+    if all(spec.served for spec in config.rewards):
         # No rule: the rules' reward and accuracy mean nothing (the served rewards' view is
         # ``eval/reward/<label>``, the generator's); the exact check is the true accuracy.
         del figures["eval/reward_mean"], figures["eval/accuracy"]

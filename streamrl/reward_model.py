@@ -282,9 +282,8 @@ def pairs_from_run(
                 scored[t.response_text] = float(rule(sample, **kwargs))
         candidates = [(a, b) for a, sa in scored.items() for b, sb in scored.items() if sa > sb]
         rng.shuffle(candidates)
-        question = prompt.messages[-1]["content"] if prompt.messages else ""
         for chosen, rejected in candidates[:max_per_group]:
-            pair = Pair(question, chosen, rejected)
+            pair = Pair(prompt.question, chosen, rejected)
             if pair not in kept:
                 kept.add(pair)
                 pairs.append(pair)
@@ -355,7 +354,7 @@ def train_reward_model(
         f"{len(train)} pairs to train on, {len(held)} held out"
     )
     before = _accuracy(model, held, pad_id, batch_size * 2)
-    log(f"held-out pairwise accuracy before: {_shown(before)}")
+    log(f"held-out pairwise accuracy before: {accuracy_text(before)}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     steps, step = epochs * math.ceil(len(train) / batch_size), 0
     model.train()
@@ -369,7 +368,7 @@ def train_reward_model(
                 elapsed = time.monotonic() - started
                 log(f"epoch {epoch} step {step}/{steps}: loss {losses[-1]:.4f} ({elapsed:.0f} s)")
     after = _accuracy(model.eval(), held, pad_id, batch_size * 2)
-    log(f"held-out pairwise accuracy after: {_shown(after)}")
+    log(f"held-out pairwise accuracy after: {accuracy_text(after)}")
     figures = {
         "base": base, "pairs_train": len(train), "pairs_held_out": len(held),
         "accuracy_before": before, "accuracy_after": after,
@@ -417,7 +416,8 @@ def _accuracy(
     return sum(c > r for c, r in zip(scored[:n], scored[n:], strict=True)) / n
 
 
-def _shown(accuracy: float | None) -> str:
+def accuracy_text(accuracy: float | None) -> str:
+    """A held-out pairwise accuracy as ``rm train`` prints it."""
     return "n/a (no held-out pairs)" if accuracy is None else f"{accuracy:.3f}"
 
 

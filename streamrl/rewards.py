@@ -52,13 +52,12 @@ class RewardInput:
     ) -> RewardInput:
         """What a reward sees of one response to ``prompt`` (a ``data.Prompt``): training and
         evaluation build it here alike, the question included (``equation_form`` reads it)."""
-        question = prompt.messages[-1]["content"] if prompt.messages else ""
         return cls(
             text,
             response_ids,
             prompt.ground_truth,
             prompt.data_source,
-            question,
+            prompt.question,
             finish_reason=finish_reason,
             metadata=getattr(prompt, "metadata", None),
         )

@@ -253,7 +253,7 @@ class Generator:
 
     def _figures(self) -> GeneratorReport:
         pushed, timers = self.pushers.groups_pushed, self.reporting.timers
-        scoring = self.scoring.figures if self.scoring is not None else None
+        scoring = self.scoring.snapshot() if self.scoring is not None else None
         return generator_report(
             self.generator_id,
             self.incarnation,
@@ -317,7 +317,7 @@ class Generator:
         from streamrl.protocol import ScoreItemWire
 
         assert self.scoring is not None and self.eval_set is not None
-        questions = {p.prompt_id: p.messages[-1]["content"] for p in self.eval_set}
+        questions = {p.prompt_id: p.question for p in self.eval_set}
         items = [
             ScoreItemWire(questions.get(s["prompt_id"], ""), s["response"], s["ground_truth"])
             for s in result.samples

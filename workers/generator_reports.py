@@ -154,5 +154,5 @@ def generator_report(
         outcome_indices=[index for index, _ in sampler.outcomes],
         outcome_flat=[flat for _, flat in sampler.outcomes],
         outcomes_total=sampler.outcomes_total,
-        scoring=msgspec.structs.replace(scoring) if scoring else ScoringFigures(),
+        scoring=scoring if scoring is not None else ScoringFigures(),
     )

@@ -32,7 +32,7 @@ from streamrl.hardware import resolve_compute_dtype
 from streamrl.protocol import RewardRoleReport, ScoreReply, ScoreRequest
 from streamrl.role_specs import RewardRoleSpec
 from streamrl.scorer import ScoreItem, Scorer
-from streamrl.transport import DECODE_ERRORS, bind_random, make_socket, resolve_host
+from streamrl.transport import Codec, bind_random, make_socket, resolve_host
 from streamrl.workers.generator_reports import HeartbeatThread
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,7 @@ LATENCY_WINDOW = 256  # requests the latency percentiles are taken over
 def make_scorer(config: Config, reward: RewardSpec, model_dir: Path, seed: int = 0) -> Scorer:
     """The reward model or judge that ``reward`` names, on ``scoring.device``."""
     device = config.scoring.device
-    dtype = resolve_compute_dtype(config.model.compute_dtype, device)
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    dtype = getattr(torch, resolve_compute_dtype(config.model.compute_dtype, device))
     label = reward.display_name()
     if reward.kind == "model":
         from streamrl.reward_model import RewardModelScorer
@@ -96,8 +95,7 @@ class RewardRole:
             time.monotonic() - started,
             threads,
         )
-        self.decoder = msgspec.msgpack.Decoder(ScoreRequest)
-        self.encoder = msgspec.msgpack.Encoder()
+        self.codec: Codec[ScoreRequest] = Codec(ScoreRequest, f"reward role {spec.index}")
         self.queue: deque[_Pending] = deque()
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
         self.figures = RewardRoleReport(
@@ -133,17 +131,11 @@ class RewardRole:
                 frames = self.router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if len(frames) != 2:
-                self.figures.malformed += 1
+            routed = self.codec.decode_routed(frames)  # a malformed one: counted, dropped
+            if routed is None:
                 continue
-            try:
-                request = self.decoder.decode(frames[1])
-            except DECODE_ERRORS:
-                if not self.figures.malformed:
-                    log.warning("reward role %d: a malformed request dropped", self.spec.index)
-                self.figures.malformed += 1
-                continue
-            self.queue.append(_Pending(frames[0], request, time.monotonic()))
+            peer, request = routed
+            self.queue.append(_Pending(peer, request, time.monotonic()))
             self.figures.requests += 1
 
     def _score_batch(self) -> None:
@@ -180,7 +172,7 @@ class RewardRole:
             part = [] if error else [_finite_or_none(s) for s in scores[offset : offset + n]]
             offset += n
             reply = ScoreReply(pending.request.request_id, part, self.scorer.identity, error)
-            self.router.send_multipart([pending.peer, self.encoder.encode(reply)])
+            self.router.send_multipart([pending.peer, self.codec.encode(reply)])
             self.latencies.append(done - pending.received)
 
     def _report(self) -> None:
@@ -188,12 +180,13 @@ class RewardRole:
         figures.time = time.time()
         figures.up_s = time.monotonic() - self.ready_at
         figures.queue_depth = len(self.queue)
+        figures.malformed = self.codec.malformed_total
         if self.latencies:
             ordered = sorted(self.latencies)
             figures.latency_p50_s = ordered[len(ordered) // 2]
             figures.latency_p95_s = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
         try:
-            self.reports.send(self.encoder.encode(figures), zmq.NOBLOCK)
+            self.reports.send(self.codec.encode(figures), zmq.NOBLOCK)
         except zmq.Again:  # the controller is behind: the next report carries the totals
             pass
 

@@ -111,8 +111,7 @@ class Sampler:
 
     def question(self, group: TrajectoryGroup) -> str:
         """The question a group answers (what its served scorers are shown)."""
-        prompt = self.prompts[group.prompt_index]
-        return prompt.messages[-1]["content"] if prompt.messages else ""
+        return self.prompts[group.prompt_index].question
 
     def settle(
         self, group: TrajectoryGroup, served: dict[int, tuple[list[float | None], str]]

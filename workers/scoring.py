@@ -43,6 +43,7 @@ from streamrl.protocol import (
     ScoringFigures,
     TrajectoryGroup,
 )
+from streamrl.transport import Codec, make_socket
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +85,13 @@ class GroupScoring:
         self.labels = {i: config.rewards[i].display_name() for i in endpoints}
         self.sockets: dict[int, zmq.Socket] = {}
         for reward, endpoint in endpoints.items():
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
+            sock = make_socket(ctx, zmq.DEALER)
             sock.connect(endpoint)
             self.sockets[reward] = sock
         self.poller = zmq.Poller()
         for sock in self.sockets.values():
             self.poller.register(sock, zmq.POLLIN)
-        self.encoder = msgspec.msgpack.Encoder()
-        self.decoder = msgspec.msgpack.Decoder(ScoreReply)
+        self.codec: Codec[ScoreReply] = Codec(ScoreReply, "scoring replies")
         self.ids = itertools.count()
         self.waiting: dict[str, _Waiting] = {}  # request id -> its group's entry
         self.groups: list[_Waiting] = []  # in submission order
@@ -108,6 +107,12 @@ class GroupScoring:
     def pending(self) -> int:
         return len(self.groups)
 
+    def snapshot(self) -> ScoringFigures:
+        """The figures now (a copy: they go on), with the groups waiting."""
+        return msgspec.structs.replace(
+            self.figures, waiting=self.pending, unparsable=dict(self.figures.unparsable)
+        )
+
     # ------------------------------------------------------------------ requests
 
     def submit(self, groups: list[TrajectoryGroup]) -> None:
@@ -122,12 +127,11 @@ class GroupScoring:
             ]
             for reward in self.sockets:
                 request_id = f"{self.sender}-{next(self.ids)}"
-                frame = self.encoder.encode(ScoreRequest(request_id, items))
+                frame = self.codec.encode(ScoreRequest(request_id, items))
                 entry.outstanding[request_id] = _Request(reward, frame, now)
                 self.waiting[request_id] = entry
                 self._send(reward, frame)
             self.groups.append(entry)
-        self.figures.waiting = len(self.groups)
 
     def _send(self, reward: int, frame: bytes) -> None:
         try:
@@ -187,7 +191,7 @@ class GroupScoring:
             request_id = f"{self.sender}-{next(self.ids)}"
             ids[reward] = request_id
             self.direct[request_id] = None
-            self._send(reward, self.encoder.encode(ScoreRequest(request_id, items)))
+            self._send(reward, self.codec.encode(ScoreRequest(request_id, items)))
         deadline = time.monotonic() + timeout_s
         while any(self.direct[i] is None for i in ids.values()) and time.monotonic() < deadline:
             settled = self.pump(wait_ms=50)  # (pump swaps ``ready`` out: extend after it)
@@ -200,10 +204,8 @@ class GroupScoring:
         return out
 
     def _take(self, reward: int, frame: bytes) -> None:
-        try:
-            reply = self.decoder.decode(frame)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            log.warning("scoring: a malformed reply from reward role %d dropped", reward)
+        reply = self.codec.decode(frame)  # a malformed one is counted and dropped
+        if reply is None:
             return
         if reply.request_id in self.direct:
             if self.direct[reply.request_id] is None:
@@ -251,7 +253,6 @@ class GroupScoring:
             self.waiting.pop(request_id, None)
         entry.outstanding.clear()
         self.figures.refused += 1
-        self.figures.waiting = len(self.groups)
         log.warning("scoring: group of prompt %d refused: %s", entry.group.prompt_index, reason)
         entry.group.unscored = reason[:200]
         for t in entry.group.trajectories:
@@ -268,7 +269,6 @@ class GroupScoring:
             self.groups.remove(entry)
             self.settle(entry.group, entry.scores)
             self.figures.wait_s += now - entry.submitted
-        self.figures.waiting = len(self.groups)
         return ready + [e.group for e in done]
 
     def close(self) -> None:

@@ -28,7 +28,6 @@ from streamrl.controller.rundir import RunError, last_line
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 600.0  # loading a reward model (a hub download included)
-FIRST_BEAT_GRACE_S = 60.0  # a fresh actor process imports torch before its first heartbeat
 
 
 def resolve_scorer_models(config: Config) -> dict[int, str]:
@@ -39,8 +38,7 @@ def resolve_scorer_models(config: Config) -> dict[int, str]:
     dirs = {}
     for index, reward in enumerate(config.rewards):
         if reward.served:
-            name = reward.model or (reward.judge.model if reward.judge else "")
-            dirs[index] = str(Path(resolve_model(name)).resolve())
+            dirs[index] = str(Path(resolve_model(reward.served_model)).resolve())
     return dirs
 
 
@@ -115,7 +113,7 @@ class RewardPool:
                     failure = last_line(exc)
             else:
                 heard = ctx.state.last_seen.get(str(RoleId.reward(index)))
-                silent_for = now - (heard or slot.started_at + FIRST_BEAT_GRACE_S)
+                silent_for = slot.silent_for(heard, now)
                 if silent_for <= ctx.config.run.heartbeat_timeout_s:
                     continue
                 failure = f"no heartbeat for {silent_for:.0f} s"

@@ -35,6 +35,8 @@ from typing import Any, Literal
 from streamrl.controller.processes import ProcessIdentity
 from streamrl.files import atomic_write_text
 
+FIRST_BEAT_GRACE_S = 60.0  # a fresh actor process imports torch before its first heartbeat
+
 RoleKind = Literal["buffer shard", "learner rank", "generator", "reward role"]
 
 
@@ -76,6 +78,12 @@ class RoleSlot:
     endpoints: tuple[str, ...] = ()
     incarnation: int = 0
     started_at: float = field(default_factory=time.time)
+
+    def silent_for(self, heard: float | None, now: float) -> float:
+        """Seconds since its newest heartbeat (``heard``), or, before its first, since its
+        start less ``FIRST_BEAT_GRACE_S``: what supervision compares with
+        ``run.heartbeat_timeout_s``."""
+        return now - (heard or self.started_at + FIRST_BEAT_GRACE_S)
 
 
 class Roles:
@@ -176,7 +184,7 @@ class Roles:
         (``state``: the ``RunState``, read under its lock)."""
         import ray
 
-        refs = self.run_refs("buffer shard", "learner rank")
+        refs = self.run_refs("buffer shard", "learner rank", "reward role")
         running: set[RoleId | None] = set()
         if refs:
             _, not_done = ray.wait(refs, timeout=0, num_returns=len(refs))

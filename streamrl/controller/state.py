@@ -256,8 +256,7 @@ class RunState:
         with self.lock:
             if report.incarnation < self.scorer_epochs.get(report.index, 0):
                 return  # a replaced role's last words
-            self.reward_roles[report.index] = report
-            self.last_seen[f"reward role {report.index}"] = report.time
+            self.reward_roles[report.index] = report  # liveness: its heartbeats
 
     # ------------------------------------------------------------------ budget rules
 

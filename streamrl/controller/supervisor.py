@@ -33,7 +33,6 @@ from streamrl.controller.state import GeneratorHealth
 
 log = logging.getLogger(__name__)
 
-FIRST_BEAT_GRACE_S = 60.0  # a fresh actor process imports torch before its first heartbeat
 SETTLE_S = 3.0  # at most this long for a dead generator's last groups to reach the shards
 
 
@@ -96,7 +95,7 @@ class GeneratorPool:
                     self._replace(generator_id, failure)
                 continue
             heard = state.last_seen.get(str(RoleId.generator(generator_id)))
-            silent_for = now - (heard or slot.started_at + FIRST_BEAT_GRACE_S)
+            silent_for = slot.silent_for(heard, now)
             if silent_for > ctx.config.run.heartbeat_timeout_s:
                 reason = f"no heartbeat for {silent_for:.0f} s"
                 if health.retiring or state.stop:

@@ -43,6 +43,12 @@ class Prompt:
     # file row's extra columns), JSON-like; rewards see it as ``RewardInput.metadata``.
     metadata: dict[str, Any] | None = None
 
+    @property
+    def question(self) -> str:
+        """What the prompt asks: its last message (the user's), "" without messages. What
+        rewards, served scorers and reward-model pairs are shown as the question."""
+        return self.messages[-1]["content"] if self.messages else ""
+
 
 def held_out(key: str, every: int) -> bool:
     """Whether the question ``key`` belongs to the evaluation split: one key in ``every``
