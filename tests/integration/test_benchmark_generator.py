@@ -56,7 +56,7 @@ def test_peer_loop_trains_and_compares(tmp_path: Path) -> None:
     args = ["--config", "configs/tiny.yaml", "--steps", "2", "--warmup", "1", "--threads", "1"]
     proc = _benchmark("peer_loop.py", *args, "--compare", str(results))
     assert "single-process loop:" in proc.stdout and "trained samples/s" in proc.stdout
-    assert "streamrl sync: 1.00 trained samples/s" in proc.stdout
+    assert "streamrl sync (split): 1.00 trained samples/s" in proc.stdout
     assert "oneDNN bf16" in proc.stdout  # the CPU line is printed
 
 
