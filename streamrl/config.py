@@ -409,6 +409,10 @@ class WeightsConfig(_Section):
     # repairs a mismatch with an anchor. Catches a block that diverged silently and that no
     # later diff touches (block checksums cover only the blocks a diff changed). 0 = off.
     verify_every: int = 10
+    # Receive, decode, verify and prepare each version on a thread beside the engine (on the
+    # run's cores), the generator adopting it between decode steps as a swap of prepared
+    # tensors (docs/design.md §4); false: all of it between decode steps, on the generator.
+    apply_in_background: bool = True
 
 
 class EvalConfig(_Section):

@@ -84,6 +84,9 @@ class GeneratorSpec(RoleSpec):
     callables: dict[str, bytes] = {}
     # Each reward role's ROUTER by its reward's index in ``rewards:`` (served rewards only).
     reward_endpoints: dict[int, str] = {}
+    # The run's cores, for work beside the engine that may go where there is slack (the
+    # weight thread, the evaluation process); None: the process's own.
+    slack_cores: list[int] | None = None
 
 
 class RewardRoleSpec(RoleSpec):

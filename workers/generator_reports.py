@@ -142,7 +142,7 @@ def generator_report(
         anchors_requested=sub.anchors_requested,
         weights_bytes_received=sub.bytes_received,
         weights_apply_s=sub.last_apply_s,
-        weights_latency_s=sub.last_latency_s,
+        weights_latency_s=weights.last_latency_s,  # publish -> adopted by the engine
         images_verified=sub.images_verified,
         image_mismatches=sub.image_mismatches,
         reward_errors=sampler.reward.errors,

@@ -7,6 +7,14 @@ epoch of the weights the engine holds: behind ``weights_epoch`` from a learner r
 the new group's anchors land). The subscriber (``workers.subscriber``) assembles versions;
 ``poll`` hands each new one to the engine, between decode steps when in-flight updates are on.
 
+Off the decode path (``weights.apply_in_background``, docs/design.md §4): a weight thread
+owns the subscriber. It receives, decodes and verifies each version into its own image, and
+has the engine prepare it (``Engine.prepare_weights``: for the HF engine new tensors and
+their packed copies); ``poll`` on the generator's thread only adopts what is prepared, a swap
+of tensors. The thread moves the image on only once the prepared version is adopted, so a
+prepared update may read the image until then. Other threads touch the subscriber (anchors, a
+learner restart) under ``_lock``.
+
 Example: holding v4 of epoch 0, the learners restart from their v3 checkpoint (epoch 1):
 ``follow_clock`` starts a fresh subscriber at version -1 and anchors every rank; decoding goes
 on with v4 of epoch 0 until the anchors land, then ``held_epoch`` becomes 1. A wait for
@@ -16,8 +24,11 @@ on with v4 of epoch 0 until the anchors land, then ``held_epoch`` becomes 1. A w
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,6 +42,16 @@ from streamrl.workers.engines import Engine
 from streamrl.workers.subscriber import WeightSubscriber
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Prepared:
+    """A version the weight thread made ready: ``adopt`` gives it to the engine."""
+
+    version: int
+    epoch: int  # the learner epoch of the subscriber that assembled it
+    adopt: Callable[[], None]
+    published_at: float  # wall time the learner published it (``time.time()`` if unknown)
 
 
 class GeneratorWeights:
@@ -50,6 +71,7 @@ class GeneratorWeights:
         self._endpoints = (spec.publisher_endpoints, spec.anchor_endpoints)  # one per rank
         self._anchor_timeout_s = spec.config.weights.anchor_timeout_s
         self.timers, self.on_applied = timers, on_applied
+        self.background = spec.config.weights.apply_in_background
         self.learner_version = 0
         self.weights_epoch = 0
         # The learner epoch of the weights the engine holds: behind ``weights_epoch`` from a
@@ -69,7 +91,26 @@ class GeneratorWeights:
             image = engine.shared_weights()
             if image is None:
                 image = load_bf16_image(Path(spec.model_dir))
+            elif self.background and engine.shared_weights_are_live:
+                # The thread writes the image while the engine decodes: its own copy.
+                image = {name: tensor.clone() for name, tensor in image.items()}
         self.subscriber = self._subscribe(image)
+        self.subscriber_epoch = 0  # the learner epoch the subscriber's versions belong to
+        self.last_latency_s = 0.0  # publish -> adopted by the engine, the newest version
+        self._lock = threading.Lock()  # the subscriber, between the weight thread and others
+        self._prepared: _Prepared | None = None
+        self._ready = threading.Event()  # set while a prepared version waits for adoption
+        self._stop = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if self.background:
+            self._thread = threading.Thread(
+                target=self._weight_thread,
+                args=(spec.slack_cores,),
+                name=f"weights-{self.generator_id}",
+                daemon=True,
+            )
+            self._thread.start()
 
     def _subscribe(self, image: dict[str, torch.Tensor], version: int = 0) -> WeightSubscriber:
         publishers, anchors = self._endpoints
@@ -98,39 +139,91 @@ class GeneratorWeights:
         image, version -1: any version applies) and anchor every rank; decoding goes on with the
         weights held until the anchors land (``poll``)."""
         log.info("generator[%d]: learners restarted (epoch %d)", self.generator_id, epoch)
-        old = self.subscriber
-        self.subscriber = self._subscribe(old.image, version=-1)
-        old.close()
+        with self._lock:
+            old = self.subscriber
+            self.subscriber = self._subscribe(old.image, version=-1)
+            self.subscriber_epoch = epoch
+            old.close()
         self.weights_epoch = epoch
         if self.engine.version == 0:  # the base model: version 0 of every epoch
             self.held_epoch = epoch
         self.request_anchors()
 
     def request_anchors(self) -> None:
-        for rank in range(len(self.subscriber.ranks)):
-            self.subscriber.request_anchor(rank)
+        with self._lock:
+            for rank in range(len(self.subscriber.ranks)):
+                self.subscriber.request_anchor(rank)
 
     def poll(self, _engine: Engine | None = None) -> None:
-        """Give the engine the newest version the subscriber holds (an engine's step hook)."""
+        """Give the engine the newest version ready (an engine's step hook): in the
+        background, adopt what the weight thread prepared; else receive and apply here."""
         start = time.perf_counter()
-        changed = self.subscriber.poll(self.learner_version)
-        # A version can move with no tensor changed (e.g. a zero-advantage step): still adopt
-        # it; a repair anchor at the version held changes tensors without moving the version.
-        # Version -1: a fresh subscriber after the learners restarted, anchors not in yet.
-        moved = self.subscriber.version != self.engine.version or changed
-        if self.subscriber.version >= 0:
-            self.held_epoch = self.weights_epoch
-        if self.subscriber.version >= 0 and moved:
-            self.timers.weights_pause_s += time.perf_counter() - start  # decoding waited
-            start = time.perf_counter()
+        if self._failure is not None:
+            raise RuntimeError(f"generator[{self.generator_id}]: the weight thread failed") from (
+                self._failure
+            )
+        if not self.background:
+            self._advance()
+        prepared = self._prepared
+        if prepared is None:
+            # A version -1 subscriber (learners restarted) holds the engine's weights once its
+            # anchors land at the version the engine holds: nothing to adopt, the epoch moves.
+            if self.subscriber.version == self.engine.version >= 0:
+                self.held_epoch = self.subscriber_epoch
+            return
+        prepared.adopt()
+        self.held_epoch = prepared.epoch
+        self._prepared = None
+        self._ready.clear()
+        self.timers.weights_pause_s += time.perf_counter() - start  # decoding waited this long
+        self.last_latency_s = max(0.0, time.time() - prepared.published_at)
+        log.info("generator[%d]: applied version %d", self.generator_id, self.engine.version)
+        self.on_applied()
+
+    def _advance(self) -> bool:
+        """Move the subscriber to the newest version every rank can reach and have the engine
+        prepare it; True if a version was prepared. (The weight thread, or ``poll`` inline.)"""
+        with self._lock:
+            sub = self.subscriber
+            changed = sub.poll(self.learner_version)
+            # A version can move with no tensor changed (e.g. a zero-advantage step): still
+            # adopt it; a repair anchor at the version held changes tensors without moving the
+            # version. Version -1: a fresh subscriber after the learners restarted, anchors
+            # not in yet.
+            moved = sub.version != self.engine.version or changed
+            if sub.version < 0 or not moved:
+                return False
             if self.lora is not None:
-                named = self.lora.merged(self.subscriber.image, changed)
+                named = self.lora.merged(sub.image, changed)
             else:
-                named = [(n, self.subscriber.image[n]) for n in changed]
-            self.engine.update_weights(named, self.subscriber.version)
-            self.timers.weights_pause_s += time.perf_counter() - start
-            log.info("generator[%d]: applied version %d", self.generator_id, self.engine.version)
-            self.on_applied()
+                named = [(n, sub.image[n]) for n in changed]
+            adopt = self.engine.prepare_weights(named, sub.version)
+            published_at = time.time()  # an anchor: no publish time to measure from
+            if sub.history and sub.history[-1][0] == sub.version:
+                _, applied_at, _, latency = sub.history[-1]
+                published_at = applied_at - latency
+            self._prepared = _Prepared(sub.version, self.subscriber_epoch, adopt, published_at)
+        self._ready.set()
+        return True
+
+    def _weight_thread(self, cores: list[int] | None) -> None:
+        """Receive and prepare versions until closed; waits while one is prepared and not
+        adopted (the prepared update may read the image). On the run's cores when given:
+        where the generator's core is busy decoding, the work goes to one with slack."""
+        if cores:
+            os.sched_setaffinity(0, cores)  # this thread only (Linux affinity is per thread)
+            log.info("generator[%d]: weight thread on cores %s", self.generator_id, cores)
+        try:
+            while not self._stop.is_set():
+                if self._ready.is_set():
+                    time.sleep(0.005)  # adopted at the generator's next decode step
+                    continue
+                if not self._advance():
+                    with self._lock:
+                        self.subscriber.wait(0.02)
+        except BaseException as exc:  # the generator raises it at its next poll
+            log.exception("generator[%d]: weight thread failed", self.generator_id)
+            self._failure = exc
 
     def wait_for_version(
         self,
@@ -155,7 +248,10 @@ class GeneratorWeights:
             if epoch is not None and self.weights_epoch > epoch:
                 return False  # those weights are gone
             self.poll()
-            self.subscriber.wait(0.01)
+            if self.background:
+                self._ready.wait(0.01)
+            else:
+                self.subscriber.wait(0.01)
             if meanwhile is not None:
                 meanwhile()
             if run_goes_on is not None and time.monotonic() > next_check:
@@ -165,4 +261,8 @@ class GeneratorWeights:
         return held()
 
     def close(self) -> None:
-        self.subscriber.close()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with self._lock:
+            self.subscriber.close()

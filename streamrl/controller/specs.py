@@ -113,6 +113,7 @@ class SpecFactory:
             incarnation=incarnation,
             callables=self.callables,
             reward_endpoints=dict(self.reward_endpoints),
+            slack_cores=self.available_cores if self.cores else None,
         )
 
     def reward_role(

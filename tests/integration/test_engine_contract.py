@@ -12,6 +12,8 @@ embeddings), in the compute dtype the run would pick on this machine.
   them) the engine samples exactly what an engine loaded fresh with the new weights samples
   under the same seed: same tokens, same logprobs, i.e. the same next-token distributions.
 - Stop tokens, max tokens and finish reasons follow one rule on every engine.
+- An update prepared off the decode path (``prepare_weights``, on another thread while the
+  engine samples) changes nothing until adopted, then samples as ``update_weights`` would.
 - vLLM: after an update, the weights its own kernels compute with equal the host image
   (checksummed); a call vLLM refuses leaves no request behind; a reload vLLM does not carry
   out is logged and raised.
@@ -32,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -65,6 +68,7 @@ ARCH_TESTS = {
     "test_staleness_zero_logprobs_match_the_learner",
     "test_update_mid_generation_tags_versions_and_aborts_nothing",
     "test_partial_update_equals_a_fresh_engine",
+    "test_a_prepared_update_changes_nothing_until_adopted",
 }
 ARCH_KINDS = ("hf", "vllm")
 
@@ -231,6 +235,60 @@ def test_partial_update_equals_a_fresh_engine(engine, kind, model_dir, dtype, pr
             torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0
         )
     engine.update_weights(list(original.items()), version=engine.version + 1)
+
+
+def test_a_prepared_update_changes_nothing_until_adopted(engine, kind, model_dir, prompts):
+    """``prepare_weights`` runs on the weight thread while the engine decodes: the samples of
+    a call during it are those of the weights held; once adopted, those of ``update_weights``
+    with the same tensors."""
+    original = learner_image(model_dir)
+    changed = [
+        "model.embed_tokens.weight",
+        _pick(original, "model.layers.7.self_attn.q_proj.weight", "self_attn.q", "proj.weight"),
+        _pick(original, "model.layers.2.mlp.up_proj.weight", "up_proj"),
+    ]
+    gen = torch.Generator().manual_seed(1)
+    new = {
+        n: (original[n].float() * (1 + 0.05 * torch.randn(original[n].shape, generator=gen))).to(
+            torch.bfloat16
+        )
+        for n in changed
+    }
+    if resolve_engine(kind).seeded:
+        params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=77)
+    else:
+        params = SamplingParams(temperature=0.0, max_new_tokens=8)
+
+    def sample() -> list[tuple[list[int], list[float]]]:
+        return [(o.response_ids, o.logprobs) for o in engine.generate(prompts, params)]
+
+    engine.update_weights(list(original.items()), version=engine.version + 1)
+    before = sample()
+    engine.update_weights([(n, new[n]) for n in changed], version=engine.version + 1)
+    updated = sample()
+    engine.update_weights(list(original.items()), version=engine.version + 1)
+
+    target = engine.version + 1
+    prepared: list = []
+    thread = threading.Thread(
+        target=lambda: prepared.append(engine.prepare_weights(list(new.items()), target))
+    )
+    thread.start()
+    during = sample()  # while the thread prepares (or right after: held weights either way)
+    thread.join()
+    assert engine.version == target - 1
+    assert _same_samples(during, before)
+    prepared[0]()
+    assert engine.version == target
+    assert _same_samples(sample(), updated)
+    engine.update_weights(list(original.items()), version=engine.version + 1)
+
+
+def _same_samples(a: list, b: list) -> bool:
+    return all(
+        ta == tb and torch.allclose(torch.tensor(la), torch.tensor(lb), atol=1e-5, rtol=0)
+        for (ta, la), (tb, lb) in zip(a, b, strict=True)
+    )
 
 
 def test_stop_tokens_max_tokens_and_finish_reasons(engine, prompts):

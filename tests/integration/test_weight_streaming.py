@@ -448,3 +448,67 @@ def test_two_gloo_learners_stream_to_subscribers(tmp_path: Path) -> None:
             if p.is_alive():
                 p.kill()
         assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["weight-thread", "inline"])
+def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: bool) -> None:
+    """``GeneratorWeights`` on a real HF engine (prepacked where oneDNN runs bf16): versions
+    stream while the engine samples and are adopted between its decode steps, on the weight
+    thread (prepared off the decode path, the engine's tensors never written in place) or
+    inline. The engine ends bitwise at the learner's image; every sequence's token versions
+    only move forward."""
+    import zmq
+
+    from streamrl.config import load_config
+    from streamrl.models import load_causal_lm, resolve_model
+    from streamrl.protocol import GeneratorActivity
+    from streamrl.role_specs import GeneratorSpec
+    from streamrl.workers.engines import make_engine
+    from streamrl.workers.engines.base import SamplingParams
+    from streamrl.workers.generator_weights import GeneratorWeights
+
+    model_dir = resolve_model(TINY)
+    ranks = FakeRanks(
+        2, WeightsConfig(chunk_bytes=8192), lambda: load_causal_lm(model_dir, "float32")
+    )
+    config = load_config(None, [f"weights.apply_in_background={str(background).lower()}"])
+    engine = make_engine(config.generator, model_dir, 0, compute_dtype="bfloat16", max_model_len=64)
+    spec = GeneratorSpec(
+        log_file="",
+        bind_host="127.0.0.1",
+        config=config,
+        generator_id=0,
+        model_dir=str(model_dir),
+        shard_endpoints=[],
+        publisher_endpoints=ranks.pub_endpoints,
+        anchor_endpoints=ranks.anchor_endpoints,
+        admission_endpoint="",
+        report_endpoint="",
+    )
+    timers, adopted = GeneratorActivity(), []
+    ctx = zmq.Context()
+    weights = GeneratorWeights(ctx, engine, spec, timers, lambda: adopted.append(engine.version))
+    image = weights.subscriber.image
+    assert background == all(image[n].data_ptr() != p.data_ptr() for n, p in engine.params.items())
+    time.sleep(0.5)  # the SUB sockets connect before the first diff
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    prompts = [[1, 5, 9, 2], [3, 4], [7, 7, 7]]
+    try:
+        for scale in SCALES * 2:
+            ranks.step(scale)
+            weights.learner_version = ranks.version
+            deadline = time.monotonic() + 30
+            while engine.version < ranks.version:
+                assert time.monotonic() < deadline, engine.version
+                for out in engine.generate(prompts, params, on_step=weights.poll):
+                    assert out.token_versions == sorted(out.token_versions)
+        assert weights.wait_for_version(ranks.version, time.monotonic() + 30)
+        assert adopted == sorted(adopted) and adopted[-1] == ranks.version
+        assert_bitwise_equal({n: p.data for n, p in engine.params.items()}, ranks.full)
+        assert weights.held_epoch == 0 and timers.weights_pause_s > 0
+        assert 0 <= weights.last_latency_s < 30
+    finally:
+        weights.close()
+        engine.shutdown()
+        ranks.close()
+        ctx.destroy(linger=0)

@@ -5,6 +5,9 @@ per-token weight versions, and takes weight updates while it generates.
 
 Concurrency rule: ``update_weights`` is only ever called from inside ``on_step`` (between
 decode steps) or between ``generate`` calls, never concurrently with a forward pass.
+``prepare_weights`` runs on the generator's weight thread while the engine decodes: it does the
+slow part of an update (copies, repacking) without touching what a forward reads, and returns
+the short adoption that ``on_step`` then calls (``workers.generator_weights``).
 
 Example: a sequence that decodes tokens t0..t2 at version 3, then sees ``update_weights(...,
 version=4)`` from ``on_step``, decodes t3.. at version 4: ``token_versions == [3, 3, 3, 4, ...]``.
@@ -12,6 +15,7 @@ version=4)`` from ``on_step``, decodes t3.. at version 4: ``token_versions == [3
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,11 +96,26 @@ class Engine(ABC):
         """Replace the named parameters with full (unsharded) tensors and adopt ``version``.
         Only changed tensors are passed; sequences in flight continue with the new weights."""
 
+    # True when the tensors ``shared_weights`` gives are the ones the engine's forward reads:
+    # a subscriber writing them on another thread would tear a forward in flight, so the
+    # weight thread keeps a copy instead.
+    shared_weights_are_live: bool = False
+
     def shared_weights(self) -> dict[str, torch.Tensor] | None:
-        """Live parameter tensors the subscriber may write into directly (full, contiguous
-        bf16 on the host), or ``None``: the subscriber keeps its own image and the changed
-        tensors reach the engine through ``update_weights``."""
+        """Tensors the subscriber may write into directly (full, contiguous bf16 on the host),
+        or ``None``: the subscriber keeps its own image and the changed tensors reach the
+        engine through ``update_weights``."""
         return None
+
+    def prepare_weights(
+        self, named_tensors: list[tuple[str, torch.Tensor]], version: int
+    ) -> Callable[[], None]:
+        """Called off the decode path (the weight thread, while ``generate`` runs): do what
+        ``update_weights`` would that does not touch the live model, and return the rest, a
+        call made between decode steps. The caller leaves ``named_tensors`` unchanged until
+        that call returns. Default: nothing ahead; the adoption is ``update_weights`` (an
+        engine that copies into its own layout, as vLLM and SGLang load weights)."""
+        return functools.partial(self.update_weights, list(named_tensors), version)
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's resources."""

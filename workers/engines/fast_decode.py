@@ -59,13 +59,27 @@ class MergedProjection:
         return [_linear(layer) for layer in self.layers]
 
     def repack(self) -> None:
+        self.adopt(self.pack({}))
+
+    def pack(self, new: dict[int, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The merged packed weight and bias, each source parameter ``p`` taken from
+        ``new[id(p)]`` where given (a version not adopted yet, packed on the weight thread)."""
         sources = self.sources
-        weight = torch.cat([s.weight.detach() for s in sources])
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.rows)
+
+        def value(p: torch.Tensor) -> torch.Tensor:
+            return new.get(id(p), p.detach())
+
+        weight = torch.cat([value(s.weight) for s in sources])
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.rows)
+        bias = None
         if any(s.bias is not None for s in sources):
             zeros = weight.new_zeros
-            biases = [zeros(s.out_features) if s.bias is None else s.bias for s in sources]
-            self.bias = torch.cat(biases).detach()
+            biases = [zeros(s.out_features) if s.bias is None else value(s.bias) for s in sources]
+            bias = torch.cat(biases)
+        return packed, bias
+
+    def adopt(self, packed: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        self.packed, self.bias = packed
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         if self.packed is None:

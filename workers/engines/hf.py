@@ -40,6 +40,7 @@ Example: an update to version 1 arriving in ``on_step`` after the third token gi
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
@@ -241,6 +242,31 @@ class HFEngine(Engine):
         ):
             return None
         return {name: p.data for name, p in self.params.items()}
+
+    shared_weights_are_live = True  # the forward reads the parameters shared_weights gives
+
+    def prepare_weights(
+        self, named_tensors: list[tuple[str, torch.Tensor]], version: int
+    ) -> Callable[[], None]:
+        """New tensors for the changed parameters and their packed copies, built while the
+        engine decodes; the adoption swaps them in (pointer assignments, no copy)."""
+        with torch.no_grad():
+            new = {
+                name: tensor.to(self.device, self.params[name].dtype, copy=True)
+                for name, tensor in named_tensors
+            }
+            by_param = {id(self.params[name]): tensor for name, tensor in new.items()}
+            layers = {id(layer): layer for name in new for layer in self._packed.get(name, ())}
+            packed = [(layer, layer.pack(by_param)) for layer in layers.values()]
+
+        def adopt() -> None:
+            for name, tensor in new.items():
+                self.params[name].data = tensor
+            for layer, value in packed:
+                layer.adopt(value)
+            self.version = version
+
+        return adopt
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
         stale: dict[int, PackedLinear | MergedProjection] = {}  # each packed copy rebuilt once

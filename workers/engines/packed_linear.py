@@ -41,10 +41,19 @@ class PackedLinear(torch.nn.Module):
         self.packed = self._pack()
 
     def _pack(self) -> torch.Tensor:
-        return torch.ops.mkldnn._reorder_linear_weight(self.source.weight.detach(), self.rows)
+        return self.pack({})
+
+    def pack(self, new: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The packed copy of this layer's weight, or of ``new[id(weight)]`` if given (a
+        version not adopted yet: packed on the weight thread while this layer decodes)."""
+        weight = new.get(id(self.source.weight), self.source.weight.detach())
+        return torch.ops.mkldnn._reorder_linear_weight(weight, self.rows)
 
     def repack(self) -> None:
         self.packed = self._pack()
+
+    def adopt(self, packed: torch.Tensor) -> None:
+        self.packed = packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
