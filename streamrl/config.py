@@ -290,10 +290,36 @@ class GeneratorConfig(_Section):
     threads: int = 0
 
 
+class StalenessTuning(_Section):
+    """``buffer.max_staleness: auto``: the controller tunes the bound within [min, max]
+    (``controller.staleness_tuner``, docs/design.md §3), starting at ``start``."""
+
+    auto: bool = False
+    start: int = 1
+    min: int = 0
+    max: int = 4
+    # Learner steps between two decisions (and after any change, by the tuner or the admin).
+    window: int = 5
+    # Raise when over a window the learner waited for batches at least this share of its
+    # time while the generators were held back by the bound (admission or weights) at least
+    # raise_when_held; lower when the learner waited less than lower_when_learner_waits.
+    raise_when_learner_waits: float = 0.05
+    raise_when_held: float = 0.05
+    lower_when_learner_waits: float = 0.01
+    # The quality guard: lower (and never raise) while the trained tokens' importance
+    # weights say the generator's policy was too far off: their effective sample size
+    # fraction below guard_ess, or KL(behaviour || proximal) (k3) above guard_k3.
+    guard_ess: float = 0.8
+    guard_k3: float = 0.05
+
+
 class BufferConfig(_Section):
     shards: int = 1
     capacity: int = 256
+    # The staleness bound (docs/design.md §3), or "auto" in a config: the controller tunes it
+    # (staleness_tuning; max_staleness is then the bound in force, starting at its start).
     max_staleness: int = 2
+    staleness_tuning: StalenessTuning = msgspec.field(default_factory=StalenessTuning)
     sampling: Sampling = "fifo"
     max_reuse: int = 1
     overflow: Overflow = "drop-oldest"
@@ -417,8 +443,14 @@ class WeightsConfig(_Section):
 
 class EvalConfig(_Section):
     # Evaluate on held-out prompts every N learner steps, before step 1 (before_train) and at
-    # the final version; 0 = never during a run. Generator 0 does it between calls.
+    # the final version; 0 = never during a run. Generator 0 is asked (eval.runs_on says where).
     every: int = 0
+    # Where it runs: "slack", a process of its own beside generator 0 with its own engine, at
+    # the lowest CPU priority on every core of the run (it takes what the learner and the
+    # generators leave; docs/design.md §5); "generator", in generator 0's loop between its
+    # calls; "auto": slack when the generators run on CPU, else generator (a second engine on
+    # a GPU would take its memory).
+    runs_on: Literal["auto", "slack", "generator"] = "auto"
     before_train: bool = True
     # "" = data.source's held-out questions (its eval_split, or the rows held out of its
     # split); else another source of any kind data.source takes, read with data's mapping
@@ -542,10 +574,27 @@ def _finalize(config: Config) -> Config:
         config.generator.device = "cuda"
     if config.scoring.gpus_per_role > 0 and config.scoring.device == "cpu":
         config.scoring.device = "cuda"
+    tuning = config.buffer.staleness_tuning
     if config.run.mode == "sync":
+        if tuning.auto:
+            raise ConfigError("buffer.max_staleness: auto needs run.mode=async (sync is 0)")
         # Synchronous mode is the async machinery with no staleness and no in-flight updates.
         config.buffer.max_staleness = 0
         config.generator.in_flight_updates = False
+    if tuning.auto:
+        limits = f"[{tuning.min}, {tuning.max}]"
+        if not 0 <= tuning.min <= tuning.start <= tuning.max:
+            raise ConfigError(
+                f"buffer.staleness_tuning: start {tuning.start} must lie in {limits}, min >= 0"
+            )
+        if tuning.window < 1:
+            raise ConfigError("buffer.staleness_tuning.window must be >= 1")
+        alg = config.algorithm
+        if tuning.max > 0 and alg.correction == "none" and not alg.allow_uncorrected:
+            raise ConfigError(
+                "buffer.max_staleness: auto may go above 0 (staleness_tuning.max) with "
+                "algorithm.correction=none: pick a correction, or set staleness_tuning.max=0"
+            )
     checks = [
         (config.run.max_steps >= 1, "run.max_steps must be >= 1"),
         (config.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0"),
@@ -734,6 +783,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for key, value in parse_overrides(overrides or []):
         _set_path(tree, key, value)
     _refuse_moved_keys(tree)
+    _resolve_auto_staleness(tree)
     run = tree.setdefault("run", {}) if isinstance(tree.get("run", {}), dict) else None
     if run is not None and not run.get("name"):
         stem = Path(path).stem if path is not None else "run"
@@ -743,6 +793,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     except msgspec.ValidationError as exc:
         raise ConfigError(f"config error: {_pretty_validation(str(exc))}") from None
     return _finalize(config)
+
+
+def _resolve_auto_staleness(tree: dict[str, Any]) -> None:
+    """``buffer.max_staleness: auto`` -> ``staleness_tuning.auto`` on, the bound at its start
+    (so a run directory's config.yaml holds a number and the tuning that moves it)."""
+    buffer = tree.get("buffer")
+    if not isinstance(buffer, dict) or buffer.get("max_staleness") != "auto":
+        return
+    tuning = buffer.setdefault("staleness_tuning", {})
+    if not isinstance(tuning, dict):
+        raise ConfigError("buffer.staleness_tuning must be a mapping")
+    tuning["auto"] = True
+    buffer["max_staleness"] = tuning.get("start", StalenessTuning().start)
 
 
 # Keys that moved: where they live now, and the default they had. A run directory's

@@ -35,12 +35,14 @@ from streamrl.callables import install as install_callables
 from streamrl.config import Config
 from streamrl.cores import role_threads
 from streamrl.data import Prompt
+from streamrl.evaluation import EvalResult, evaluates_in_slack
 from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_tokenizer
 from streamrl.protocol import Directives, EvalReport, GeneratorReport, Grant
 from streamrl.role_specs import GeneratorSpec
 from streamrl.transport import resolve_host
 from streamrl.workers.engines import Engine, make_engine
+from streamrl.workers.eval_process import SlackEvaluator
 from streamrl.workers.generator_reports import Reporting, generator_report
 from streamrl.workers.generator_sockets import AdmissionClient, ShardPushers
 from streamrl.workers.generator_weights import GeneratorWeights
@@ -134,6 +136,12 @@ class Generator:
         # The newest (learner epoch, version) an evaluation was asked for and answered: a
         # restarted learner group's epoch repeats version numbers of weights that are gone.
         self.evaluated = (-1, -1)
+        self.eval_dispatched = (-1, -1)  # the newest handed to the evaluation process
+        # Generator 0's evaluation process (eval.runs_on: slack), started with it so that its
+        # engine loads while this one samples; None: evaluations run in this loop.
+        self.slack_eval: SlackEvaluator | None = None
+        if spec.generator_id == 0 and config.eval.every > 0 and evaluates_in_slack(config):
+            self.slack_eval = SlackEvaluator(spec)
 
     # ------------------------------------------------------------------ loop
 
@@ -147,6 +155,9 @@ class Generator:
                 reply = self.admission.request(self.prompts_per_call)
             grant, directives, clock, receipts = reply.parts()
             self.weights.follow_clock(clock)
+            if self.slack_eval is not None:
+                self.slack_eval.follow_clock(clock)
+                self.forward_evaluations()
             self.pushers.take_receipts(receipts)
             if self.scoring is not None:
                 self.scoring.take_epochs(receipts.scorer_epochs)
@@ -170,10 +181,43 @@ class Generator:
         if directives.stop:
             return "stop"
         asked = (directives.eval_epoch, directives.eval_version)
-        if directives.eval_version >= 0 and asked > self.evaluated:
-            with self.reporting.timing("eval_s"):
-                self.evaluate(directives.eval_version, directives.eval_epoch)
+        if directives.eval_version >= 0 and asked > max(self.evaluated, self.eval_dispatched):
+            first = self.evaluated[1] < 0
+            slack = self.slack_eval
+            if slack is not None and slack.ask(asked[1], asked[0], final=False, unseen=first):
+                self.eval_dispatched = asked
+            else:
+                with self.reporting.timing("eval_s"):
+                    self.evaluate(directives.eval_version, directives.eval_epoch)
         return None
+
+    def forward_evaluations(self, wait_s: float = 0.0) -> list[tuple[int, int]]:
+        """Send the controller what the evaluation process answered; returns the (epoch,
+        version) pairs it finished (answered or abandoned). A dead process: its pending
+        request is asked again here in the loop."""
+        slack = self.slack_eval
+        assert slack is not None
+        finished = []
+        for message in slack.take(wait_s):
+            if message[0] == "result":
+                _, version, epoch, result, held_epoch = message
+                self.report_evaluation(result, version, epoch, held_epoch)
+            else:
+                _, version, epoch = message
+                log.warning(
+                    "generator[%d]: evaluation of v%d abandoned", self.generator_id, version
+                )
+                self.eval_dispatched = self.evaluated  # the controller asks again
+            finished.append((epoch, version))
+        if not slack.alive():
+            log.error(
+                "generator[%d]: the evaluation process exited (%s); evaluating here",
+                self.generator_id,
+                slack.process.exitcode,
+            )
+            self.slack_eval = None
+            self.eval_dispatched = self.evaluated
+        return finished
 
     def generate_granted(self, grant: Grant) -> bool:
         """Wait for weights fresh enough, generate the granted prompts' groups and push them;
@@ -231,9 +275,13 @@ class Generator:
             stop_at = time.monotonic() + self.config.run.drain_timeout_s
             weights.wait_for_version(weights.learner_version, stop_at)
             evaluator = self.generator_id == 0 and self.config.eval.every > 0
-            if evaluator and (weights.held_epoch, self.engine.version) > self.evaluated:
+            if evaluator and self.slack_eval is not None:
+                self._evaluate_due_in_slack(stop_at)
+            final = (weights.held_epoch, self.engine.version)
+            if evaluator and final > self.evaluated:
                 # The final weights: what the run produced.
-                self.evaluate(self.engine.version, weights.held_epoch, final=True)
+                if not self._evaluate_final_in_slack(final, stop_at):
+                    self.evaluate(self.engine.version, weights.held_epoch, final=True)
         if self.scoring is not None:  # what waits for scores is pushed (or refused) first
             stop_at = time.monotonic() + self.config.run.drain_timeout_s
             while self.scoring.pending and time.monotonic() < stop_at:
@@ -242,6 +290,33 @@ class Generator:
         self.pushers.await_receipts(self.admission)
         self.reporting.report(force=True)
         return {"version": self.engine.version, "groups": self.pushers.groups_pushed}
+
+    def _evaluate_due_in_slack(self, stop_at: float) -> None:
+        """The evaluations the controller still has due when the run stops (a fast run can
+        outpace the evaluation process): asked one at a time, the oldest first, as in the
+        loop, until none is due or ``stop_at``."""
+        while self.slack_eval is not None and time.monotonic() < stop_at:
+            directives = self.admission.request(0).parts()[1]
+            asked = (directives.eval_epoch, directives.eval_version)
+            if directives.eval_version < 0:
+                return
+            if asked > max(self.evaluated, self.eval_dispatched):
+                first = self.evaluated[1] < 0
+                if not self.slack_eval.ask(asked[1], asked[0], final=False, unseen=first):
+                    return
+                self.eval_dispatched = asked
+            self.forward_evaluations(wait_s=0.5)
+
+    def _evaluate_final_in_slack(self, final: tuple[int, int], stop_at: float) -> bool:
+        """The final evaluation by the evaluation process (the run's other roles are done: it
+        has the cores); False if there is none or it did not answer by ``stop_at``."""
+        slack = self.slack_eval
+        if slack is None or not slack.ask(final[1], final[0], final=True, unseen=True):
+            return False
+        while time.monotonic() < stop_at and self.slack_eval is not None:
+            if final in self.forward_evaluations(wait_s=0.5):
+                return self.evaluated == final
+        return False
 
     def _run_goes_on(self) -> bool:
         """Asked once a second while waiting for weights: the reply's receipts and clock are
@@ -294,13 +369,18 @@ class Generator:
         result = evaluate(self.engine, self.tokenizer, self.config, self.eval_set)
         if final or self.evaluated[1] < 0:
             add_unseen_phrasing(result, self.engine, self.tokenizer, self.config)
+        result.metrics["eval/seconds"] = time.monotonic() - start
+        self.report_evaluation(result, version, epoch, self.weights.held_epoch)
+
+    def report_evaluation(self, result: EvalResult, version: int, epoch: int, held: int) -> None:
+        """Send the controller an evaluation of ``version`` (asked for in learner epoch
+        ``epoch``; ``held``: the epoch of the weights evaluated), with the served rewards'
+        view of its responses."""
         if self.scoring is not None:
             self._score_eval(result)
-        result.metrics["eval/seconds"] = time.monotonic() - start
-        self.evaluated = (epoch, version)
-        held_epoch = self.weights.held_epoch
+        self.evaluated = max(self.evaluated, (epoch, version))
         report = EvalReport(
-            self.generator_id, version, result.version, result.metrics, time.time(), held_epoch
+            self.generator_id, version, result.version, result.metrics, time.time(), held
         )
         self.reporting.send_eval(report)
         log.info(
@@ -310,7 +390,7 @@ class Generator:
             result.metrics,
         )
 
-    def _score_eval(self, result) -> None:
+    def _score_eval(self, result: EvalResult) -> None:
         """The served rewards' view of the held-out responses, beside the rules' exact
         check: ``eval/reward/<label>`` (their mean raw score) and ``.../unparsable``. An RLHF
         job reads the model reward and the true accuracy side by side here."""
@@ -333,6 +413,8 @@ class Generator:
             result.metrics[f"eval/reward/{label}/unparsable"] = float(len(scores) - len(present))
 
     def close(self) -> None:
+        if self.slack_eval is not None:
+            self.slack_eval.close()
         if self.scoring is not None:
             self.scoring.close()
         self.sampler.close()

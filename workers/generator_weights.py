@@ -74,6 +74,9 @@ class GeneratorWeights:
         self.background = spec.config.weights.apply_in_background
         self.learner_version = 0
         self.weights_epoch = 0
+        # Versions past this are not taken yet (the evaluation process holds the weights of
+        # the version it is to evaluate); None: follow the stream.
+        self.up_to: int | None = None
         # The learner epoch of the weights the engine holds: behind ``weights_epoch`` from a
         # learner restart until the new group's anchors land (``streamrl.clock``).
         self.held_epoch = 0
@@ -91,9 +94,11 @@ class GeneratorWeights:
             image = engine.shared_weights()
             if image is None:
                 image = load_bf16_image(Path(spec.model_dir))
-            elif self.background and engine.shared_weights_are_live:
-                # The thread writes the image while the engine decodes: its own copy.
-                image = {name: tensor.clone() for name, tensor in image.items()}
+            elif self.background:
+                # The thread writes the image while the engine decodes: its own copy of the
+                # tensors a forward reads; the others it writes in place.
+                live = engine.live_weight_names()
+                image = {n: t.clone() if n in live else t for n, t in image.items()}
         self.subscriber = self._subscribe(image)
         self.subscriber_epoch = 0  # the learner epoch the subscriber's versions belong to
         self.last_latency_s = 0.0  # publish -> adopted by the engine, the newest version
@@ -185,7 +190,8 @@ class GeneratorWeights:
         prepare it; True if a version was prepared. (The weight thread, or ``poll`` inline.)"""
         with self._lock:
             sub = self.subscriber
-            changed = sub.poll(self.learner_version)
+            start = time.perf_counter()
+            changed = sub.poll(self.learner_version, self.up_to)
             # A version can move with no tensor changed (e.g. a zero-advantage step): still
             # adopt it; a repair anchor at the version held changes tensors without moving the
             # version. Version -1: a fresh subscriber after the learners restarted, anchors
@@ -197,7 +203,15 @@ class GeneratorWeights:
                 named = self.lora.merged(sub.image, changed)
             else:
                 named = [(n, sub.image[n]) for n in changed]
+            received = time.perf_counter()
             adopt = self.engine.prepare_weights(named, sub.version)
+            log.info(
+                "generator[%d]: version %d applied to the image in %.3f s, prepared in %.3f s",
+                self.generator_id,
+                sub.version,
+                received - start,
+                time.perf_counter() - received,
+            )
             published_at = time.time()  # an anchor: no publish time to measure from
             if sub.history and sub.history[-1][0] == sub.version:
                 _, applied_at, _, latency = sub.history[-1]

@@ -328,8 +328,10 @@ class WeightSubscriber:
 
     # ------------------------------------------------------------------ applying
 
-    def poll(self, learner_version: int | None = None) -> list[str]:
-        """Receive what arrived and move to the newest version every rank can reach.
+    def poll(self, learner_version: int | None = None, up_to: int | None = None) -> list[str]:
+        """Receive what arrived and move to the newest version every rank can reach (no
+        further than ``up_to``, if given and reachable: an evaluation waiting for those exact
+        weights; a version past it only when nothing up to it can be reached).
         Returns the names of tensors that changed (empty if the version did not move)."""
         self._drain()
         paths = [state.paths(self.version) for state in self.ranks]
@@ -337,6 +339,15 @@ class WeightSubscriber:
             if self._needs_anchor(state, set(paths[rank])):
                 self.request_anchor(rank)
         common = set.intersection(*(set(p) for p in paths)) if paths else set()
+        if up_to is not None:
+            held = {v for v in common if v <= max(up_to, self.version)}
+            if self.version >= up_to:  # held back on purpose: not a stall to repair
+                self.last_progress = time.monotonic()
+                common = held
+            elif len(held) > 1:
+                common = held  # a step towards up_to
+            # Else nothing at or below up_to is reachable from here (diffs missed, an anchor
+            # past it, coalesced versions): whatever is reachable goes.
         if common:
             target = max(common)
             plans = [p[target] for p in paths]

@@ -6,8 +6,9 @@ over the run, the time to a held-out accuracy and the final accuracy. One line p
 
     .venv/bin/python benchmarks/analysis/run_pace.py runs/NAME [runs/OTHER ...] [--warmup 5]
 
-Time to a target: seconds from the first step record to the first evaluation that reached it
-(``eval/exact_match`` by default), or None.
+Time to a target: seconds from the first step record to the step that produced the first
+version whose evaluation reached it (``eval/exact_match`` by default), or None: when the
+learner made those weights, however late the evaluation ran (``eval.runs_on: slack``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def run_pace(run: Path, warmup: int, metric: str, target: float) -> dict[str, An
     latencies = [r["weights/publish_to_applied_s_max"] for r in steps[warmup:]]
     latencies = [x for x in latencies if x > 0]
     reached = next((r for r in evals if r[metric] >= target), None)
+    made_at = {r["step"]: r["time"] for r in steps}
     bounds = [r["staleness/bound"] for r in steps if "staleness/bound" in r]
     return {
         "run": str(run),
@@ -58,7 +60,10 @@ def run_pace(run: Path, warmup: int, metric: str, target: float) -> dict[str, An
         "publish_to_applied_median_s": statistics.median(latencies) if latencies else None,
         "publish_to_applied_max_s": max(latencies, default=None),
         "staleness_bound_range": [min(bounds), max(bounds)] if bounds else None,
-        "time_to_target_s": reached["time"] - start if reached else None,
+        "time_to_target_s": made_at.get(reached["requested"], reached["time"]) - start
+        if reached
+        else None,
+        "evaluations": len(evals),
         "final": evals[-1][metric] if evals else None,
         "wall_s": steps[-1]["time"] - start,
     }

@@ -224,7 +224,8 @@ def policy_loss(
     ``policy/clipfrac_lower`` (A < 0 and r < 1 - clip_low), ``policy/dualclip_frac`` (the dual
     clip bound is the loss), ``policy/approx_kl`` (k3 estimate of KL(pi_prox || pi), r - 1 -
     log r), ``policy/is_weight_mean``, ``policy/is_weight_max``, ``policy/is_masked_frac``
-    (share of tokens with w == 0).
+    (share of tokens with w == 0), ``policy/offpolicy_k3`` (k3 estimate of KL(pi_behav ||
+    pi_prox)) and ``policy/is_ess`` (effective sample size fraction of rho; 1 on policy).
     """
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
     logprobs = logprobs.to(dtype)
@@ -254,6 +255,7 @@ def policy_loss(
 
     with torch.no_grad():
         ratio, log_ratio = ratio.detach(), log_ratio.detach()
+        bounded = log_rho.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         metrics = {
             "policy/clipfrac_upper": _masked_frac((adv > 0) & (ratio > 1 + clip_high), keep),
             "policy/clipfrac_lower": _masked_frac((adv < 0) & (ratio < 1 - clip_low), keep),
@@ -262,8 +264,20 @@ def policy_loss(
             "policy/is_weight_mean": _masked_mean(weight, keep),
             "policy/is_weight_max": _zeros_where_masked(weight, keep).amax(),
             "policy/is_masked_frac": _masked_frac(weight == 0, keep),
+            # How far the generator's weights were from the proximal ones, whatever the
+            # correction: k3 of KL(pi_behav || pi_prox) (r - 1 - log r with r = rho, the
+            # tokens sampled from pi_behav) and the tokens' effective sample size fraction
+            # (sum rho)^2 / (n sum rho^2), 1 on policy. The staleness tuner's guard.
+            "policy/offpolicy_k3": _masked_mean(bounded.exp() - 1 - bounded, keep),
+            "policy/is_ess": _ess_fraction(bounded, keep),
         }
     return loss, metrics
+
+
+def _ess_fraction(log_rho: Tensor, keep: Tensor) -> Tensor:
+    rho = _zeros_where_masked(log_rho.exp(), keep)
+    n = keep.sum().clamp(min=1).to(rho.dtype)
+    return rho.sum() ** 2 / (n * (rho**2).sum()).clamp(min=1e-30)
 
 
 def value_loss(

@@ -38,9 +38,17 @@ class AdmissionServer:
     """Answers generators' ``AdmissionRequest``s from one thread (docs/design.md §3)."""
 
     def __init__(
-        self, ctx: zmq.Context, policy: AdmissionPolicy, state: RunState, host: str = LOOPBACK
+        self,
+        ctx: zmq.Context,
+        policy: AdmissionPolicy,
+        state: RunState,
+        host: str = LOOPBACK,
+        evaluates_in_order: bool = False,
     ) -> None:
+        """``evaluates_in_order``: generator 0 hands evaluations to its own process, which
+        answers each version asked in turn (``eval.runs_on``): ask the oldest due."""
         self.policy, self.state = policy, state
+        self._evaluates_in_order = evaluates_in_order
         state.policy = policy
         self.sock = make_socket(ctx, zmq.ROUTER, maxmsgsize=MAX_REQUEST_BYTES)
         self.endpoint = bind_random(self.sock, host, "controller admission")
@@ -115,10 +123,10 @@ class AdmissionServer:
         return self.state.difficulty.keep if self.state.difficulty is not None else None
 
     def _eval_for(self, generator_id: int) -> int:
-        """Generator 0 evaluates (between its calls); the others are never asked."""
-        state = self.state
-        pending = state.eval_requested > state.eval_answered
-        return state.eval_requested if generator_id == 0 and pending else -1
+        """Generator 0 evaluates (or its evaluation process); the others are never asked."""
+        if generator_id != 0:
+            return -1
+        return self.state.eval_to_ask(in_order=self._evaluates_in_order)
 
     def close(self) -> None:
         self._stop.set()

@@ -110,7 +110,7 @@ class ReportIntake:
                 with state.lock:
                     live = state.eval_is_live(evaluation)
                     if live:
-                        state.eval_answered = max(state.eval_answered, evaluation.requested)
+                        state.eval_answer(evaluation.requested)
                 if not live:  # weights a learner restart took back: asked again on live ones
                     self._ignore(evaluation, "of weights off the timeline", "")
                     return

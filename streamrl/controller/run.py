@@ -52,6 +52,8 @@ import msgspec
 import zmq
 
 from streamrl import checkpoint_layout
+from streamrl.admin.audit import AuditLog
+from streamrl.admin.auth import AUDIT_FILE
 from streamrl.config import Config, ConfigError
 from streamrl.controller.admission import AdmissionServer
 from streamrl.controller.context import RunContext
@@ -82,9 +84,11 @@ from streamrl.controller.rundir import (
 )
 from streamrl.controller.specs import SpecFactory, bind_host_for
 from streamrl.controller.staleness import AdmissionPolicy
+from streamrl.controller.staleness_tuner import Decision, StalenessTuner
 from streamrl.controller.state import RunState, load_prompt_ledger, shard_drops
 from streamrl.controller.stopping import rules_for
 from streamrl.controller.supervisor import GeneratorPool
+from streamrl.evaluation import evaluates_in_slack
 from streamrl.files import atomic_write_text
 from streamrl.metrics import MetricsLog
 from streamrl.protocol import EvalReport
@@ -109,6 +113,8 @@ class Controller:
         )
         self.admission: AdmissionServer | None = None
         self.admin = self.live = None
+        tuning = config.buffer.staleness_tuning
+        self.tuner = StalenessTuner(tuning) if tuning.auto else None
         self.placement = Placement(config, address)
         self.drop_watch = DropWatch()
         self.stop_rules = rules_for(config)
@@ -196,7 +202,8 @@ class Controller:
         host = resolve_host(bind_host_for(self.address))
         specs = self.ctx.specs
         specs.report_endpoint = self.intake.open(self.zmq, host)
-        self.admission = AdmissionServer(self.zmq, self.policy, self.state, host)
+        in_order = evaluates_in_slack(self.config)
+        self.admission = AdmissionServer(self.zmq, self.policy, self.state, host, in_order)
         specs.admission_endpoint = self.admission.endpoint
 
     def _start(self) -> None:
@@ -237,7 +244,8 @@ class Controller:
         if cfg.run.resume:
             self._resume_from(start_version, checkpoint is not None)
         if cfg.eval.every > 0 and cfg.eval.before_train:
-            state.eval_requested = start_version  # generator 0's first call evaluates
+            with state.lock:
+                state.ask_eval(start_version)  # generator 0's first call evaluates
         ctx.specs.reward_endpoints = self.rewards.await_ready()
         for g in range(cfg.generator.count):
             self.pool.start(g)
@@ -361,8 +369,13 @@ class Controller:
             # no fixed order, so the tokens cannot be split among them.
             rate = self.intake.step_tokens_per_s(steps[-1].time)
             for step in steps:
-                self.intake.last_record = step_record(self.state, step, rate)
-                self.ctx.metrics.write(self.intake.last_record)
+                record = step_record(self.state, step, rate)
+                bound = self.config.buffer.max_staleness
+                record["staleness/bound"] = bound
+                self.intake.last_record = record
+                self.ctx.metrics.write(record)
+                if self.tuner is not None:
+                    self._retune(self.tuner.observe(record, bound))
             if self.state.checkpointed >= 0:  # before any checkpoint a resume starts over
                 self._save_prompts()
         now = time.monotonic()
@@ -370,6 +383,19 @@ class Controller:
         if line is not None:
             self.ctx.note(line)
         self._stop_for(self.stop_rules.starved(now, self.state))
+
+    def _retune(self, decision: Decision | None) -> None:
+        """A staleness tuner's decision: through the admin's live path, into the audit trail
+        and the metrics log (``controller.staleness_tuner``)."""
+        if decision is None or self.live is None:
+            return
+        key = "buffer.max_staleness"
+        self.live.apply_live({key: decision.new})
+        fields = {"key": key, "old": decision.old, "new": decision.new}
+        fields.update(client="staleness-tuner", reason=decision.reason, figures=decision.figures)
+        AuditLog(self.ctx.run_dir / AUDIT_FILE).append(**fields)
+        self.ctx.metrics.event("staleness_tuned", **fields)
+        log.info("staleness bound %d -> %d (%s)", decision.old, decision.new, decision.reason)
 
     def _evaluated(self, report: EvalReport) -> None:
         """An evaluation taken: to metrics.jsonl, then the early-stopping rule."""

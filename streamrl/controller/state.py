@@ -199,9 +199,11 @@ class RunState:
     temperature: float | None = None
     prompts_per_call: int | None = None
     last_seen: dict[str, float] = field(default_factory=dict)  # role -> last report time
-    # Held-out evaluation: the newest version asked for, and the newest answered (-1: none).
+    # Held-out evaluation: the newest version asked for, and the newest answered (-1: none);
+    # ``eval_due`` every version asked for and not answered yet, in order.
     eval_requested: int = -1
     eval_answered: int = -1
+    eval_due: list[int] = field(default_factory=list)
     prompts: PromptLedger = field(default_factory=PromptLedger)
     health: dict[int, GeneratorHealth] = field(default_factory=dict)  # by generator id
     # Role name -> restarts and last failure, for every supervised role (/status, metrics).
@@ -236,7 +238,7 @@ class RunState:
             if saved or self.checkpointed < 0:
                 self.prompts.checkpointed(step.version)
             if eval_every > 0 and step.version % eval_every == 0 and step.version < max_steps:
-                self.eval_requested = max(self.eval_requested, step.version)
+                self.ask_eval(step.version)
             self.last_seen["learner rank 0"] = step.time
 
     def batch_taken(self, taken: BatchTaken) -> None:
@@ -340,6 +342,26 @@ class RunState:
         self.eval_answered = min(self.eval_answered, version)
         if self.eval_requested > version:
             self.eval_requested = self.eval_answered
+        self.eval_due = [v for v in self.eval_due if v <= version]
+
+    def ask_eval(self, version: int) -> None:
+        """An evaluation of ``version`` is due (call with the lock held)."""
+        self.eval_requested = max(self.eval_requested, version)
+        if version > self.eval_answered and version not in self.eval_due:
+            self.eval_due = sorted([*self.eval_due, version])
+
+    def eval_answer(self, requested: int) -> None:
+        """An evaluation asked for at ``requested`` came back (call with the lock held)."""
+        self.eval_answered = max(self.eval_answered, requested)
+        self.eval_due = [v for v in self.eval_due if v > self.eval_answered]
+
+    def eval_to_ask(self, in_order: bool) -> int:
+        """The version to ask the evaluator for, -1 for none: the oldest due when it evaluates
+        each in order (its own process, ``eval.runs_on``), else the newest (an evaluator in a
+        generator's loop evaluates the weights it holds: one ask covers the older ones)."""
+        if self.eval_requested <= self.eval_answered:
+            return -1
+        return self.eval_due[0] if in_order and self.eval_due else self.eval_requested
 
     def eval_is_live(self, report: EvalReport) -> bool:
         """Whether an evaluation was of weights on the current timeline (``streamrl.clock``):

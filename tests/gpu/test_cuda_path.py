@@ -139,6 +139,50 @@ def test_cuda_engine_takes_weight_updates_in_flight():
     assert torch.equal(engine.params[name].detach().cpu(), new)
 
 
+def test_cuda_engine_adopts_an_update_prepared_on_another_thread():
+    """The weight thread's path on CUDA: ``prepare_weights`` copies the host tensors to new
+    device tensors on another thread while the engine decodes (its samples meanwhile are the
+    held weights'), and the adoption between decode steps swaps them in: afterwards the
+    engine samples exactly what ``update_weights`` with the same tensors gives."""
+    import threading
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    engine = HFEngine(EngineArgs(resolve_model(TINY), device="cuda", dtype="bfloat16", seed=0))
+    original = {n: p.detach().cpu().clone() for n, p in engine.params.items()}
+    gen = torch.Generator().manual_seed(0)
+    new = {
+        n: (t.float() * (1 + 0.05 * torch.randn(t.shape, generator=gen))).to(torch.bfloat16)
+        for n, t in list(original.items())[:6]
+    }
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
+    prompts = [[1, 5, 6, 7], [2, 3]]
+
+    def sample():
+        return [(o.response_ids, o.logprobs) for o in engine.generate(prompts, params)]
+
+    before = sample()
+    engine.update_weights(list(new.items()), version=1)
+    updated = sample()
+    engine.update_weights(list(original.items()), version=2)
+    prepared = []
+    thread = threading.Thread(
+        target=lambda: prepared.append(engine.prepare_weights(list(new.items()), 3))
+    )
+    thread.start()
+    during = sample()
+    thread.join()
+    assert [t for t, _ in during] == [t for t, _ in before] and engine.version == 2
+    prepared[0]()
+    assert engine.version == 3
+    after = sample()
+    for (ta, la), (tb, lb) in zip(after, updated, strict=True):
+        assert ta == tb
+        torch.testing.assert_close(torch.tensor(la), torch.tensor(lb), atol=1e-5, rtol=0)
+    for name, tensor in new.items():
+        assert torch.equal(engine.params[name].detach().cpu(), tensor)
+
+
 def test_cuda_engine_logprobs_match_an_fp32_forward():
     """The engine's bf16 behaviour logprobs on CUDA against a plain fp32 transformers forward
     of each whole sequence (eager attention, no cache, no padding): within bf16 noise. With

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,23 @@ def test_eval_runs_at_the_configured_steps_and_stays_out_of_the_buffer(run_dir: 
     assert table, "the run trained on nothing"
     trained = {tuple(row["prompt_ids"]) for row in table}
     assert not trained & held_out
+
+
+def test_evaluations_ran_in_an_idle_process_of_their_own(run_dir: Path) -> None:
+    """eval.runs_on auto on CPU: generator 0's evaluation process evaluated every version
+    asked (the test above), at the lowest CPU priority, none of it in the generator's loop,
+    and it ended with its generator."""
+    log = (run_dir / "logs" / "generator-0-eval.log").read_text()
+    ready = re.search(r"evaluation process (\d+) ready \(SCHED_IDLE", log)
+    assert ready, log[-2000:]
+    assert not Path(f"/proc/{ready.group(1)}").exists()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "step" in r]
+    assert steps[-1]["generators/eval_s_total"] == 0.0
+    evals = [r for r in records if r.get("event") == "eval"]
+    # The weights asked for or later: this tiny run's four steps are over before the process
+    # has loaded its engine, so it anchors past version 2 (a longer run's are exact).
+    assert all(e["eval/version"] >= e["requested"] for e in evals)
 
 
 def test_streamrl_eval_on_a_run_and_a_model(run_dir: Path, tmp_path: Path) -> None:

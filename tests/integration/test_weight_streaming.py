@@ -489,7 +489,11 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: 
     ctx = zmq.Context()
     weights = GeneratorWeights(ctx, engine, spec, timers, lambda: adopted.append(engine.version))
     image = weights.subscriber.image
-    assert background == all(image[n].data_ptr() != p.data_ptr() for n, p in engine.params.items())
+    # On the weight thread the tensors a forward reads are the image's own copies; inline
+    # the image is the engine's parameters.
+    live = engine.live_weight_names() if background else set()
+    for name, param in engine.params.items():
+        assert (image[name].data_ptr() == param.data_ptr()) == (name not in live), name
     time.sleep(0.5)  # the SUB sockets connect before the first diff
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
     prompts = [[1, 5, 9, 2], [3, 4], [7, 7, 7]]
@@ -512,3 +516,37 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: 
         engine.shutdown()
         ranks.close()
         ctx.destroy(linger=0)
+
+
+def test_a_subscriber_holds_at_the_version_asked_unless_it_cannot_reach_it() -> None:
+    """``poll(up_to=v)`` (the evaluation process): stops at v while later diffs wait, moves
+    on when asked; a subscriber that missed the diffs up to v takes the anchor past it."""
+    ranks = FakeRanks(2, WeightsConfig(chunk_bytes=4096))
+    sub = ranks.subscriber(0, anchor_timeout_s=0.5)
+    time.sleep(0.5)
+    late = None
+    try:
+        for _ in range(5):
+            ranks.step(1e-3)
+            ranks.flush()  # one diff per version: none coalesced past 2
+        deadline = time.monotonic() + 20
+        while sub.version < 2:
+            assert time.monotonic() < deadline
+            sub.poll(5, up_to=2)
+            time.sleep(0.01)
+        for _ in range(20):
+            sub.poll(5, up_to=2)
+            time.sleep(0.01)
+        assert sub.version == 2 and sub.anchors_requested == 0
+        poll_until([sub], 5, learner_version=5)
+        assert_bitwise_equal(sub.image, ranks.full)
+        late = ranks.subscriber(1, anchor_timeout_s=0.5)  # v1..v5 went before it connected
+        deadline = time.monotonic() + 30
+        while late.version < 5:
+            assert time.monotonic() < deadline
+            late.poll(5, up_to=2)
+            time.sleep(0.01)
+        assert late.anchors_applied >= 1
+        assert_bitwise_equal(late.image, ranks.full)
+    finally:
+        ranks.close(sub, *([late] if late else []))

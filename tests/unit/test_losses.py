@@ -95,7 +95,7 @@ def ref_policy(
     weights = ref_weights(prox, beh, mask, correction, is_cap, 1 / is_cap)
     coeffs = ref_agg_coeffs(mask, agg, None)
     per_token, grads = [], []
-    counts = dict.fromkeys(["up", "low", "dual", "kl", "w", "masked"], 0.0)
+    counts = dict.fromkeys(["up", "low", "dual", "kl", "w", "masked", "k3", "rho", "rho2"], 0.0)
     w_max, n = 0.0, 0
     for b in range(len(lp)):
         loss_row, grad_row = [], []
@@ -122,6 +122,10 @@ def ref_policy(
                 counts["w"] += w
                 counts["masked"] += w == 0
                 w_max = max(w_max, w)
+                log_rho = clamp(prox[b][t] - beh[b][t], -20, 20)
+                counts["k3"] += math.exp(log_rho) - 1 - log_rho
+                counts["rho"] += math.exp(log_rho)
+                counts["rho2"] += math.exp(log_rho) ** 2
         per_token.append(loss_row)
         grads.append(grad_row)
     n = max(n, 1)
@@ -133,6 +137,8 @@ def ref_policy(
         "policy/is_weight_mean": counts["w"] / n,
         "policy/is_weight_max": w_max,
         "policy/is_masked_frac": counts["masked"] / n,
+        "policy/offpolicy_k3": counts["k3"] / n,
+        "policy/is_ess": counts["rho"] ** 2 / (n * counts["rho2"]) if counts["rho2"] else 0.0,
     }
     return ref_aggregate(per_token, mask, agg, None), grads, metrics
 

@@ -96,16 +96,18 @@ class Engine(ABC):
         """Replace the named parameters with full (unsharded) tensors and adopt ``version``.
         Only changed tensors are passed; sequences in flight continue with the new weights."""
 
-    # True when the tensors ``shared_weights`` gives are the ones the engine's forward reads:
-    # a subscriber writing them on another thread would tear a forward in flight, so the
-    # weight thread keeps a copy instead.
-    shared_weights_are_live: bool = False
-
     def shared_weights(self) -> dict[str, torch.Tensor] | None:
         """Tensors the subscriber may write into directly (full, contiguous bf16 on the host),
         or ``None``: the subscriber keeps its own image and the changed tensors reach the
         engine through ``update_weights``."""
         return None
+
+    def live_weight_names(self) -> set[str]:
+        """The names among ``shared_weights`` whose tensors a forward reads directly: the
+        weight thread, which writes its image while the engine decodes, keeps its own copy of
+        those (the others, read only through copies ``prepare_weights`` refreshes, it may
+        write in place)."""
+        return set()
 
     def prepare_weights(
         self, named_tensors: list[tuple[str, torch.Tensor]], version: int

@@ -243,20 +243,35 @@ class HFEngine(Engine):
             return None
         return {name: p.data for name, p in self.params.items()}
 
-    shared_weights_are_live = True  # the forward reads the parameters shared_weights gives
+    def live_weight_names(self) -> set[str]:
+        """Every parameter but the weights of prepacked linears, which a forward reads only
+        through their packed copies (a bias it reads: ``PackedLinear.forward``)."""
+        names = {id(p): n for n, p in self.params.items()}
+        packed = {id(m.source) for m in self.model.modules() if isinstance(m, PackedLinear)}
+        live = set()
+        for module in self.model.modules():
+            for attr, param in module.named_parameters(recurse=False):
+                if not (id(module) in packed and attr == "weight"):
+                    live.add(id(param))
+        return {names[i] for i in live if i in names}
 
     def prepare_weights(
         self, named_tensors: list[tuple[str, torch.Tensor]], version: int
     ) -> Callable[[], None]:
         """New tensors for the changed parameters and their packed copies, built while the
-        engine decodes; the adoption swaps them in (pointer assignments, no copy)."""
+        engine decodes; the adoption swaps them in (pointer assignments, no copy). A tensor
+        that is the parameter itself (a prepacked weight the thread wrote in place, which no
+        forward reads) only gets its packed copies."""
         with torch.no_grad():
             new = {
                 name: tensor.to(self.device, self.params[name].dtype, copy=True)
                 for name, tensor in named_tensors
+                if tensor.data_ptr() != self.params[name].data_ptr()
             }
+            written = {name for name, _ in named_tensors} - set(new)
             by_param = {id(self.params[name]): tensor for name, tensor in new.items()}
-            layers = {id(layer): layer for name in new for layer in self._packed.get(name, ())}
+            changed = [*new, *written]
+            layers = {id(layer): layer for n in changed for layer in self._packed.get(n, ())}
             packed = [(layer, layer.pack(by_param)) for layer in layers.values()]
 
         def adopt() -> None:

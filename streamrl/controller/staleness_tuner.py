@@ -1,0 +1,146 @@
+"""``buffer.max_staleness: auto``: the controller tunes the staleness bound while the run goes
+on (docs/design.md §3).
+
+The right bound depends on the machine and the job: the smallest one at which the learner
+does not wait for batches trains on the freshest data at full speed. Every
+``staleness_tuning.window`` learner steps the tuner reads the window's step records and
+decides, one step of the bound at a time, within ``[min, max]``:
+
+- **guard** (first): the trained tokens' importance weights say the generator's policy was
+  too far from the learner's (ESS fraction below ``guard_ess``, or KL(behaviour || proximal)
+  above ``guard_k3``): lower the bound, and never raise while it holds.
+- **raise**: the learner waited for batches (``time/wait_batch_s``) at least
+  ``raise_when_learner_waits`` of the window, while the generators were held back by the bound
+  (waiting for admission or for the weights a grant needs) at least ``raise_when_held`` of
+  theirs: the bound, not generation speed, is what the learner waits on.
+- **lower**: the learner waited less than ``lower_when_learner_waits``: it sets the pace, and
+  a smaller bound costs nothing but makes the data fresher. A lower step the next window
+  undoes (the learner started waiting) is not tried again for four windows.
+
+A decision goes through the same live path as an admin ``PATCH /config`` (admission, shards,
+learners) and into the audit trail (``audit.jsonl``, client ``staleness-tuner``, with its
+reason and figures) and the metrics log (``staleness_tuned`` events). A change made by the
+admin is the tuner's new starting point: it decides again a window later.
+
+Example: window 5, bound 1; steps 6-10 the learner waited 30% and the generators were held
+12%: the bound goes to 2. Steps 11-15 the learner waited 0.5%: back to 1; steps 16-20 it waits
+20% again: 2, and 1 is not tried before step 40.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamrl.config import StalenessTuning
+
+RETRY_WINDOWS = 4  # windows before a lower step that was undone is tried again
+
+
+@dataclass
+class Decision:
+    old: int
+    new: int
+    reason: str
+    figures: dict[str, float]
+
+
+@dataclass
+class WindowFigures:
+    """What one window of step records says (module doc)."""
+
+    learner_wait: float  # share of the learner's step time spent waiting for a batch
+    generators_held: float  # share of generator time waiting for admission or weights
+    ess: float | None  # mean policy/is_ess over the steps that report it
+    k3: float | None  # mean policy/offpolicy_k3
+
+    @classmethod
+    def of(cls, records: list[dict[str, Any]], before: dict[str, Any]) -> WindowFigures:
+        step_s = sum(r.get("time/step_s", 0.0) for r in records)
+        waited = sum(r.get("time/wait_batch_s", 0.0) for r in records)
+        last = records[-1]
+        span = last["time"] - before["time"]
+        n_gen = max(int(last.get("generators/count", 1)), 1)
+        held = 0.0
+        for key in ("generators/wait_admission_s_total", "generators/wait_weights_s_total"):
+            held += float(last.get(key, 0.0)) - float(before.get(key, 0.0))
+
+        def mean(key: str) -> float | None:
+            values = [r[key] for r in records if r.get(key) is not None]
+            return sum(values) / len(values) if values else None
+
+        return cls(
+            learner_wait=waited / step_s if step_s > 0 else 0.0,
+            generators_held=held / (span * n_gen) if span > 0 else 0.0,
+            ess=mean("policy/is_ess"),
+            k3=mean("policy/offpolicy_k3"),
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        out = {"learner_wait": self.learner_wait, "generators_held": self.generators_held}
+        if self.ess is not None:
+            out["ess"] = self.ess
+        if self.k3 is not None:
+            out["offpolicy_k3"] = self.k3
+        return out
+
+
+@dataclass
+class StalenessTuner:
+    tuning: StalenessTuning
+    records: list[dict[str, Any]] = field(default_factory=list)
+    before: dict[str, Any] | None = None  # the record that opens the window
+    bound_seen: int | None = None  # the bound the window ran under
+    undone: dict[int, int] = field(default_factory=dict)  # bound -> windows left untried
+    last_lowered_from: int | None = None  # the previous decision, if it lowered
+
+    def observe(self, record: dict[str, Any], bound: int) -> Decision | None:
+        """One learner step's record, under the bound in force; a decision at the end of a
+        window (None: keep the bound)."""
+        if self.bound_seen != bound or self.before is None:
+            # The first record, or someone else changed the bound: a fresh window from here.
+            self.bound_seen, self.before, self.records = bound, record, []
+            return None
+        self.records.append(record)
+        if len(self.records) < self.tuning.window:
+            return None
+        figures = WindowFigures.of(self.records, self.before)
+        self.before, self.records = record, []
+        decision = self._decide(figures, bound)
+        for key in list(self.undone):
+            self.undone[key] -= 1
+            if self.undone[key] <= 0:
+                del self.undone[key]
+        if decision is not None:
+            if self.last_lowered_from == decision.new and decision.new > decision.old:
+                self.undone[decision.old] = RETRY_WINDOWS  # that lower step hurt: not soon
+            self.last_lowered_from = decision.old if decision.new < decision.old else None
+            self.bound_seen = decision.new
+        else:
+            self.last_lowered_from = None
+        return decision
+
+    def _decide(self, f: WindowFigures, bound: int) -> Decision | None:
+        t = self.tuning
+        figures = f.as_dict()
+        guard = []
+        if f.ess is not None and f.ess < t.guard_ess:
+            guard.append(f"importance-weight ESS {f.ess:.3f} < {t.guard_ess}")
+        if f.k3 is not None and f.k3 > t.guard_k3:
+            guard.append(f"KL(behaviour || proximal) {f.k3:.4f} > {t.guard_k3}")
+        if guard:
+            if bound > t.min:
+                return Decision(bound, bound - 1, "quality guard: " + ", ".join(guard), figures)
+            return None
+        waits = f"learner waited {f.learner_wait:.1%}, generators held {f.generators_held:.1%}"
+        if (
+            f.learner_wait >= t.raise_when_learner_waits
+            and f.generators_held >= t.raise_when_held
+            and bound < t.max
+        ):
+            return Decision(bound, bound + 1, f"raise: {waits}", figures)
+        lower = bound - 1
+        if f.learner_wait < t.lower_when_learner_waits and lower >= t.min:
+            if lower not in self.undone:
+                return Decision(bound, lower, f"lower: {waits}", figures)
+        return None

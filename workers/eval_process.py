@@ -1,0 +1,211 @@
+"""Held-out evaluation where there is slack: a process of its own beside generator 0
+(``eval.runs_on``, docs/design.md §5).
+
+Evaluating in the pacing generator's loop stops sampling for as long as it takes (37 s of a
+514 s default job on an AMX Xeon). This process holds its own engine and follows the weight
+stream itself (a subscriber of its own, applying inline), so the generator only forwards the
+controller's requests and the results. It runs under ``SCHED_IDLE`` on every core of the run:
+the kernel gives it a core only when no other role of the run wants that core, so the
+learner and the generators keep their pace and the evaluation takes what they leave. At the
+end of the run (everything else idle) it has the machine to itself for the final evaluation.
+
+Pipe messages, generator -> process: ``("clock", LearnerClockInfo)``, ``("eval", version,
+epoch, final, unseen)``, ``None`` (close). Process -> generator: ``("ready",)``,
+``("result", version, epoch, EvalResult, held_epoch)``, ``("abandoned", version, epoch)``.
+The process ends with its generator: an end of the pipe, or the parent's death (Linux's
+parent-death signal), ends it.
+
+Example: generator 0 told to evaluate v10 sends ``("eval", 10, 0, False, False)`` and goes
+on sampling; the process applies versions up to 10 from its own subscriber, evaluates, and
+sends the result, which generator 0 forwards to the controller as an ``EvalReport``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from streamrl.protocol import GeneratorActivity, LearnerClockInfo
+from streamrl.role_specs import GeneratorSpec
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+# Subscriber ids of evaluation processes sit above any generator id (anchor requests name
+# their subscriber in the learners' logs).
+EVAL_SUBSCRIBER_BASE = 1_000_000
+
+
+@dataclass
+class _Ask:
+    version: int
+    epoch: int
+    final: bool
+    unseen: bool
+
+
+def _idle_priority(cores: list[int] | None) -> str:
+    """Lowest priority on every core of the run; says what it got."""
+    if cores:
+        os.sched_setaffinity(0, cores)
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return "SCHED_IDLE"
+    except (AttributeError, OSError):  # not Linux, or refused: the lowest nice value
+        os.nice(19)
+        return "nice 19"
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # not glibc: the pipe's end still ends the process
+        pass
+
+
+def serve(spec: GeneratorSpec, conn: Connection) -> None:
+    """The process's main: build the engine and a subscriber, then follow the stream and
+    answer evaluation requests until the pipe closes."""
+    _die_with_parent()
+    if spec.log_file:
+        logging.basicConfig(
+            filename=spec.log_file,
+            level=logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+    policy = _idle_priority(spec.slack_cores)
+    import torch
+    import zmq
+
+    from streamrl.callables import install as install_callables
+    from streamrl.evaluation import eval_prompts
+    from streamrl.models import load_tokenizer
+    from streamrl.transport import resolve_host
+    from streamrl.workers.evaluator import add_unseen_phrasing, evaluate
+    from streamrl.workers.generator import build_engine
+    from streamrl.workers.generator_weights import GeneratorWeights
+
+    # One thread: a second one of an OpenMP team under SCHED_IDLE would spin at each barrier
+    # while the kernel holds its partner back.
+    torch.set_num_threads(1)
+    install_callables(spec.callables)
+    config = spec.config
+    inline = msgspec.structs.replace(config.weights, apply_in_background=False)
+    config = msgspec.structs.replace(config, weights=inline)
+    spec = msgspec.structs.replace(spec, config=config)
+    model_dir = Path(spec.model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    engine = build_engine(config, model_dir, spec.generator_id, resolve_host(spec.bind_host))
+    ctx = zmq.Context()
+    sub_spec = msgspec.structs.replace(spec, generator_id=EVAL_SUBSCRIBER_BASE + spec.generator_id)
+    weights = GeneratorWeights(ctx, engine, sub_spec, GeneratorActivity(), lambda: None)
+    eval_set = eval_prompts(config)
+    log.info("evaluation process %d ready (%s, cores %s)", os.getpid(), policy, spec.slack_cores)
+    conn.send(("ready",))
+    asked: list[_Ask] = []  # in the order asked: each is answered, none skipped
+    every = max(config.eval.every, 1)
+    try:
+        while True:
+            while conn.poll(0):
+                message = conn.recv()
+                if message is None:
+                    return
+                if message[0] == "clock":
+                    weights.follow_clock(message[1])
+                elif message[0] == "eval":
+                    asked.append(_Ask(*message[1:]))
+            # The exact weights of the next evaluation: the version asked, else the next one
+            # the schedule will ask for (the ask comes after the learner published it).
+            weights.up_to = asked[0].version if asked else (engine.version // every + 1) * every
+            weights.poll()
+            if asked:
+                ask = asked[0]
+                if ask.epoch < weights.weights_epoch:  # those weights are gone
+                    conn.send(("abandoned", ask.version, ask.epoch))
+                    asked.pop(0)
+                    continue
+                if weights.held_epoch == ask.epoch and engine.version >= ask.version:
+                    start = time.monotonic()
+                    result = evaluate(engine, tokenizer, config, eval_set)
+                    if ask.unseen:
+                        add_unseen_phrasing(result, engine, tokenizer, config)
+                    result.metrics["eval/seconds"] = time.monotonic() - start
+                    conn.send(("result", ask.version, ask.epoch, result, weights.held_epoch))
+                    asked.pop(0)
+                    continue
+            weights.subscriber.wait(0.05)
+    except (EOFError, BrokenPipeError):  # the generator is gone
+        return
+    finally:
+        weights.close()
+        engine.shutdown()
+        ctx.destroy(linger=0)
+
+
+class SlackEvaluator:
+    """Generator 0's handle on its evaluation process (module doc)."""
+
+    def __init__(self, spec: GeneratorSpec) -> None:
+        mp = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked threads
+        self._conn, child = mp.Pipe()
+        log_file = spec.log_file.replace(".log", "-eval.log") if spec.log_file else ""
+        child_spec = msgspec.structs.replace(spec, log_file=log_file)
+        self.process = mp.Process(target=serve, args=(child_spec, child), daemon=True)
+        self.process.start()
+        child.close()
+        self.ready = False
+        self._clock: LearnerClockInfo | None = None
+        log.info("generator[%d]: evaluation process %d", spec.generator_id, self.process.pid)
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def follow_clock(self, clock: LearnerClockInfo) -> None:
+        if clock != self._clock and self.alive():
+            self._clock = clock
+            self._send(("clock", clock))
+
+    def ask(self, version: int, epoch: int, final: bool, unseen: bool) -> bool:
+        """Ask for an evaluation (after those asked before); False if the process is gone."""
+        return self._send(("eval", version, epoch, final, unseen))
+
+    def take(self, timeout_s: float = 0.0) -> list[tuple[Any, ...]]:
+        """The messages waiting (after up to ``timeout_s`` for the first)."""
+        out: list[tuple[Any, ...]] = []
+        try:
+            if not self._conn.poll(timeout_s):
+                return out
+            while self._conn.poll(0):
+                message = self._conn.recv()
+                if message[0] == "ready":
+                    self.ready = True
+                else:
+                    out.append(message)
+        except (EOFError, OSError):
+            pass  # the process died: alive() says so
+        return out
+
+    def _send(self, message: object) -> bool:
+        try:
+            self._conn.send(message)
+            return True
+        except (BrokenPipeError, OSError):
+            return False
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._send(None)
+        self.process.join(timeout_s)
+        if self.process.is_alive():
+            self.process.kill()  # by its pid: ours
+            self.process.join(5)
+        self._conn.close()
