@@ -8,14 +8,18 @@ decides, one step of the bound at a time, within ``[min, max]``:
 
 - **guard** (first): the trained tokens' importance weights say the generator's policy was
   too far from the learner's (ESS fraction below ``guard_ess``, or KL(behaviour || proximal)
-  above ``guard_k3``): lower the bound, and never raise while it holds.
+  above ``guard_k3``): lower the bound; no raise while it holds, nor back to the bound it
+  left for four windows.
 - **raise**: the learner waited for batches (``time/wait_batch_s``) at least
   ``raise_when_learner_waits`` of the window, while the generators were held back by the bound
   (waiting for admission or for the weights a grant needs) at least ``raise_when_held`` of
   theirs: the bound, not generation speed, is what the learner waits on.
 - **lower**: the learner waited less than ``lower_when_learner_waits``: it sets the pace, and
-  a smaller bound costs nothing but makes the data fresher. A lower step the next window
-  undoes (the learner started waiting) is not tried again for four windows.
+  a smaller bound makes the data fresher at no cost as long as generation still overlaps
+  training: a batch's generation time at most ``LOWER_MARGIN`` of the smaller bound's worth of
+  training time (the generators' busy seconds over the learner's). Never to 0 for pace (that
+  is synchronous: no overlap); only the guard goes there. A lower step the next window undoes
+  (the learner started waiting) is not tried again for four windows.
 
 A decision goes through the same live path as an admin ``PATCH /config`` (admission, shards,
 learners) and into the audit trail (``audit.jsonl``, client ``staleness-tuner``, with its
@@ -35,6 +39,7 @@ from typing import Any
 from streamrl.config import StalenessTuning
 
 RETRY_WINDOWS = 4  # windows before a lower step that was undone is tried again
+LOWER_MARGIN = 0.8  # generation time per batch at most this share of the lower bound's training
 
 
 @dataclass
@@ -49,35 +54,44 @@ class Decision:
 class WindowFigures:
     """What one window of step records says (module doc)."""
 
-    learner_wait: float  # share of the learner's step time spent waiting for a batch
+    learner_wait: float  # share of the window's wall time the learner waited for a batch
     generators_held: float  # share of generator time waiting for admission or weights
+    # Generation time per trained batch over training time per batch (the generators' busy
+    # seconds over the learner's): the bound that lets them overlap is about its ceiling.
+    gen_over_train: float | None
     ess: float | None  # mean policy/is_ess over the steps that report it
     k3: float | None  # mean policy/offpolicy_k3
 
     @classmethod
     def of(cls, records: list[dict[str, Any]], before: dict[str, Any]) -> WindowFigures:
-        step_s = sum(r.get("time/step_s", 0.0) for r in records)
         waited = sum(r.get("time/wait_batch_s", 0.0) for r in records)
+        trained = sum(r.get("time/busy_s", r.get("time/step_s", 0.0)) for r in records)
         last = records[-1]
         span = last["time"] - before["time"]
         n_gen = max(int(last.get("generators/count", 1)), 1)
-        held = 0.0
-        for key in ("generators/wait_admission_s_total", "generators/wait_weights_s_total"):
-            held += float(last.get(key, 0.0)) - float(before.get(key, 0.0))
+
+        def delta(key: str) -> float:
+            return float(last.get(key, 0.0)) - float(before.get(key, 0.0))
+
+        held = delta("generators/wait_admission_s_total") + delta("generators/wait_weights_s_total")
+        generating = delta("generators/busy_s_total") / n_gen
 
         def mean(key: str) -> float | None:
             values = [r[key] for r in records if r.get(key) is not None]
             return sum(values) / len(values) if values else None
 
         return cls(
-            learner_wait=waited / step_s if step_s > 0 else 0.0,
+            learner_wait=min(waited / span, 1.0) if span > 0 else 0.0,
             generators_held=held / (span * n_gen) if span > 0 else 0.0,
+            gen_over_train=generating / trained if trained > 0 and generating > 0 else None,
             ess=mean("policy/is_ess"),
             k3=mean("policy/offpolicy_k3"),
         )
 
     def as_dict(self) -> dict[str, float]:
         out = {"learner_wait": self.learner_wait, "generators_held": self.generators_held}
+        if self.gen_over_train is not None:
+            out["gen_over_train"] = self.gen_over_train
         if self.ess is not None:
             out["ess"] = self.ess
         if self.k3 is not None:
@@ -91,7 +105,9 @@ class StalenessTuner:
     records: list[dict[str, Any]] = field(default_factory=list)
     before: dict[str, Any] | None = None  # the record that opens the window
     bound_seen: int | None = None  # the bound the window ran under
-    undone: dict[int, int] = field(default_factory=dict)  # bound -> windows left untried
+    # Bounds not to move to for a while (-> windows left): one a guard lowered from, one a
+    # lower step went to and the next window undid.
+    blocked: dict[int, int] = field(default_factory=dict)
     last_lowered_from: int | None = None  # the previous decision, if it lowered
 
     def observe(self, record: dict[str, Any], bound: int) -> Decision | None:
@@ -107,13 +123,15 @@ class StalenessTuner:
         figures = WindowFigures.of(self.records, self.before)
         self.before, self.records = record, []
         decision = self._decide(figures, bound)
-        for key in list(self.undone):
-            self.undone[key] -= 1
-            if self.undone[key] <= 0:
-                del self.undone[key]
+        for key in list(self.blocked):
+            self.blocked[key] -= 1
+            if self.blocked[key] <= 0:
+                del self.blocked[key]
         if decision is not None:
             if self.last_lowered_from == decision.new and decision.new > decision.old:
-                self.undone[decision.old] = RETRY_WINDOWS  # that lower step hurt: not soon
+                self.blocked[decision.old] = RETRY_WINDOWS  # that lower step hurt: not soon
+            if decision.reason.startswith("quality guard"):
+                self.blocked[decision.old] = RETRY_WINDOWS  # nor back up to what it left
             self.last_lowered_from = decision.old if decision.new < decision.old else None
             self.bound_seen = decision.new
         else:
@@ -137,10 +155,16 @@ class StalenessTuner:
             f.learner_wait >= t.raise_when_learner_waits
             and f.generators_held >= t.raise_when_held
             and bound < t.max
+            and bound + 1 not in self.blocked
         ):
             return Decision(bound, bound + 1, f"raise: {waits}", figures)
+        # Lower only where generation would still overlap training (its time per batch at
+        # most the smaller bound's worth of training, with a margin), and never to 0 for
+        # pace (synchronous: no overlap at all); only the guard goes there.
         lower = bound - 1
-        if f.learner_wait < t.lower_when_learner_waits and lower >= t.min:
-            if lower not in self.undone:
-                return Decision(bound, lower, f"lower: {waits}", figures)
+        ratio = f.gen_over_train
+        overlaps = ratio is not None and ratio <= LOWER_MARGIN * lower
+        if f.learner_wait < t.lower_when_learner_waits and lower >= max(t.min, 1) and overlaps:
+            if lower not in self.blocked:
+                return Decision(bound, lower, f"lower: {waits}, gen/train {ratio:.2f}", figures)
         return None
