@@ -56,10 +56,11 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: di
         + ".",
         "",
         "| mode | samples/s | trained tok/s | generated tok/s | generator busy | "
-        "waits admission | waits weights | weight pauses | learner busy | staleness mean | "
+        "waits admission | waits weights | weight pauses | publish->applied median / max | "
+        "learner busy | staleness mean | "
         "staleness histogram | weight bytes/step | length mean / longest per step (turns) | "
         "window s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         hist = ", ".join(f"{k}: {v:.0f}" for k, v in sorted(r["staleness_histogram"].items()))
@@ -67,7 +68,9 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: di
             f"| {mode_label(r)} | {r['samples_per_s']:.2f} | {r['trained_tokens_per_s']:.1f} | "
             f"{r['generated_tokens_per_s']:.1f} | {_pct(r['generator_busy'])} | "
             f"{_pct(r['generator_wait_admission'])} | {_pct(r['generator_wait_weights'])} | "
-            f"{_pct(r['generator_weights_pause'])} | {_pct(r['learner_busy'])} | "
+            f"{_pct(r['generator_weights_pause'])} | "
+            f"{r.get('publish_to_applied_median_s', 0.0):.2f} / "
+            f"{r.get('publish_to_applied_max_s', 0.0):.2f} s | {_pct(r['learner_busy'])} | "
             f"{r['staleness_mean']:.2f} | {hist} | {r['weight_bytes_per_step']:.3g} | "
             f"{_lengths(r)} | {r['window_s']:.0f} |"
         )

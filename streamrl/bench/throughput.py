@@ -33,6 +33,7 @@ core) and the denominator async's best step on the split placement.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -120,6 +121,11 @@ def measure(records: list[dict[str, Any]], warmup: int, config: Config) -> dict[
                 bucket = key.removeprefix("staleness/groups_at_")
                 histogram[bucket] = histogram.get(bucket, 0.0) + value
     learner_busy = sum(r.get("time/busy_s", 0.0) for r in window)
+    latencies = [
+        r["weights/publish_to_applied_s_max"]
+        for r in window
+        if r.get("weights/publish_to_applied_s_max", 0.0) > 0
+    ]
     return {
         "steps": len(window),
         "window_s": span,
@@ -137,6 +143,9 @@ def measure(records: list[dict[str, Any]], warmup: int, config: Config) -> dict[
         "generator_wait_admission": per_generator("generators/wait_admission_s_total"),
         "generator_wait_weights": per_generator("generators/wait_weights_s_total"),
         "generator_weights_pause": per_generator("generators/weights_pause_s_total"),
+        # Publish -> adopted by every generator (each step record's worst), over the window.
+        "publish_to_applied_median_s": _median(latencies),
+        "publish_to_applied_max_s": max(latencies, default=0.0),
         "learner_busy": learner_busy / span,
         "t_gen_per_step_s": delta("generators/busy_s_total") / n_gen / len(window),
         "t_train_per_step_s": learner_busy / len(window),
@@ -157,6 +166,10 @@ def measure(records: list[dict[str, Any]], warmup: int, config: Config) -> dict[
         "timeline": timeline(steps, n_gen),
         "reward_roles": reward_role_figures(opening, last),
     }
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
 
 
 def reward_role_figures(opening: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
@@ -314,7 +327,10 @@ def bench_throughput(
             f"{result['name']:<12} {result['samples_per_s']:.2f} samples/s, "
             f"{result['generated_tokens_per_s']:.1f} generated tok/s, generator busy "
             f"{100 * result['generator_busy']:.0f}%, learner busy "
-            f"{100 * result['learner_busy']:.0f}%, staleness {result['staleness_mean']:.2f} "
+            f"{100 * result['learner_busy']:.0f}%, weight pauses "
+            f"{100 * result['generator_weights_pause']:.1f}%, publish->applied "
+            f"{result['publish_to_applied_median_s']:.2f}/{result['publish_to_applied_max_s']:.2f}"
+            f" s (median/max), staleness {result['staleness_mean']:.2f} "
             f"({result['window_s']:.0f} s window); trajectory length mean "
             f"{result['response_tokens_mean']:.1f}, longest per step "
             f"{result['response_tokens_max_mean']:.1f} tokens"
