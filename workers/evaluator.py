@@ -22,13 +22,18 @@ from streamrl.evaluation import (
     unseen_phrasing_prompts,
 )
 from streamrl.models import encode_prompt, stop_token_ids
-from streamrl.workers.engines.base import Engine, SamplingParams
+from streamrl.workers.engines.base import Engine, SamplingParams, StepHook
 
 
 def evaluate(
-    engine: Engine, tokenizer, config: Config, prompts: list[Prompt] | None = None
+    engine: Engine,
+    tokenizer,
+    config: Config,
+    prompts: list[Prompt] | None = None,
+    on_step: StepHook | None = None,
 ) -> EvalResult:
-    """Decode the held-out prompts with ``engine`` (its current weights) and score them."""
+    """Decode the held-out prompts with ``engine`` (its current weights) and score them;
+    ``on_step`` runs between decode steps (the evaluation process waits there for slack)."""
     ev = config.eval
     prompts = eval_prompts(config) if prompts is None else prompts
     params = SamplingParams(
@@ -40,7 +45,7 @@ def evaluate(
         return evaluate_episodes(engine, tokenizer, config, prompts, params)
     ids = [encode_prompt(tokenizer, p, config.data.max_prompt_tokens) for p in prompts]
     batch = [prompt_ids for prompt_ids in ids for _ in range(ev.samples)]
-    outputs = engine.generate(batch, params)
+    outputs = engine.generate(batch, params, on_step)
     responses = [
         (
             tokenizer.decode(out.response_ids, skip_special_tokens=True),
@@ -101,13 +106,19 @@ def evaluate_episodes(
     return EvalResult(engine.version, metrics, samples)
 
 
-def add_unseen_phrasing(result: EvalResult, engine: Engine, tokenizer, config: Config) -> None:
+def add_unseen_phrasing(
+    result: EvalResult,
+    engine: Engine,
+    tokenizer,
+    config: Config,
+    on_step: StepHook | None = None,
+) -> None:
     """Ask the same held-out questions in the wording training never uses
     (``evaluation.unseen_phrasing_prompts``) and add their figures to ``result`` under
     ``eval/unseen_phrasing/``; nothing when there is no such wording."""
     unseen = unseen_phrasing_prompts(config)
     if unseen:
-        other = evaluate(engine, tokenizer, config, unseen)
+        other = evaluate(engine, tokenizer, config, unseen, on_step)
         for key, value in other.metrics.items():
             result.metrics[UNSEEN + key.removeprefix("eval/")] = value
 

@@ -238,6 +238,8 @@ class Generator:
             )
         if not held:
             return False
+        if self.slack_eval is not None:
+            self.slack_eval.shut()  # sampling: the evaluation process waits
         with self.reporting.timing("busy_s"):
             epoch = self.weights.held_epoch
             groups = self.sampler.generate_groups(grant.prompt_indices, epoch)
@@ -246,6 +248,8 @@ class Generator:
             else:  # scored by the reward roles while the next call samples
                 self.scoring.submit(groups)
                 self.push_scored()
+        if self.slack_eval is not None:
+            self.slack_eval.open()
         self.reporting.timers.calls += 1
         # After every call: the controller's per-step figures count the groups just pushed.
         self.reporting.report(force=True)
