@@ -296,13 +296,16 @@ class StalenessTuning(_Section):
 
     auto: bool = False
     start: int = 1
-    min: int = 0
+    # 1: the guard never makes the run synchronous (no overlap at all); 0 lets it.
+    min: int = 1
     max: int = 4
     # Learner steps between two decisions (and after any change, by the tuner or the admin).
     window: int = 5
     # Raise when over a window the learner waited for batches at least this share of its
     # time while the generators were held back by the bound (admission or weights) at least
-    # raise_when_held; lower when the learner waited less than lower_when_learner_waits.
+    # raise_when_held and generated a batch in no more time than the learner trained one
+    # (else generation speed, not the bound, is what the learner waits on); lower when the
+    # learner waited less than lower_when_learner_waits.
     raise_when_learner_waits: float = 0.05
     raise_when_held: float = 0.05
     lower_when_learner_waits: float = 0.01

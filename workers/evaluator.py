@@ -24,6 +24,10 @@ from streamrl.evaluation import (
 from streamrl.models import encode_prompt, stop_token_ids
 from streamrl.workers.engines.base import Engine, SamplingParams, StepHook
 
+# Rows per engine call when a step hook may pause the evaluation (the evaluation process's
+# gate): one call's prefill runs to its end however long the hook would have waited.
+HOOKED_CALL_ROWS = 16
+
 
 def evaluate(
     engine: Engine,
@@ -45,7 +49,13 @@ def evaluate(
         return evaluate_episodes(engine, tokenizer, config, prompts, params)
     ids = [encode_prompt(tokenizer, p, config.data.max_prompt_tokens) for p in prompts]
     batch = [prompt_ids for prompt_ids in ids for _ in range(ev.samples)]
-    outputs = engine.generate(batch, params, on_step)
+    if on_step is None:
+        outputs = engine.generate(batch, params)
+    else:  # in calls of a few rows: a prefill holds the engine past the hook for its length
+        outputs = []
+        for start in range(0, len(batch), HOOKED_CALL_ROWS):
+            on_step(engine)
+            outputs += engine.generate(batch[start : start + HOOKED_CALL_ROWS], params, on_step)
     responses = [
         (
             tokenizer.decode(out.response_ids, skip_special_tokens=True),

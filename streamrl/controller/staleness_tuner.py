@@ -13,7 +13,8 @@ decides, one step of the bound at a time, within ``[min, max]``:
 - **raise**: the learner waited for batches (``time/wait_batch_s``) at least
   ``raise_when_learner_waits`` of the window, while the generators were held back by the bound
   (waiting for admission or for the weights a grant needs) at least ``raise_when_held`` of
-  theirs: the bound, not generation speed, is what the learner waits on.
+  theirs and generated a batch in no more time than the learner trained one: the bound, not
+  generation speed, is what the learner waits on.
 - **lower**: the learner waited less than ``lower_when_learner_waits``: it sets the pace, and
   a smaller bound makes the data fresher at no cost as long as generation still overlaps
   training: a batch's generation time at most ``LOWER_MARGIN`` of the smaller bound's worth of
@@ -154,6 +155,7 @@ class StalenessTuner:
         if (
             f.learner_wait >= t.raise_when_learner_waits
             and f.generators_held >= t.raise_when_held
+            and (f.gen_over_train is None or f.gen_over_train <= 1.0)
             and bound < t.max
             and bound + 1 not in self.blocked
         ):

@@ -58,8 +58,14 @@ def test_raises_while_the_learner_waits_on_the_bound_and_stops_when_it_does_not(
     assert (decision.old, decision.new) == (1, 2) and decision.reason.startswith("raise")
     assert decision.figures["learner_wait"] == pytest.approx(0.3)
     assert decision.figures["generators_held"] == pytest.approx(0.2)
-    # The learner waits, but on generation (the generators are not held): the bound stays.
+    # The learner waits, but on generation (the generators are not held, or they take
+    # longer to generate a batch than the learner to train one): the bound stays.
     assert run_window(tuner, steps, 2, 5, learner_wait=0.3, held=0.0) is None
+    assert run_window(tuner, steps, 2, 5, learner_wait=0.3, held=0.2, generating=0.9) is None
+    # The guard does not make a run synchronous unless min says it may (default 1).
+    guarded = StalenessTuner(StalenessTuning(auto=True, window=2))
+    guarded.observe(steps.record(0.3, 0.2), 1)
+    assert run_window(guarded, steps, 1, 2, learner_wait=0.3, held=0.2, k3=0.5) is None
     # Never above max.
     top = StalenessTuner(StalenessTuning(auto=True, window=2, max=2))
     top.observe(steps.record(0.3, 0.2), 2)
@@ -86,7 +92,7 @@ def test_lowers_when_the_learner_sets_the_pace_and_remembers_a_lower_step_that_h
 
 
 def test_the_quality_guard_lowers_and_blocks_raises() -> None:
-    tuning = StalenessTuning(auto=True, window=2, guard_ess=0.8, guard_k3=0.05)
+    tuning = StalenessTuning(auto=True, window=2, min=0, guard_ess=0.8, guard_k3=0.05)
     tuner, steps = StalenessTuner(tuning), Steps()
     tuner.observe(steps.record(0.3, 0.3), 2)
     decision = run_window(tuner, steps, 2, 2, learner_wait=0.3, held=0.3, ess=0.6)
