@@ -95,10 +95,11 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: di
         "",
         "| η | async/split sync | efficiency (÷ ideal) | target ≥ 0.9 | "
         + ("async/colocated sync | efficiency (÷ ideal) | " if colocated else "")
-        + "generator busy | target ≥ 90% |",
+        + "pacing role busy | target ≥ 90% |",
         "|---|---|---|---|" + ("---|---|" if colocated else "") + "---|---|",
     ]
     for row in c["async"]:
+        pacing = row.get("pacing_busy", row["generator_busy"])
         against = (
             f"{row['async_over_colocated']:.2f}x | {row['efficiency_colocated']:.2f} | "
             if "async_over_colocated" in row
@@ -107,8 +108,8 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: di
         lines.append(
             f"| {row['eta']} | {row['async_over_sync']:.2f}x | {row['efficiency']:.2f} | "
             f"{'met' if row['efficiency'] >= 0.9 else 'missed'} | {against}"
-            f"{_pct(row['generator_busy'])} "
-            f"| {'met' if row['generator_busy'] >= 0.9 else 'missed'} |"
+            f"{row.get('pacing_role', 'generators')} {_pct(pacing)} "
+            f"| {'met' if pacing >= 0.9 else 'missed'} |"
         )
     roles = [(r, label, f) for r in results for label, f in r.get("reward_roles", {}).items()]
     if roles:

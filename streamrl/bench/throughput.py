@@ -249,6 +249,9 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
             "async_over_sync": ratio,
             "efficiency": ratio / ideal,
             "generator_busy": r["generator_busy"],
+            # The role that sets the pace (the busier one): the target is on it.
+            "pacing_role": "learner" if r["learner_busy"] > r["generator_busy"] else "generators",
+            "pacing_busy": max(r["learner_busy"], r["generator_busy"]),
         }
         if colocated is not None and ideal_colocated is not None:
             row["async_over_colocated"] = r["samples_per_s"] / colocated["samples_per_s"]
@@ -383,8 +386,8 @@ def bench_throughput(
         )
         print(
             f"async η={row['eta']}: {row['async_over_sync']:.2f}x split sync, efficiency "
-            f"{row['efficiency']:.2f} of ideal (target 0.9){against_colocated}; generator busy "
-            f"{100 * row['generator_busy']:.0f}% (target 90%)",
+            f"{row['efficiency']:.2f} of ideal (target 0.9){against_colocated}; the pacing "
+            f"role ({row['pacing_role']}) busy {100 * row['pacing_busy']:.0f}% (target 90%)",
             file=console,
         )
     print(f"wrote {out / 'report.md'}, results.json and PNGs", file=console, flush=True)

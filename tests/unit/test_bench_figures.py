@@ -68,12 +68,16 @@ def test_ideal_ratio_and_efficiency() -> None:
         "t_gen_per_step_s": 3.0,
         "t_train_per_step_s": 1.0,
     }
-    fast = {"mode": "async", "eta": 2, "samples_per_s": 1.2, "generator_busy": 0.95}
+    fast = {"mode": "async", "eta": 2, "samples_per_s": 1.2, "generator_busy": 0.95,
+            "learner_busy": 0.5}  # fmt: skip
     c = compare([sync, fast])
     assert c["ideal"] == pytest.approx(4.0 / 3.0)
     assert c["async"][0]["async_over_sync"] == pytest.approx(1.2)
     assert c["async"][0]["efficiency"] == pytest.approx(0.9)
     assert "ideal_colocated" not in c and "async_over_colocated" not in c["async"][0]
+    # The target is on the busier role, the one that sets the pace.
+    assert c["async"][0]["pacing_role"] == "generators"
+    assert c["async"][0]["pacing_busy"] == pytest.approx(0.95)
 
 
 def test_the_colocated_baseline_has_its_own_ideal() -> None:
@@ -87,7 +91,8 @@ def test_the_colocated_baseline_has_its_own_ideal() -> None:
     # Each phase on every core: 2.0 + 0.6 s a step, against async's best step of 3.0 s.
     colocated = {**split, "mode": "sync-colocated", "samples_per_s": 1.5,
                  "t_gen_per_step_s": 2.0, "t_train_per_step_s": 0.6}  # fmt: skip
-    fast = {"mode": "async", "eta": 1, "samples_per_s": 1.2, "generator_busy": 0.95}
+    fast = {"mode": "async", "eta": 1, "samples_per_s": 1.2, "generator_busy": 0.6,
+            "learner_busy": 0.91}  # fmt: skip
     c = compare([split, colocated, fast])
     assert c["ideal"] == pytest.approx(4.0 / 3.0)
     assert c["ideal_colocated"] == pytest.approx(2.6 / 3.0)
@@ -95,6 +100,7 @@ def test_the_colocated_baseline_has_its_own_ideal() -> None:
     assert row["async_over_sync"] == pytest.approx(1.2)
     assert row["async_over_colocated"] == pytest.approx(0.8)
     assert row["efficiency_colocated"] == pytest.approx(0.8 / (2.6 / 3.0))
+    assert (row["pacing_role"], row["pacing_busy"]) == ("learner", 0.91)
 
 
 def test_a_workload_whose_weights_never_change_is_refused() -> None:
