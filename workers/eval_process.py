@@ -95,8 +95,8 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
     from streamrl.evaluation import eval_prompts
     from streamrl.models import load_tokenizer
     from streamrl.transport import resolve_host
+    from streamrl.workers.engines import build_engine
     from streamrl.workers.evaluator import add_unseen_phrasing, evaluate
-    from streamrl.workers.generator import build_engine
     from streamrl.workers.generator_weights import GeneratorWeights
 
     # One thread: a second one of an OpenMP team under SCHED_IDLE would spin at each barrier
@@ -137,7 +137,9 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
                 if message[0] == "clock":
                     weights.follow_clock(message[1])
                 elif message[0] == "eval":
-                    asked.append(_Ask(*message[1:]))
+                    ask = _Ask(*message[1:])
+                    if ask not in asked:  # asked again while waiting: answered once
+                        asked.append(ask)
             # The exact weights of the next evaluation: the version asked, else the next one
             # the schedule will ask for (the ask comes after the learner published it).
             weights.up_to = asked[0].version if asked else (engine.version // every + 1) * every

@@ -32,16 +32,14 @@ import zmq
 
 from streamrl.buffers.delivery import new_sender
 from streamrl.callables import install as install_callables
-from streamrl.config import Config
 from streamrl.cores import role_threads
 from streamrl.data import Prompt
 from streamrl.evaluation import EvalResult, evaluates_in_slack
-from streamrl.hardware import describe_choice, resolve_compute_dtype
 from streamrl.models import load_tokenizer
 from streamrl.protocol import Directives, EvalReport, GeneratorReport, Grant
 from streamrl.role_specs import GeneratorSpec
 from streamrl.transport import resolve_host
-from streamrl.workers.engines import Engine, make_engine
+from streamrl.workers.engines import Engine, build_engine
 from streamrl.workers.eval_process import SlackEvaluator
 from streamrl.workers.generator_reports import Reporting, generator_report
 from streamrl.workers.generator_sockets import AdmissionClient, ShardPushers
@@ -53,27 +51,6 @@ log = logging.getLogger(__name__)
 
 # How a generator's run ends: ``stop`` drains to the learner's final version, ``retire`` not.
 Ending = Literal["stop", "retire"]
-
-
-def build_engine(config: Config, model_dir: Path, generator_id: int, bind_host: str) -> Engine:
-    """The generator's engine, on the compute dtype resolved (and logged) once, long enough
-    for the longest call this generator makes: training, evaluation or an episode turn."""
-    gen, requested = config.generator, config.model.compute_dtype
-    compute = resolve_compute_dtype(requested, gen.device)
-    log.info("generator[%d]: %s", generator_id, describe_choice(compute, requested, gen.device))
-    longest = max(
-        gen.max_new_tokens,
-        config.eval.max_new_tokens or 0,
-        config.env.max_tokens if config.env.name else 0,
-    )
-    return make_engine(
-        gen,
-        model_dir,
-        seed=config.run.seed + generator_id,
-        compute_dtype=compute,
-        max_model_len=config.data.max_prompt_tokens + longest,
-        bind_host=bind_host,  # the engine's own sockets (vLLM's process groups)
-    )
 
 
 class Generator:
@@ -207,7 +184,8 @@ class Generator:
                 log.warning(
                     "generator[%d]: evaluation of v%d abandoned", self.generator_id, version
                 )
-                self.eval_dispatched = self.evaluated  # the controller asks again
+                if self.eval_dispatched == (epoch, version):  # else a newer ask is in flight
+                    self.eval_dispatched = self.evaluated  # the controller asks again
             finished.append((epoch, version))
         if not slack.alive():
             log.error(

@@ -6,6 +6,7 @@
 - ``state``: the run's mutable state (``RunState``) and its one lock.
 - ``intake``: every role's reports, each turned into one ``RunState`` change.
 - ``admission``/``staleness``: the admission server and its pure off-policy budget.
+- ``staleness_tuner``: ``buffer.max_staleness: auto``, the bound moved from the step records.
 - ``difficulty``: ``data.sampler: difficulty``, fresh prompts whose groups all scored alike
   passed over.
 - ``knobs``: the table of live config keys and the roles each one reaches.

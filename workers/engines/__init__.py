@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from streamrl.config import GeneratorConfig
+from streamrl.config import Config, GeneratorConfig
 from streamrl.workers.engines.base import Engine, EngineArgs, GenerationOutput, SamplingParams
 from streamrl.workers.engines.registry import ENGINES, EngineKind, engine_options, resolve_engine
 
@@ -23,6 +23,7 @@ __all__ = [
     "EngineUnavailable",
     "GenerationOutput",
     "SamplingParams",
+    "build_engine",
     "check_engine",
     "check_engine_config",
     "make_engine",
@@ -70,3 +71,31 @@ def make_engine(
         bind_host=bind_host,
     )
     return kind.build(args, options)
+
+
+def build_engine(config: Config, model_dir: Path, generator_id: int, bind_host: str) -> Engine:
+    """A generator's engine (or its evaluation process's), on the compute dtype resolved (and
+    logged) once, long enough for the longest call it makes: training, evaluation or an
+    episode turn."""
+    import logging
+
+    from streamrl.hardware import describe_choice, resolve_compute_dtype
+
+    gen, requested = config.generator, config.model.compute_dtype
+    compute = resolve_compute_dtype(requested, gen.device)
+    logging.getLogger("streamrl.workers.generator").info(
+        "generator[%d]: %s", generator_id, describe_choice(compute, requested, gen.device)
+    )
+    longest = max(
+        gen.max_new_tokens,
+        config.eval.max_new_tokens or 0,
+        config.env.max_tokens if config.env.name else 0,
+    )
+    return make_engine(
+        gen,
+        model_dir,
+        seed=config.run.seed + generator_id,
+        compute_dtype=compute,
+        max_model_len=config.data.max_prompt_tokens + longest,
+        bind_host=bind_host,  # the engine's own sockets (vLLM's process groups)
+    )
