@@ -31,7 +31,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -96,7 +95,7 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
     from streamrl.models import load_tokenizer
     from streamrl.transport import resolve_host
     from streamrl.workers.engines import build_engine
-    from streamrl.workers.evaluator import add_unseen_phrasing, evaluate
+    from streamrl.workers.evaluator import evaluate_held_out
     from streamrl.workers.generator_weights import GeneratorWeights
 
     # One thread: a second one of an OpenMP team under SCHED_IDLE would spin at each barrier
@@ -151,11 +150,9 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
                     asked.pop(0)
                     continue
                 if weights.held_epoch == ask.epoch and engine.version >= ask.version:
-                    start = time.monotonic()
-                    result = evaluate(engine, tokenizer, config, eval_set, wait_for_slack)
-                    if ask.unseen:
-                        add_unseen_phrasing(result, engine, tokenizer, config, wait_for_slack)
-                    result.metrics["eval/seconds"] = time.monotonic() - start
+                    result = evaluate_held_out(
+                        engine, tokenizer, config, eval_set, ask.unseen, wait_for_slack
+                    )
                     conn.send(("result", ask.version, ask.epoch, result, weights.held_epoch))
                     asked.pop(0)
                     continue

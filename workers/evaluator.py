@@ -12,6 +12,8 @@ responses whose first line states the ground truth.
 
 from __future__ import annotations
 
+import time
+
 from streamrl.config import Config
 from streamrl.data import Prompt
 from streamrl.evaluation import (
@@ -65,6 +67,24 @@ def evaluate(
         for out in outputs
     ]
     return score(config, prompts, responses, engine.version)
+
+
+def evaluate_held_out(
+    engine: Engine,
+    tokenizer,
+    config: Config,
+    prompts: list[Prompt],
+    unseen: bool,
+    on_step: StepHook | None = None,
+) -> EvalResult:
+    """A run's evaluation (generator 0's or its evaluation process's): ``evaluate``, the
+    unseen wording too when ``unseen`` (the first and the final one), and ``eval/seconds``."""
+    start = time.monotonic()
+    result = evaluate(engine, tokenizer, config, prompts, on_step)
+    if unseen:
+        add_unseen_phrasing(result, engine, tokenizer, config, on_step)
+    result.metrics["eval/seconds"] = time.monotonic() - start
+    return result
 
 
 def evaluate_episodes(

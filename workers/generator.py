@@ -330,7 +330,7 @@ class Generator:
         training never uses (``eval.unseen_phrasing``). Not run if those weights cannot come
         (the run stopped, or the learners restarted meanwhile: the controller asks again)."""
         from streamrl.evaluation import eval_prompts
-        from streamrl.workers.evaluator import add_unseen_phrasing, evaluate
+        from streamrl.workers.evaluator import evaluate_held_out
 
         if self.eval_set is None:
             self.eval_set = eval_prompts(self.config)
@@ -347,11 +347,8 @@ class Generator:
                 self.weights.held_epoch,
             )
             return
-        start = time.monotonic()
-        result = evaluate(self.engine, self.tokenizer, self.config, self.eval_set)
-        if final or self.evaluated[1] < 0:
-            add_unseen_phrasing(result, self.engine, self.tokenizer, self.config)
-        result.metrics["eval/seconds"] = time.monotonic() - start
+        unseen = final or self.evaluated[1] < 0
+        result = evaluate_held_out(self.engine, self.tokenizer, self.config, self.eval_set, unseen)
         self.report_evaluation(result, version, epoch, self.weights.held_epoch)
 
     def report_evaluation(self, result: EvalResult, version: int, epoch: int, held: int) -> None:
