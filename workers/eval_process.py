@@ -120,11 +120,9 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
 
     def wait_for_slack(_engine: object = None) -> None:
         """While generator 0 samples: receive the weight stream, apply nothing."""
-        held, weights.up_to = weights.up_to, engine.version
         while not gate.is_set():
-            weights.poll()  # drains the sockets; holds at the version held
+            weights.receive_only()
             gate.wait(0.05)
-        weights.up_to = held
 
     try:
         while True:
@@ -140,7 +138,8 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
                     if ask not in asked:  # asked again while waiting: answered once
                         asked.append(ask)
             # The exact weights of the next evaluation: the version asked, else the next one
-            # the schedule will ask for (the ask comes after the learner published it).
+            # the schedule will ask for (the ask comes after the learner published it). The
+            # engine takes only that version; the image follows the stream up to it.
             weights.up_to = asked[0].version if asked else (engine.version // every + 1) * every
             weights.poll()
             if asked:

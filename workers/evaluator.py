@@ -27,8 +27,10 @@ from streamrl.models import encode_prompt, stop_token_ids
 from streamrl.workers.engines.base import Engine, SamplingParams, StepHook
 
 # Rows per engine call when a step hook may pause the evaluation (the evaluation process's
-# gate): one call's prefill runs to its end however long the hook would have waited.
-HOOKED_CALL_ROWS = 16
+# gate): one call's prefill runs to its end however long the hook would have waited. The
+# default job's 128 held-out prompts took 4.1 s of one EPYC core in calls of 16 rows, 3.0 s
+# in calls of 64 (2.96 s in one call); a 64-row prefill is 0.6 s.
+HOOKED_CALL_ROWS = 64
 
 
 def evaluate(

@@ -74,9 +74,12 @@ class GeneratorWeights:
         self.background = spec.config.weights.apply_in_background
         self.learner_version = 0
         self.weights_epoch = 0
-        # Versions past this are not taken yet (the evaluation process holds the weights of
-        # the version it is to evaluate); None: follow the stream.
+        # The evaluation process's target: the subscriber goes no further than this, and the
+        # engine takes no version short of it (the image moves through the versions between,
+        # their changed names kept in ``_unprepared``: the HF engine repacked every linear
+        # for each version, of which it evaluates one in ``eval.every``). None: follow the stream.
         self.up_to: int | None = None
+        self._unprepared: set[str] = set()
         # The learner epoch of the weights the engine holds: behind ``weights_epoch`` from a
         # learner restart until the new group's anchors land (``streamrl.clock``).
         self.held_epoch = 0
@@ -192,6 +195,12 @@ class GeneratorWeights:
             sub = self.subscriber
             start = time.perf_counter()
             changed = sub.poll(self.learner_version, self.up_to)
+            if self.up_to is not None and 0 <= sub.version < self.up_to:
+                self._unprepared.update(changed)  # the image moved; the engine waits
+                return False
+            if self._unprepared:
+                changed = sorted(self._unprepared.union(changed))
+                self._unprepared.clear()
             # A version can move with no tensor changed (e.g. a zero-advantage step): still
             # adopt it; a repair anchor at the version held changes tensors without moving the
             # version. Version -1: a fresh subscriber after the learners restarted, anchors
@@ -219,6 +228,13 @@ class GeneratorWeights:
             self._prepared = _Prepared(sub.version, self.subscriber_epoch, adopt, published_at)
         self._ready.set()
         return True
+
+    def receive_only(self) -> None:
+        """Drain the sockets without moving the version the subscriber holds (the evaluation
+        process while generator 0 samples: diffs wait as received, nothing is decoded)."""
+        with self._lock:
+            sub = self.subscriber
+            self._unprepared.update(sub.poll(self.learner_version, max(sub.version, 0)))
 
     def _weight_thread(self, cores: list[int] | None) -> None:
         """Receive and prepare versions until closed; waits while one is prepared and not

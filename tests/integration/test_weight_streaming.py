@@ -518,6 +518,78 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: 
         ctx.destroy(linger=0)
 
 
+def test_the_evaluation_process_s_engine_takes_only_the_version_it_evaluates() -> None:
+    """``GeneratorWeights.up_to`` (the evaluation process): the image follows the stream up to
+    the version asked while the engine prepares nothing; at that version the engine takes
+    every tensor changed since the version it held, in one update, and ends bitwise at the
+    learner's image. ``receive_only`` (generator 0 sampling) moves nothing."""
+    import zmq
+
+    from streamrl.config import load_config
+    from streamrl.models import load_causal_lm, resolve_model
+    from streamrl.protocol import GeneratorActivity
+    from streamrl.role_specs import GeneratorSpec
+    from streamrl.workers.engines import make_engine
+    from streamrl.workers.generator_weights import GeneratorWeights
+
+    model_dir = resolve_model(TINY)
+    ranks = FakeRanks(
+        2, WeightsConfig(chunk_bytes=8192), lambda: load_causal_lm(model_dir, "float32")
+    )
+    config = load_config(None, ["weights.apply_in_background=false"])
+    engine = make_engine(config.generator, model_dir, 0, compute_dtype="bfloat16", max_model_len=64)
+    spec = GeneratorSpec(
+        log_file="",
+        bind_host="127.0.0.1",
+        config=config,
+        generator_id=0,
+        model_dir=str(model_dir),
+        shard_endpoints=[],
+        publisher_endpoints=ranks.pub_endpoints,
+        anchor_endpoints=ranks.anchor_endpoints,
+        admission_endpoint="",
+        report_endpoint="",
+    )
+    prepared: list[tuple[int, set[str]]] = []
+    prepare = engine.prepare_weights
+
+    def recording_prepare(named, version):
+        prepared.append((version, {name for name, _ in named}))
+        return prepare(named, version)
+
+    engine.prepare_weights = recording_prepare
+    ctx = zmq.Context()
+    weights = GeneratorWeights(ctx, engine, spec, GeneratorActivity(), lambda: None)
+    time.sleep(0.5)  # the SUB sockets connect before the first diff
+    try:
+        weights.learner_version, weights.up_to = 4, 4
+        changed: set[str] = set()
+        for scale in [1e-4, 1e-3, 1e-4, 1e-2]:
+            before = {n: t.clone() for n, t in ranks.full.items()}
+            ranks.step(scale)
+            ranks.flush()
+            changed |= {n for n, t in ranks.full.items() if not torch.equal(t, before[n])}
+            if ranks.version == 3:  # generator 0 samples: the stream waits as received
+                for _ in range(20):
+                    weights.receive_only()
+                    time.sleep(0.01)
+                assert weights.subscriber.version == 2
+            deadline = time.monotonic() + 30
+            while weights.subscriber.version < ranks.version:
+                assert time.monotonic() < deadline, weights.subscriber.version
+                weights.poll()
+                weights.subscriber.wait(0.01)
+            assert engine.version == (4 if ranks.version == 4 else 0), prepared
+        assert [version for version, _ in prepared] == [4]
+        assert prepared[0][1] == changed
+        assert_bitwise_equal({n: p.data for n, p in engine.params.items()}, ranks.full)
+    finally:
+        weights.close()
+        engine.shutdown()
+        ranks.close()
+        ctx.destroy(linger=0)
+
+
 def test_a_subscriber_holds_at_the_version_asked_unless_it_cannot_reach_it() -> None:
     """``poll(up_to=v)`` (the evaluation process): stops at v while later diffs wait, moves
     on when asked; a subscriber that missed the diffs up to v takes the anchor past it."""
