@@ -150,6 +150,24 @@ class FakeRanks:
             publisher.close()
 
 
+def generator_spec(config, model_dir, ranks: FakeRanks):
+    """Generator 0's spec, following ``ranks``'s weight stream (no shards, no controller)."""
+    from streamrl.role_specs import GeneratorSpec
+
+    return GeneratorSpec(
+        log_file="",
+        bind_host="127.0.0.1",
+        config=config,
+        generator_id=0,
+        model_dir=str(model_dir),
+        shard_endpoints=[],
+        publisher_endpoints=ranks.pub_endpoints,
+        anchor_endpoints=ranks.anchor_endpoints,
+        admission_endpoint="",
+        report_endpoint="",
+    )
+
+
 SCALES = [1e-4, 1e-3, 1e-2, 1.0]  # sparse, sparse/bitmap, mostly dense, everything changes
 
 
@@ -462,7 +480,6 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: 
     from streamrl.config import load_config
     from streamrl.models import load_causal_lm, resolve_model
     from streamrl.protocol import GeneratorActivity
-    from streamrl.role_specs import GeneratorSpec
     from streamrl.workers.engines import make_engine
     from streamrl.workers.engines.base import SamplingParams
     from streamrl.workers.generator_weights import GeneratorWeights
@@ -473,18 +490,7 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: 
     )
     config = load_config(None, [f"weights.apply_in_background={str(background).lower()}"])
     engine = make_engine(config.generator, model_dir, 0, compute_dtype="bfloat16", max_model_len=64)
-    spec = GeneratorSpec(
-        log_file="",
-        bind_host="127.0.0.1",
-        config=config,
-        generator_id=0,
-        model_dir=str(model_dir),
-        shard_endpoints=[],
-        publisher_endpoints=ranks.pub_endpoints,
-        anchor_endpoints=ranks.anchor_endpoints,
-        admission_endpoint="",
-        report_endpoint="",
-    )
+    spec = generator_spec(config, model_dir, ranks)
     timers, adopted = GeneratorActivity(), []
     ctx = zmq.Context()
     weights = GeneratorWeights(ctx, engine, spec, timers, lambda: adopted.append(engine.version))
@@ -528,7 +534,6 @@ def test_the_evaluation_process_s_engine_takes_only_the_version_it_evaluates() -
     from streamrl.config import load_config
     from streamrl.models import load_causal_lm, resolve_model
     from streamrl.protocol import GeneratorActivity
-    from streamrl.role_specs import GeneratorSpec
     from streamrl.workers.engines import make_engine
     from streamrl.workers.generator_weights import GeneratorWeights
 
@@ -538,18 +543,7 @@ def test_the_evaluation_process_s_engine_takes_only_the_version_it_evaluates() -
     )
     config = load_config(None, ["weights.apply_in_background=false"])
     engine = make_engine(config.generator, model_dir, 0, compute_dtype="bfloat16", max_model_len=64)
-    spec = GeneratorSpec(
-        log_file="",
-        bind_host="127.0.0.1",
-        config=config,
-        generator_id=0,
-        model_dir=str(model_dir),
-        shard_endpoints=[],
-        publisher_endpoints=ranks.pub_endpoints,
-        anchor_endpoints=ranks.anchor_endpoints,
-        admission_endpoint="",
-        report_endpoint="",
-    )
+    spec = generator_spec(config, model_dir, ranks)
     prepared: list[tuple[int, set[str]]] = []
     prepare = engine.prepare_weights
 
