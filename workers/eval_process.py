@@ -10,10 +10,8 @@ closes it when it samples, and the process waits at the gate between decode step
 the weight stream meanwhile, applying nothing). Running beside the generator instead, even at
 the lowest CPU priority, slowed the default job by 15% on a 2-core EPYC (decoding is bound by
 memory bandwidth: a second decoder on the idle core slows the first). It also runs under
-``SCHED_IDLE``, so it never takes a core another role wants, and on the core generator 0
-last ran on (``_GeneratorCore``), so it does not slip onto the learner's core whenever the
-learner blocks for a moment. At the end of the run (the gate open, everything else idle) it
-has that core to itself.
+``SCHED_IDLE`` on every core of the run, so it never takes a core another role wants. At the
+end of the run (the gate open, everything else idle) it has the machine to itself.
 
 Pipe messages, generator -> process: ``("clock", LearnerClockInfo)``, ``("eval", version,
 epoch, final, unseen)``, ``None`` (close). Process -> generator: ``("ready",)``,
@@ -71,34 +69,6 @@ def _idle_priority(cores: list[int] | None) -> str:
         return "nice 19"
 
 
-def _cpu_of(pid: int) -> int | None:
-    """The CPU ``pid``'s main thread last ran on (Linux ``/proc``); None where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()  # from field 3, after the name
-        return int(fields[36])  # field 39, "processor"
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-class _GeneratorCore:
-    """Keeps the process on the core generator 0 last ran on, which waits while the gate is
-    open: a run that does not pin lets the kernel move an idle-priority process onto the
-    learner's core whenever the learner blocks for a moment, and back off when it wakes,
-    leaving the learner's caches cold."""
-
-    def __init__(self, allowed: list[int] | None) -> None:
-        self.allowed = set(allowed) if allowed else os.sched_getaffinity(0)
-        self.parent = os.getppid()
-        self.core: int | None = None
-
-    def follow(self) -> None:
-        core = _cpu_of(self.parent)
-        if core is not None and core != self.core and core in self.allowed:
-            os.sched_setaffinity(0, {core})
-            self.core = core
-
-
 def _die_with_parent() -> None:
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -148,15 +118,11 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
     asked: list[_Ask] = []  # in the order asked: each is answered, none skipped
     every = max(config.eval.every, 1)
 
-    generator_core = _GeneratorCore(spec.slack_cores)
-
     def wait_for_slack(_engine: object = None) -> None:
-        """While generator 0 samples: receive the weight stream, apply nothing; then work on
-        its core."""
+        """While generator 0 samples: receive the weight stream, apply nothing."""
         while not gate.is_set():
             weights.receive_only()
             gate.wait(0.05)
-        generator_core.follow()
 
     try:
         while True:
