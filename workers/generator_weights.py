@@ -76,8 +76,9 @@ class GeneratorWeights:
         self.weights_epoch = 0
         # The evaluation process's target: the subscriber goes no further than this, and the
         # engine takes no version short of it (the image moves through the versions between,
-        # their changed names kept in ``_unprepared``: the HF engine repacked every linear
-        # for each version, of which it evaluates one in ``eval.every``). None: follow the stream.
+        # their changed names kept in ``_unprepared``: an engine update is a repack of
+        # every changed linear for the HF engine, worth doing only for a version evaluated).
+        # None: follow the stream.
         self.up_to: int | None = None
         self._unprepared: set[str] = set()
         # The learner epoch of the weights the engine holds: behind ``weights_epoch`` from a
