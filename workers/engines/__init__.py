@@ -3,17 +3,21 @@
 
 ``check_engine_config`` checks ``generator.engine`` and ``generator.engine_options`` without
 importing torch (``streamrl validate``); ``check_engine`` also asks the engine whether it can
-serve the model here (the launch, before any process starts); ``make_engine`` builds it.
+serve the model here (the launch, before any process starts); ``make_engine`` builds it, and
+``build_engine`` builds a generator's (or its evaluation process's) from the run's config.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from streamrl.config import Config, GeneratorConfig
 from streamrl.workers.engines.base import Engine, EngineArgs, GenerationOutput, SamplingParams
 from streamrl.workers.engines.registry import ENGINES, EngineKind, engine_options, resolve_engine
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ENGINES",
@@ -77,15 +81,12 @@ def build_engine(config: Config, model_dir: Path, generator_id: int, bind_host: 
     """A generator's engine (or its evaluation process's), on the compute dtype resolved (and
     logged) once, long enough for the longest call it makes: training, evaluation or an
     episode turn."""
-    import logging
-
+    # Imports torch, which this package does not at import time (``check_engine_config``).
     from streamrl.hardware import describe_choice, resolve_compute_dtype
 
     gen, requested = config.generator, config.model.compute_dtype
     compute = resolve_compute_dtype(requested, gen.device)
-    logging.getLogger("streamrl.workers.generator").info(
-        "generator[%d]: %s", generator_id, describe_choice(compute, requested, gen.device)
-    )
+    log.info("generator[%d]: %s", generator_id, describe_choice(compute, requested, gen.device))
     longest = max(
         gen.max_new_tokens,
         config.eval.max_new_tokens or 0,
