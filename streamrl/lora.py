@@ -120,13 +120,15 @@ def peft_config(settings: AdapterSettings):
 
 def adapter_shapes(model_dir: Path, settings: AdapterSettings) -> dict[str, tuple[int, ...]]:
     """Wire name -> shape of every adapter tensor, from the base model's architecture on the
-    meta device (nothing allocated). One line when the targets name no linear layer."""
+    meta device (nothing allocated). One line when the targets reach anything ``LoraMerge``
+    cannot merge, or a target name matches nothing (``_unmergeable``)."""
     import torch
     from peft import get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
         base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    linear = _linear_layer_names(base)  # before peft wraps them (in place)
     try:
         model = get_peft_model(base, peft_config(settings))
     except ValueError as exc:  # peft's NoMatchingPeftModuleError among them
@@ -141,7 +143,77 @@ def adapter_shapes(model_dir: Path, settings: AdapterSettings) -> dict[str, tupl
             f"config error: model.lora.target_modules reaches {odd[0]}: only linear layers "
             "can be adapted (name linear modules, or `all-linear`)"
         )
+    why = _unmergeable(model, base, settings.target_modules)
+    if why:
+        hint = f"{type(base).__name__}'s linear layers: [{', '.join(linear)}]"
+        raise ConfigError(f"config error: model.lora.target_modules {why} ({hint})")
     return shapes
+
+
+def _linear_layer_names(base) -> list[str]:
+    """The last names of ``base``'s linear layers, its output head left out."""
+    import torch
+
+    head = base.get_output_embeddings()
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in base.named_modules()
+            if isinstance(module, torch.nn.Linear) and module is not head
+        }
+    )
+
+
+def _unmergeable(model, base, targets: list[str] | str) -> str:
+    """What of peft ``model``'s adapters (over ``base``) ``LoraMerge`` cannot merge as the
+    learner computes them (one 2-D ``<layer>.weight`` of the checkpoint, its own), or "":
+
+    - peft's ``all-linear`` also wraps tensors that are not linear layers (transformers 5
+      fuses a MoE block's experts into 3-D tensors; its router is a bare parameter) in a
+      ``ParamWrapper``: no checkpoint tensor is ``<layer>.weight``, and the learner's merged
+      forward (``workers.lora_forward``) takes linear layers only;
+    - an output head tied to the input embeddings shares their tensor in every engine:
+      merging B A into it would change the embeddings too, which the learner leaves as
+      they are;
+    - a name in a target list that matches nothing while others do: peft adapts what
+      matches, so Phi-3 (fused ``qkv_proj``) given [q_proj, k_proj, v_proj, o_proj] would
+      silently train o_proj alone.
+
+    Example: ``all-linear`` on Qwen3-MoE -> "reaches model.layers.0.mlp.experts
+    (Qwen3MoeExperts), which is not a linear layer: ...".
+    """
+    from peft.tuners.lora.layer import Linear as LoraLinear
+    from peft.tuners.lora.layer import LoraLayer
+
+    tied = set(getattr(base, "all_tied_weights_keys", None) or {})
+    adapted = {  # peft's outermost wrappers (a nested one's path ends in .base_layer)
+        name.removeprefix(_PREFIX): module
+        for name, module in model.named_modules()
+        if isinstance(module, LoraLayer) and not name.endswith(".base_layer")
+    }
+    for layer, module in adapted.items():
+        if not isinstance(module, LoraLinear):
+            kind = type(module.get_base_layer()).__name__
+            return (
+                f"reaches {layer} ({kind}), which is not a linear layer: the generators "
+                "merge linear layers only; name those"
+            )
+        if f"{layer}.weight" in tied:
+            return (
+                f"reaches {layer}, whose weight is tied to the input embeddings "
+                "(tie_word_embeddings): a merge would change both; leave it out"
+            )
+    if isinstance(targets, str):  # a regex, or all-linear
+        return ""
+    unmatched = [t for t in targets if not any(_matches(layer, t) for layer in adapted)]
+    if unmatched:
+        return f"names {', '.join(unmatched)}, which this model does not have"
+    return ""
+
+
+def _matches(layer: str, target: str) -> bool:
+    """peft's rule for a name in a target list: the module's path, or its last parts."""
+    return layer == target or layer.endswith(f".{target}")
 
 
 def wire_name(param_name: str) -> str:

@@ -11,7 +11,9 @@ identical weights. Each keeps what sets its architecture apart from Llama:
   layer, sliding-window layers (window 16) mixed with full attention; tied head;
 - ``tiny-random-mistral``: Mistral's classes (no sliding window, as Mistral-7B-v0.2 on);
 - ``tiny-random-phi3``: fused ``qkv_proj`` and ``gate_up_proj`` in the checkpoint itself;
-- ``tiny-random-qwen3-moe``: sparse MoE layers (4 experts, top-2, a router per layer).
+- ``tiny-random-qwen3-moe``: sparse MoE layers (4 experts, top-2, a router per layer); LoRA
+  adapts its attention only (``all-linear`` reaches the fused experts: refused at launch,
+  ``streamrl.lora.adapter_shapes``).
 
 ``tiny-random-reward`` is the odd one out: a reward model (``LlamaForSequenceClassification``
 with one label, ``pad_token_id`` set, float32) for ``streamrl.reward_model``'s tests. It is

@@ -1,8 +1,11 @@
 """Multi-turn episodes (``workers.episodes``): what the learner gets is exactly what was
 sampled and what the environment said, turn after turn, and every way an episode can end is
-an ending, never an exception. The engine here is a test double that answers from a script
-(the real engines run episodes in tests/integration/test_train_step.py and the launch test);
-the tokenizer is the tiny model's real one."""
+an ending, never an exception. The engine here is mostly a test double that answers from a
+script (the real engines run episodes in tests/integration/test_train_step.py and the launch
+test); the tokenizer is the tiny model's real one. The contract's last test plays episodes
+on the HF engine over every architecture of ``streamrl.tiny_models`` (Gemma3's
+sliding-window layers, Phi-3's fused qkv, Qwen3-MoE's experts), against the learner's
+forward."""
 
 from __future__ import annotations
 
@@ -12,13 +15,17 @@ from collections.abc import Callable
 
 import msgspec
 import pytest
+import torch
+from support import learner_logprobs
 
 from streamrl.config import EnvConfig, load_config
 from streamrl.envs.base import Environment, StepResult
-from streamrl.models import TINY, load_tokenizer, resolve_model, stop_token_ids
+from streamrl.models import TINY, load_causal_lm, load_tokenizer, resolve_model, stop_token_ids
 from streamrl.protocol import Trajectory, TrajectoryGroup
 from streamrl.tasks.base import Prompt
-from streamrl.workers.engines.base import Engine, GenerationOutput, SamplingParams
+from streamrl.tiny_models import ARCHITECTURES
+from streamrl.workers.engines.base import Engine, EngineArgs, GenerationOutput, SamplingParams
+from streamrl.workers.engines.hf import HFEngine
 from streamrl.workers.episodes import EnvCalls, EpisodeRunner, TurnRenderer, play, start_episodes
 
 TOKENIZER = load_tokenizer(resolve_model(TINY))
@@ -269,3 +276,53 @@ def test_an_environment_that_fails_ends_its_episode_only(env: type, reason: str)
     assert time.monotonic() - started < 10
     if env is ResetRaises:
         assert failed.response_ids == [] and failed.turns == 0
+
+
+@pytest.mark.parametrize("arch", [TINY, *ARCHITECTURES])
+def test_episodes_on_every_architecture_are_what_the_learner_scores(arch: str) -> None:
+    """The HF engine (fp32) plays three-turn episodes, two copies of two prompts: every
+    turn is sampled from the prompt and every token before it, the environment's included
+    (past Gemma3's window of 16 columns), each observation is the template's rendering, and
+    the learner's one forward over the whole episode gives the behaviour logprob of every
+    policy token."""
+    model_dir = resolve_model(arch)
+    tokenizer = load_tokenizer(model_dir)
+    engine = HFEngine(EngineArgs(model_dir, dtype="float32", seed=0))
+    contexts: list[list[int]] = []
+    generate = engine.generate
+
+    def recorded(prompts, params, on_step=None):
+        contexts.extend(list(p) for p in prompts)
+        return generate(prompts, params, on_step)
+
+    engine.generate = recorded  # type: ignore[method-assign]
+    config = EnvConfig(max_turns=3, max_tokens=200)
+    params = SamplingParams(temperature=0.9, max_new_tokens=6, stop_token_ids=STOP)
+    calls = EnvCalls(config.step_timeout_s)
+    # Secrets the random model never guesses: every episode plays its three turns.
+    episodes = start_episodes([_prompt(900), _prompt(901)], 2, Guess, tokenizer, 64, calls)
+    play(engine, episodes, params, config, TurnRenderer(tokenizer, STOP), calls)
+    calls.close()
+    renderer = TurnRenderer(tokenizer, STOP)
+    learner = load_causal_lm(model_dir, "float32").eval()
+    for episode in episodes:
+        assert (episode.finish_reason, episode.turns) == ("turns", 3), episode.end_reason
+        ids, mask = episode.response_ids, episode.action_mask
+        assert len(ids) == len(episode.logprobs) == len(episode.versions) == len(mask)
+        whole = episode.prompt_ids + ids
+        starts = [0] + [i for i in range(1, len(mask)) if mask[i] and not mask[i - 1]]
+        assert len(starts) == 3 and len(whole) > 16
+        # Each turn's context is the episode up to that turn, exactly.
+        assert all(whole[: len(episode.prompt_ids) + i] in contexts for i in starts)
+        # Between turns: the environment's "up", as the chat template renders it.
+        for start, end in zip(starts, starts[1:], strict=False):
+            observation = [t for t, m in zip(ids[start:end], mask[start:end], strict=True) if not m]
+            turn = ids[start:end][: len(ids[start:end]) - len(observation)]
+            stopped = turn[-1] in STOP
+            assert observation == renderer.observation_ids("up", stopped=stopped)
+        assert all(lp == 0.0 for lp, m in zip(episode.logprobs, mask, strict=True) if not m)
+        with torch.no_grad():
+            reference = learner_logprobs(learner, episode.prompt_ids, ids, 0.9)
+        policy = torch.tensor(mask, dtype=torch.bool)
+        behaviour = torch.tensor(episode.logprobs)[policy]
+        torch.testing.assert_close(behaviour, reference[policy], atol=1e-4, rtol=0)

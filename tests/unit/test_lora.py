@@ -1,6 +1,8 @@
 """LoRA's pieces without a run: settings, the checks before any role starts, version 0 of the
 adapters, the generators' merge and the learner's merged forward (``streamrl.lora``,
-``workers.lora_forward``), on the tiny random Llama."""
+``workers.lora_forward``), on the tiny random Llama; the merge and the checks on every
+architecture of ``streamrl.tiny_models`` too (Phi-3's fused qkv_proj/gate_up_proj, tied
+heads of Qwen2 and Gemma3, Qwen3-MoE's fused experts)."""
 
 from __future__ import annotations
 
@@ -27,9 +29,13 @@ from streamrl.lora import (
     write_initial_adapter,
 )
 from streamrl.models import TINY, load_causal_lm, resolve_model
+from streamrl.tiny_models import ARCHITECTURES
 from streamrl.workers.lora_forward import merge_in_forward
 
 SETTINGS = AdapterSettings(r=4, alpha=8.0, target_modules="all-linear")
+# Qwen3-MoE: all-linear reaches its fused experts, refused (test below); its linear layers.
+ATTENTION = AdapterSettings(r=4, alpha=8.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+ARCH_SETTINGS = {"tiny-random-qwen3-moe": ATTENTION}
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +47,16 @@ def _config(tmp_path: Path, *overrides: str):
     return load_config(None, [f"model.name={TINY}", f"run.output_dir={tmp_path}", *overrides])
 
 
-def _trained_adapter(model_dir: Path, out: Path, seed: int = 0) -> dict[str, torch.Tensor]:
-    adapters = fresh_adapter(adapter_shapes(model_dir, SETTINGS), seed)
+def _trained_adapter(
+    model_dir: Path, out: Path, seed: int = 0, settings: AdapterSettings = SETTINGS
+) -> dict[str, torch.Tensor]:
+    adapters = fresh_adapter(adapter_shapes(model_dir, settings), seed)
     gen = torch.Generator().manual_seed(seed + 1)
     for name, tensor in adapters.items():
         if ".lora_B." in name:
             adapters[name] = (0.05 * torch.randn(tensor.shape, generator=gen)).bfloat16()
     out.mkdir(parents=True, exist_ok=True)
-    save_adapter(adapters, SETTINGS, str(model_dir), out)
+    save_adapter(adapters, settings, str(model_dir), out)
     return adapters
 
 
@@ -115,13 +123,21 @@ def test_a_given_adapter_is_version_zero(model_dir: Path, tmp_path: Path) -> Non
     assert all(torch.equal(image[n], adapters[n]) for n in image)
 
 
-def test_merge_equals_peft_merge_and_the_learner_forward(model_dir: Path, tmp_path: Path) -> None:
-    adapters = _trained_adapter(model_dir, tmp_path / "a")
-    merged = dict(LoraMerge(model_dir, adapters, SETTINGS).merged(adapters))
-    assert len(merged) == 14 and all(t.dtype == torch.bfloat16 for t in merged.values())
+@pytest.mark.parametrize("arch", [TINY, *ARCHITECTURES])
+def test_merge_equals_peft_merge_and_the_learner_forward(arch: str, tmp_path: Path) -> None:
+    """On every architecture: each adapted layer merges into a tensor of the checkpoint
+    (Phi-3's fused qkv_proj and gate_up_proj whole), as peft merges it, and the learner's
+    forward computes with exactly the generators' merged weights (a tied head's embeddings
+    untouched)."""
+    model_dir, settings = resolve_model(arch), ARCH_SETTINGS.get(arch, SETTINGS)
+    adapters = _trained_adapter(model_dir, tmp_path / "a", settings=settings)
+    layers = {layer_of(n) for n in adapters}
+    merged = dict(LoraMerge(model_dir, adapters, settings).merged(adapters))
+    assert merged.keys() == {f"{layer}.weight" for layer in layers}
+    assert all(t.dtype == torch.bfloat16 for t in merged.values())
     # peft's own merge, in float32 then rounded once, lands on the same bf16 weights (up to
     # float32 summation order: at most one bf16 step apart, almost all equal).
-    model = attach_adapter(load_causal_lm(model_dir, "float32"), tmp_path / "a", SETTINGS, False)
+    model = attach_adapter(load_causal_lm(model_dir, "float32"), tmp_path / "a", settings, False)
     reference = model.merge_and_unload().state_dict()
     equal = total = 0
     for name, weight in merged.items():
@@ -132,13 +148,55 @@ def test_merge_equals_peft_merge_and_the_learner_forward(model_dir: Path, tmp_pa
         total += weight.numel()
     assert equal / total > 0.99
     # The learner's forward computes with exactly the generators' merged weights.
-    ids = torch.tensor([[1, 20, 30, 40, 50, 60]])
-    learner = attach_adapter(load_causal_lm(model_dir), tmp_path / "a", SETTINGS, False)
-    assert merge_in_forward(learner) == 14
+    ids = torch.tensor([[1, 20, 30, 40, 50, 60] * 4])  # past Gemma3's window of 16
+    learner = attach_adapter(load_causal_lm(model_dir), tmp_path / "a", settings, False)
+    assert merge_in_forward(learner) == len(layers) > 0
     engine = load_causal_lm(model_dir)
-    engine.load_state_dict(merged, strict=False)
+    embeddings = engine.get_input_embeddings().weight.detach().clone()
+    missing, unexpected = engine.load_state_dict(merged, strict=False)
+    assert unexpected == [] and len(missing) == len(engine.state_dict()) - len(merged)
+    assert torch.equal(engine.get_input_embeddings().weight, embeddings)  # head untouched
     with torch.no_grad():
         torch.testing.assert_close(learner(input_ids=ids).logits, engine(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize(
+    ("arch", "targets", "reason"),
+    [
+        # transformers 5 fuses the experts into 3-D tensors; peft's all-linear wraps them.
+        (
+            "tiny-random-qwen3-moe",
+            "all-linear",
+            r"reaches model\.layers\.0\.mlp\.experts \(Qwen3MoeExperts\), which is not a linear "
+            r"layer.*\[k_proj, o_proj, q_proj, v_proj\]",
+        ),
+        ("tiny-random-qwen3-moe", ["gate"], r"reaches model\.layers\.0\.mlp\.gate \("),
+        ("tiny-random-gemma3", ["q_proj", "lm_head"], r"reaches lm_head, whose weight is tied"),
+        ("tiny-random-qwen2", ["lm_head"], r"reaches lm_head, whose weight is tied"),
+        (
+            "tiny-random-phi3",
+            ["q_proj", "k_proj", "v_proj", "o_proj"],
+            r"names q_proj, k_proj, v_proj, which this model does not have.*qkv_proj",
+        ),
+    ],
+)
+def test_targets_the_generators_cannot_merge_fail_in_one_line(
+    arch: str, targets: list[str] | str, reason: str, tmp_path: Path
+) -> None:
+    """Before any role starts, not in a generator's first merge (``adapted layer ... is not
+    in``), nor silently: Phi-3 given q/k/v/o would train o_proj alone."""
+    value = targets if isinstance(targets, str) else f"[{', '.join(targets)}]"
+    config = load_config(
+        None,
+        [
+            f"model.name={arch}",
+            f"run.output_dir={tmp_path}",
+            f"model.lora={{r: 4, target_modules: {value}}}",
+        ],
+    )
+    with pytest.raises(ConfigError, match=reason) as err:
+        check_adapter(config, resolve_model(arch))
+    assert "\n" not in str(err.value)
 
 
 def test_the_merged_forward_trains_a_and_b_only(model_dir: Path, tmp_path: Path) -> None:
