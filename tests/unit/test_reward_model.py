@@ -30,6 +30,7 @@ from streamrl.reward_model import (
     read_pairs,
     reward_ids,
     reward_text,
+    split_by_question,
     train_reward_model,
     weights_hash,
     write_pairs,
@@ -173,7 +174,11 @@ def test_bradley_terry_training_learns_a_held_out_preference(rm_dir: Path, tmp_p
     figures = train_reward_model(
         digit_pairs(160), TINY_RM, out, epochs=2, lr=1e-3, held_out=0.25, log=lines.append
     )
-    assert figures["pairs_train"] == 120 and figures["pairs_held_out"] == 40
+    assert figures["pairs_train"] + figures["pairs_held_out"] == 160
+    assert 40 <= figures["pairs_held_out"] <= 45  # whole questions: a few pairs over the 40
+    questions = len({p.prompt for p in digit_pairs(160)})
+    assert figures["questions_train"] + figures["questions_held_out"] == questions
+    assert any(f"{figures['questions_held_out']} other questions held out" in x for x in lines)
     assert figures["accuracy_after"] >= 0.9 > figures["accuracy_before"]
     assert figures["train_loss"] < 0.3
     assert any("accuracy after" in line for line in lines)
@@ -195,6 +200,45 @@ def test_bradley_terry_training_learns_a_held_out_preference(rm_dir: Path, tmp_p
     again = train_reward_model(digit_pairs(4), TINY_RM, out, overwrite=True, log=lines.append)
     assert json.loads((out / "rm_train.json").read_text()) == again
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rm"]  # no staging left behind
+
+
+def run_pairs(questions: int, seed: int = 0) -> list[Pair]:
+    """Pairs as ``rm pairs`` makes them from a run: each question asked in several groups,
+    so it has 1 to 6 pairs, some sharing their chosen response."""
+    rng = random.Random(seed)
+    pairs = []
+    for q in range(questions):
+        right = f"{q} + 1 = {q + 1}"
+        pairs += [
+            Pair(f"What is {q} + 1?", right, f"{q} + 1 = {w}") for w in range(rng.randint(1, 6))
+        ]
+    return pairs
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_held_out_pairs_share_no_question_with_training_pairs(seed: int) -> None:
+    """Issue 52: split one pair at a time, most held-out questions (and their chosen
+    answers) were trained on. Split by question, none is, and the sides are counted."""
+    pairs = run_pairs(60, seed)
+    split = split_by_question(pairs, 0.25, seed)
+    held = {pairs[i].prompt for i in split.held}
+    trained = {pairs[i].prompt for i in split.train}
+    assert held and not held & trained
+    assert sorted(split.train + split.held) == list(range(len(pairs)))
+    assert (split.questions_held_out, split.questions_train) == (len(held), len(trained))
+    wanted = round(len(pairs) * 0.25)
+    assert wanted <= len(split.held) < wanted + 6  # at most one question's pairs over
+    assert split == split_by_question(list(pairs), 0.25, seed)  # seeded, deterministic
+    assert split_by_question(pairs, 0.25, seed + 10).held != split.held
+
+
+def test_a_split_with_nothing_to_hold_out_trains_on_every_pair() -> None:
+    pairs = run_pairs(5)
+    assert split_by_question(pairs, 0.0, 0).held == []
+    one_question = [p for p in pairs if p.prompt == pairs[0].prompt]
+    assert split_by_question(one_question, 0.5, 0).held == []  # one question always trains
+    with pytest.raises(ValueError, match="held_out"):
+        split_by_question(pairs, 1.0, 0)
 
 
 def test_a_causal_lm_base_gets_a_seeded_new_head(tmp_path: Path) -> None:
