@@ -55,7 +55,7 @@ import msgspec
 import numpy as np
 
 from streamrl.config import Config
-from streamrl.data import DataError, Prompt, holds_out_rows, table_rows
+from streamrl.data import DataError, Prompt, evaluated_rows
 from streamrl.math_answers import math_exact
 from streamrl.tasks import TASKS, gsm, task_for
 from streamrl.tasks import reasoning_gym as gym
@@ -172,12 +172,8 @@ def eval_prompts(config: Config) -> list[Prompt]:
     task = task_for(source)
     if task is not None:
         return [task.question(data, ev.seed, i, "eval") for i in _eval_indices(config)]
-    if holds_out_rows(data, ev.source):  # the rows training leaves out of its own split
-        rows = table_rows(data, source, data.split, holdout=True)
-        candidates = rows.eval_rows
-    else:  # a split or a table of its own: every row of it
-        rows = table_rows(data, source, data.eval_split or data.split, holdout=False)
-        candidates = rows.train_rows
+    # The rows held out of data.split, or every row of a split or a table of its own.
+    rows, candidates = evaluated_rows(config)
     if len(candidates) == 0:
         raise DataError(f"eval.source {source}: no held-out rows to evaluate")
     order = np.random.default_rng(ev.seed).permutation(len(candidates))

@@ -12,6 +12,10 @@ so every kind stays memory-mapped Arrow (never a Python list of rows):
   ``HF_ENDPOINT``, ``HF_HOME``, ``HF_TOKEN`` and ``HF_HUB_OFFLINE``; from the local cache
   otherwise).
 
+A file and a saved ``Dataset`` are one table, split ``train`` (``TABLE_SPLIT``): any other split
+asked of them is refused, never read as the same rows (held-out rows of their own are a file
+of their own, named by ``eval.source``).
+
 ``RowMapping`` turns a row into a ``Prompt`` by ``data``'s keys: the prompt at
 ``prompt_key`` (messages or a string) or ``prompt_template`` over the row's fields, an
 optional ``system_prompt``, the ground truth at ``answer_key`` through ``answer_pattern``.
@@ -23,6 +27,7 @@ pattern that matches few rows fails in one line (``DataError``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -39,6 +44,8 @@ log = logging.getLogger(__name__)
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 HUB_PREFIX = "hf:"
+# The one split of a file or a saved Dataset (the name ``datasets`` gives it).
+TABLE_SPLIT = "train"
 VERL_ANSWER_KEYS = ("reward_model.ground_truth", "ground_truth")  # data.answer_key ""
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 # An answer pattern that fails on more than this share of the rows is refused: the mapping is
@@ -104,9 +111,24 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def _one_split(source: str, what: str, split: str) -> None:
+    """``DataError`` unless ``split`` is the one split of a one-table source (module doc):
+    reading it as another would make "held-out" the training rows."""
+    if split != TABLE_SPLIT:
+        raise DataError(
+            f"{source}: a {what} has one split, {TABLE_SPLIT!r}, not {split!r} (held-out "
+            "rows of their own: a file named by eval.source, data.eval_split empty; or leave "
+            "data.eval_split empty to hold out one row in data.holdout_every)"
+        )
+
+
 def open_table(source: str, data: DataConfig, split: str) -> Any:
     """The ``datasets.Dataset`` of ``source``'s ``split`` (module doc), its first
-    ``data.max_rows`` rows when set; ``DataError`` in one line."""
+    ``data.max_rows`` rows when set; ``DataError`` in one line, also for a split other than
+    ``train`` of a file or a saved ``Dataset`` (one table each).
+
+    Example: ``open_table("gsm.jsonl", data, "test")`` raises (a file has one split);
+    ``open_table("gsm.jsonl", data, "train")`` is every row of it."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -115,11 +137,12 @@ def open_table(source: str, data: DataConfig, split: str) -> Any:
     kind = table_kind(source)
     try:
         if kind == "file":
+            _one_split(source, "file", split)
             if Path(source).expanduser().stat().st_size == 0:
                 raise DataError(f"data.source {source}: the file is empty: no rows")
             builder = FILE_BUILDERS[Path(source).suffix.lower()]
             table = datasets.load_dataset(
-                builder, data_files=str(Path(source).expanduser()), split="train"
+                builder, data_files=str(Path(source).expanduser()), split=TABLE_SPLIT
             )
         elif kind == "saved":
             table = datasets.load_from_disk(str(Path(source).expanduser()))
@@ -127,6 +150,8 @@ def open_table(source: str, data: DataConfig, split: str) -> Any:
                 if split not in table:
                     raise DataError(f"{source}: no split {split!r} (splits: {', '.join(table)})")
                 table = table[split]
+            else:
+                _one_split(source, "saved Dataset (not a DatasetDict)", split)
         else:
             table = datasets.load_dataset(
                 source.removeprefix(HUB_PREFIX),
@@ -274,20 +299,47 @@ def question_key(messages: list[dict[str, str]]) -> str:
     return json.dumps(messages, sort_keys=True, ensure_ascii=False)
 
 
-def split_rows(table: Any, mapping: RowMapping, every: int) -> tuple[np.ndarray, np.ndarray]:
-    """(row numbers trained on, row numbers held out: those whose prompt's key hashes into one
-    in ``every``; 0: none). One pass over the rows, mapping each: ``DataError`` on the first
+def key_hash(key: str) -> int:
+    """A question key (``question_key``) as 64 bits: what ``check_data`` compares the two sides
+    by, and holds per row (8 bytes, not the key)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """A table's rows by side (``split_rows``): row numbers trained on and held out, every
+    row's question as ``key_hash`` (skipped rows too; index by row number), and a digest of
+    the training side (each trained row's number, question and answer, in row order): the
+    same rows mapped the same way give the same digest, what a resumed run is pinned to."""
+
+    train: np.ndarray
+    held: np.ndarray
+    keys: np.ndarray
+    digest: str
+
+
+def split_rows(table: Any, mapping: RowMapping, every: int) -> RowSplit:
+    """The rows of ``table`` by side: held out, those whose prompt's key hashes into one in
+    ``every`` (0: none). One pass over the rows, mapping each: ``DataError`` on the first
     the mapping cannot read, naming it; rows whose answer ``answer_pattern`` does not match
     are skipped, counted, and refused when they are more than half (the pattern is wrong)."""
     train, held, unmatched, first = [], [], 0, None
+    keys = np.zeros(len(table), dtype=np.uint64)
+    digest = hashlib.blake2b(digest_size=16)
     for index, row in enumerate(table):
         messages = mapping.messages(row, index)
-        if mapping.answer(row, index) is None:
+        key = question_key(messages)
+        keys[index] = key_hash(key)
+        answer = mapping.answer(row, index)
+        if answer is None:
             unmatched += 1
             first = index if first is None else first
             continue
-        key = question_key(messages)
-        (held if held_out(key, every) else train).append(index)
+        if held_out(key, every):
+            held.append(index)
+        else:
+            train.append(index)
+            digest.update(json.dumps([index, key, answer], ensure_ascii=False).encode())
     if unmatched > MAX_UNMATCHED_SHARE * len(table):
         raise DataError(
             f"{mapping.source}: data.answer_pattern {mapping.answer_pattern.pattern!r} matches "
@@ -301,4 +353,9 @@ def split_rows(table: Any, mapping: RowMapping, every: int) -> tuple[np.ndarray,
             unmatched,
             len(table),
         )
-    return np.asarray(train, dtype=np.int64), np.asarray(held, dtype=np.int64)
+    return RowSplit(
+        np.asarray(train, dtype=np.int64),
+        np.asarray(held, dtype=np.int64),
+        keys,
+        digest.hexdigest(),
+    )

@@ -1,15 +1,20 @@
-"""The run directory: where a run's files go, refused when it would overwrite a finished run."""
+"""The run directory: where a run's files go, refused when it would overwrite a finished run,
+or resumed on other data than it started with (``check_resume_pinned``)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from streamrl.config import Config, to_yaml
 from streamrl.files import atomic_write_text
+
+log = logging.getLogger("streamrl")
 
 
 class RunError(RuntimeError):
@@ -53,7 +58,83 @@ def prepare_run_dir(config: Config) -> Path:
                 path.unlink()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(_without_secrets(config)))
+    if not config.run.resume or not (run_dir / DATA_PIN).is_file():
+        pin_run_data(config, run_dir)
     return run_dir
+
+
+# What a run's prompt stream was made of at its first launch (``data.data_fingerprint``).
+DATA_PIN = "data_pin.json"
+# Data settings a resume may change: how prompts are drawn, not which row prompt i is.
+UNPINNED_DATA = ("sampler", "difficulty_keep")
+
+
+def _fingerprint(config: Config) -> dict[str, Any]:
+    from streamrl.data import data_fingerprint  # reads the table: not on every rundir import
+
+    found = json.loads(json.dumps(data_fingerprint(config)))  # as it reads back from disk
+    for key in UNPINNED_DATA:
+        found["data"].pop(key, None)
+    return found
+
+
+def pin_run_data(config: Config, run_dir: Path) -> None:
+    """Record ``run.seed``, the ``data`` section and the training table's row count and
+    digest in ``data_pin.json`` (what ``check_resume_pinned`` holds a resume to)."""
+    atomic_write_text(Path(run_dir) / DATA_PIN, json.dumps(_fingerprint(config), indent=1))
+
+
+def check_resume_pinned(config: Config, run_dir: Path | None = None) -> None:
+    """For ``run.resume``: ``RunError`` in one line naming what differs when ``run.seed``, a
+    ``data`` setting (but ``UNPINNED_DATA``) or the training rows' content are not what the
+    run started with (``data_pin.json``); the prompt ledger's indices name rows of that
+    stream, so other data would train some rows twice and others never. A new run (no
+    ``--resume``) is never refused here. Reads the table; writes nothing. A run directory
+    from before the pin is let through with a warning (``prepare_run_dir`` pins it then).
+
+    Example: a run started with ``data.max_rows=80``, resumed with ``data.max_rows=40``:
+    ``--resume: data.max_rows is 40, the run started with 80 (...)``."""
+    if not config.run.resume:
+        return
+    run_dir = (
+        Path(run_dir) if run_dir is not None else Path(config.run.output_dir) / config.run.name
+    )
+    path = run_dir / DATA_PIN
+    if not path.is_file():
+        log.warning("%s has no %s (an older run): its data cannot be checked", run_dir, DATA_PIN)
+        return
+    try:
+        then = json.loads(path.read_text())
+        then_data, then_table = dict(then["data"]), then["table"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RunError(f"{path}: unreadable ({exc}); cannot check the run's data") from None
+    now = _fingerprint(config)
+    differs = []
+    if now["seed"] != then.get("seed"):
+        differs.append(f"run.seed is {now['seed']}, the run started with {then.get('seed')}")
+    for key in sorted(set(now["data"]) | set(then_data)):
+        if key not in UNPINNED_DATA and now["data"].get(key) != then_data.get(key):
+            differs.append(
+                f"data.{key} is {now['data'].get(key)!r}, the run started with "
+                f"{then_data.get(key)!r}"
+            )
+    if not differs and now["table"] != then_table:  # same settings, other rows
+        differs.append(
+            f"the training rows of data.source {config.data.source} changed since the run "
+            f"started ({_table_text(now['table'])} now, {_table_text(then_table)} then)"
+        )
+    if differs:
+        raise RunError(
+            f"--resume: {'; '.join(differs)}: a resumed run continues its prompt stream on "
+            "the data it started with (start a new run instead: launch without --resume, "
+            "under another --name or with run.overwrite=true)"
+        )
+
+
+def _table_text(table: dict[str, Any] | None) -> str:
+    if not table:
+        return "no table"
+    return f"{table['rows']} rows, digest {str(table['digest'])[:12]}"
 
 
 def _earlier_run(run_dir: Path) -> list[Path]:
