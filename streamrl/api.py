@@ -22,9 +22,9 @@ per row, verl's layout; or any table ``data.source`` reads)::
 from, in this order:
 
 1. ``config``: None, the shipped default job (as ``streamrl launch`` with no config); a str or
-   a path, a YAML file or a shipped job's name, ``"tiny"`` (``cli.launch_config``, the CLI's
-   own); a mapping, what a YAML file would hold, over the built-in defaults (dotted keys too:
-   ``{"learner.lr": 1e-5}``); a ``Config``, as it is;
+   a path, a YAML file or a shipped job's name, ``"tiny"`` (``config.launch_config``, the
+   CLI's own); a mapping, what a YAML file would hold, over the built-in defaults (dotted
+   keys too: ``{"learner.lr": 1e-5}``); a ``Config``, as it is;
 2. the arguments: ``model`` (``model.name``), ``rewards`` (the whole ``rewards:`` list: each a
    callable, a registered name or ``module:function``, or ``(name_or_callable, weight,
    args)``), ``dataset`` (``data.source``), ``env`` (``env.name``: a built-in name,
@@ -32,10 +32,11 @@ from, in this order:
    episode's reward being its environment's), ``name`` (``run.name``);
 3. ``overrides``, as on the command line (``"learner.lr=1e-5"``).
 
-A ``datasets.Dataset`` or ``DatasetDict`` is saved with ``save_to_disk`` in the run directory
-(``runs/<name>/dataset/``, ``controller.rundir.STAGED_DATASET``) and ``data.source`` names
-that directory, so ``config.yaml`` says what was trained on; a str or a path is
-``data.source`` itself (a file, a saved dataset, a hub id, a task name).
+A ``datasets.Dataset`` or ``DatasetDict`` (or a list of dicts, one per row, or a dict of
+columns, made a ``Dataset`` at the door: ``as_dataset``) is saved with ``save_to_disk`` in the
+run directory (``runs/<name>/dataset/``, ``controller.rundir.STAGED_DATASET``) and
+``data.source`` names that directory, so ``config.yaml`` says what was trained on; a str or a
+path is ``data.source`` itself (a file, a saved dataset, a hub id, a task name).
 
 **How callables reach the roles**: each is registered in this process under a ``python:``
 name (``streamrl.callables``) that the config holds (``rewards: [{name: python:my_reward}]``),
@@ -53,7 +54,8 @@ the cell's output as they come; a terminal also shows a progress bar (``metrics.
 ``run.stop_when_starved_s``; ``RunResult.summary["stopped_because"]``) or stopped (a kernel
 interrupt or Ctrl-C stops gracefully, a second one aborts with ``RunError``). Bad input raises
 one line before any role starts: ``ConfigError``, or ``RunError``/``DataError``/
-``ModelNotFoundError`` from the controller's own checks.
+``ModelNotFoundError`` from the launch's pre-flight (``controller.preflight``, the checks
+``streamrl validate`` runs).
 """
 
 from __future__ import annotations
@@ -70,10 +72,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import msgspec
-import yaml
 
 from streamrl import callables
-from streamrl.config import Config, ConfigError, load_config, to_dict
+from streamrl.config import Config, ConfigError, Override, launch_config, load_config, to_dict
 
 # A reward as ``train`` takes it: a callable (``RewardInput`` -> float), a registered name or
 # ``module:function``, ``(name_or_callable, weight)`` or ``(name_or_callable, weight, args)``,
@@ -115,6 +116,7 @@ def train(
     """Run one job in this process and return how it ended (module doc: the config's
     sources and their order, callables, progress, errors)."""
     console = sys.stdout if console is None else console  # a notebook's, at the call
+    dataset = as_dataset(dataset)
     served = [dict(item) for item in rewards or [] if _is_served(item)]
     parts = [_reward_parts(i, item) for i, item in enumerate(rewards or []) if not _is_served(item)]
     if env is not None and not isinstance(env, str | type):
@@ -125,7 +127,7 @@ def train(
     names = callables.register(objects)  # each one pickled: ConfigError if it cannot be
     labels = {names[id(obj)]: f"{what} {callables.label(obj)}" for what, obj in objects}
 
-    extra: list[str] = []
+    extra: list[Override] = []
     if model is not None:
         extra.append(_override("model.name", os.fspath(model)))
     if rewards is not None or env is not None:
@@ -207,13 +209,11 @@ def _launch(cfg: Config, address: str | None, console: TextIO, staged: Path | No
 
 def _load(
     config: Config | Mapping[str, Any] | str | os.PathLike[str] | None,
-    extra: list[str],
-    overrides: list[str],
+    extra: list[Override],
+    overrides: list[Override],
 ) -> Config:
     """The config from ``config``, then ``extra`` (the arguments), then ``overrides``."""
     if config is None or isinstance(config, str | os.PathLike):
-        from streamrl.cli import launch_config
-
         path = None if config is None else os.fspath(config)
         return launch_config(path, [*extra, *overrides])
     if isinstance(config, Config):
@@ -230,8 +230,8 @@ def _load(
     return load_config(None, [*_tree_overrides(tree), *extra, *overrides])
 
 
-def _tree_overrides(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """``{"run": {"max_steps": 3}}`` -> ``["run.max_steps=3"]``: a leaf, a list or an empty
+def _tree_overrides(tree: Mapping[str, Any], prefix: str = "") -> list[Override]:
+    """``{"run": {"max_steps": 3}}`` -> ``[("run.max_steps", 3)]``: a leaf, a list or an empty
     mapping is one override."""
     found = []
     for key, value in tree.items():
@@ -244,15 +244,15 @@ def _tree_overrides(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
     return found
 
 
-def _override(key: str, value: Any) -> str:
-    """``key=value`` with the value as YAML, which ``parse_overrides`` reads back exactly
-    (a string stays a string: ``'5'``; ``python:x`` is quoted)."""
+def _override(key: str, value: Any) -> tuple[str, Any]:
+    """``(key, value)`` with the value as plain data (a path as its str), which
+    ``parse_overrides`` takes as it is: a Python value never goes through text, so a string
+    stays a string (``"5"``, ``"python:x"``) and a number a number."""
     try:
         plain = msgspec.to_builtins(value, enc_hook=_plain)
     except (TypeError, msgspec.EncodeError) as exc:
         raise ConfigError(f"config {key}: {exc}") from None
-    text = yaml.safe_dump(plain, default_flow_style=True, width=1 << 30, sort_keys=False)
-    return f"{key}={text.strip().removesuffix('...').strip()}"
+    return key, plain
 
 
 def _plain(value: Any) -> Any:
@@ -313,6 +313,56 @@ def _source_text(source: str | os.PathLike[str]) -> str:
     return str(Path(text).resolve()) if local else text
 
 
+def as_dataset(dataset: Any) -> Any:
+    """A list of rows (one dict each) or a dict of columns as a ``datasets.Dataset``
+    (``Dataset.from_list``/``from_dict``), converted at the door; anything else as it is.
+    ``ConfigError`` in one line for a list that is not all dicts, an empty one, or columns
+    that do not make one table.
+
+    Example: ``[{"question": "1 + 1?", "answer": "#### 2"}]`` -> a one-row ``Dataset``;
+    ``{"question": ["1 + 1?"], "answer": ["#### 2"]}`` -> the same."""
+    if type(dataset) not in (list, tuple, dict):
+        return dataset  # a source's name, a Dataset, a DatasetDict (a dict subclass), ...
+    if isinstance(dataset, dict):
+        bad = [k for k, v in dataset.items() if not isinstance(v, list | tuple)]
+        if not dataset or bad:
+            got = f"column {bad[0]!r} is a {type(dataset[bad[0]]).__name__}" if bad else "none"
+            raise ConfigError(f"dataset: a dict is a table's columns, each a list ({got})")
+        lengths = {k: len(v) for k, v in dataset.items()}
+        if len(set(lengths.values())) > 1:
+            raise ConfigError(f"dataset: the columns differ in length ({lengths})")
+        return _from(lambda ds: ds.Dataset.from_dict({k: list(v) for k, v in dataset.items()}))
+    if not dataset:
+        raise ConfigError("dataset: the list is empty: give one dict per row")
+    for i, row in enumerate(dataset):
+        if not isinstance(row, Mapping):
+            raise ConfigError(
+                f"dataset: a list is the table's rows, one dict each; item {i} is a "
+                f"{type(row).__name__} ({_short(row)})"
+            )
+    return _from(lambda ds: ds.Dataset.from_list([dict(row) for row in dataset]))
+
+
+def _from(build: Callable[[Any], Any]) -> Any:
+    """``build(datasets)``, a failure to make one Arrow table as one line."""
+    try:
+        import datasets
+    except ImportError:  # a dependency; a broken install still gets one line
+        raise ConfigError("dataset: the datasets package cannot be imported") from None
+    try:
+        return build(datasets)
+    except (ValueError, TypeError) as exc:  # pyarrow's ArrowInvalid/ArrowTypeError among them
+        line = str(exc).strip().splitlines()
+        raise ConfigError(
+            f"dataset: the rows do not make one table: {line[0] if line else type(exc).__name__}"
+        ) from None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _check_table(dataset: Any) -> None:
     try:
         from datasets import Dataset, DatasetDict
@@ -320,7 +370,8 @@ def _check_table(dataset: Any) -> None:
         raise ConfigError("dataset: the datasets package cannot be imported") from None
     if not isinstance(dataset, Dataset | DatasetDict):
         raise ConfigError(
-            "dataset: expected a datasets.Dataset or DatasetDict, or data.source as a str "
-            f"or a path; got {type(dataset).__name__} (an IterableDataset cannot be saved: "
-            "build a Dataset, e.g. Dataset.from_generator)"
+            "dataset: expected a datasets.Dataset or DatasetDict, a list of dicts (one per "
+            f"row), a dict of columns, or data.source as a str or a path; got "
+            f"{type(dataset).__name__} (an IterableDataset cannot be saved: build a Dataset, "
+            "e.g. Dataset.from_generator)"
         )

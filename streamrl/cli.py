@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from streamrl.config import Config, ConfigError, default_config_path, load_config
+from streamrl.config import Override, launch_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -154,36 +154,14 @@ def _add_admin_parser(sub: argparse._SubParsersAction) -> None:
         admin_sub.add_parser(action, parents=[run], help=text)
 
 
-def _split_config_arg(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+def _split_config_arg(args: argparse.Namespace) -> tuple[str | None, list[Override]]:
     # `streamrl launch learner.lr=1e-4` has no config file: the first positional is an override.
-    overrides = list(args.overrides)
+    overrides: list[Override] = list(args.overrides)
     path = args.config
     if path is not None and "=" in path and not path.endswith((".yaml", ".yml")):
         overrides.insert(0, path)
         path = None
     return path, overrides
-
-
-def launch_config(path: str | None, overrides: list[str], resume: str | None = None) -> Config:
-    """The config ``streamrl launch`` runs (and ``streamrl.train`` for a YAML or a job name):
-    ``path``, a YAML file or a shipped job's name (the shipped default job when None), with
-    ``overrides`` applied in order; with ``resume``, that run directory's own config.yaml,
-    continued in place. ``ConfigError`` on one line for a config that cannot run."""
-    overrides = list(overrides)
-    if resume:
-        from pathlib import Path
-
-        run_dir = Path(resume)
-        if path is not None:
-            raise ConfigError("--resume uses the run's own config.yaml; pass overrides only")
-        path = str(run_dir / "config.yaml")
-        overrides = [
-            f"run.output_dir={run_dir.parent}",
-            f"run.name={run_dir.name}",
-            "run.resume=true",
-            *overrides,
-        ]
-    return load_config(path or default_config_path(), overrides)
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -199,23 +177,17 @@ def _launch(args: argparse.Namespace) -> int:
     ):
         value = getattr(args, flag)
         if value is not None:
-            overrides.append(f"{key}={value}")
+            overrides.append((key, value))  # typed already: taken as it is
     config = launch_config(path, overrides, resume=args.resume)
+    from streamrl.controller.preflight import preflight
     from streamrl.controller.run import launch
     from streamrl.controller.rundir import RunError
-    from streamrl.data import DataError, check_data
-    from streamrl.models import ModelNotFoundError
+    from streamrl.data import DataError
 
+    # Bad input fails here in one line (main's), before the run directory exists.
+    checked = preflight(config, address=args.address)
     try:
-        check_data(config)  # bad data is bad input: exit 2 before the run directory exists
-    except DataError as exc:
-        print(f"streamrl: {exc}", file=sys.stderr)
-        return 2
-    try:
-        summary = launch(config, address=args.address)
-    except ModelNotFoundError as exc:  # raised before any role starts: bad input, as above
-        print(f"streamrl: {exc}", file=sys.stderr)
-        return 2
+        summary = launch(config, address=args.address, checked=checked)
     except (RunError, DataError) as exc:
         print(f"streamrl: {exc}", file=sys.stderr)
         return 1
@@ -224,29 +196,15 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    """The config ``launch`` would run, through the launch's own pre-flight (without building
+    or downloading weights: ``controller.preflight``); printed resolved."""
     from streamrl.config import to_yaml
-    from streamrl.data import check_data
-    from streamrl.envs import check_env
-    from streamrl.lora import check_adapter, uses_lora
-    from streamrl.models import ModelNotFoundError, check_model
-    from streamrl.rewards import check_rewards
-    from streamrl.workers.engines import check_engine_config
+    from streamrl.controller.preflight import preflight
 
-    config = load_config(args.config, args.overrides)
-    check_data(config)
-    check_rewards(config.rewards)
-    check_env(config.env)
-    check_engine_config(config.generator)  # imports no torch: a user's module:Class aside
-    try:  # a hub id's repo, revision, config and tokenizer (no weights); built-ins: no torch
-        model_dir = check_model(config.model.name, revision=config.model.revision)
-        for reward in config.rewards:  # served rewards' models (docs/design.md §7c)
-            if reward.served:
-                check_model(reward.served_model)
-    except ModelNotFoundError as exc:
-        print(f"streamrl: {exc}", file=sys.stderr)
-        return 2
-    if model_dir is not None and uses_lora(config):
-        check_adapter(config, model_dir)  # the model's architecture on the meta device
+    config = launch_config(args.config, args.overrides)
+    checked = preflight(config, resolve=False)
+    if checked.data_line:
+        print(checked.data_line, file=sys.stderr)
     print(to_yaml(config), end="")
     return 0
 
@@ -411,15 +369,19 @@ def main(argv: list[str] | None = None) -> int:
         "export": _export,
         "rm": _rm,
     }
-    from streamrl.tasks.base import DataError
+    from streamrl.controller.preflight import BAD_INPUT
+    from streamrl.controller.rundir import RunError
 
     try:
         if args.command == "buffer":
             return _buffer_export(args)
         return handlers[args.command](args)
-    except (ConfigError, DataError) as exc:
+    except BAD_INPUT as exc:  # a config, data, model or reward that cannot run
         print(f"streamrl: {exc}", file=sys.stderr)
         return 2
+    except RunError as exc:  # a port or run directory taken, a resume on other data
+        print(f"streamrl: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Run configuration: one msgspec Struct per role, decoded strictly from YAML (docs/design.md §8).
 
 Unknown or mistyped keys fail with the key's path. Command-line overrides are
-``section.key=value`` (the value is parsed as YAML, so ``3``, ``true`` and ``[1, 2]`` work).
+``section.key=value``, the value read for the type of the key it sets (``parse_overrides``): a
+string key takes the text as typed (``"data.answer_pattern=#### (.+)"``), any other reads it
+as YAML (``3``, ``true``, ``[1, 2]``, ``1e-4``).
 
 This module is a leaf: stdlib, msgspec, yaml and the stdlib-only ``key_rules`` (the range rule of
 every live key, which the buffer shard and the admin API read too). ``streamrl validate``
@@ -14,6 +16,10 @@ import logging
 import re
 import string
 import time
+import types
+import typing
+from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,6 +58,11 @@ class RunConfig(_Section):
     # is replaced, at most `max_restarts` times per generator id before the run fails.
     max_restarts: int = 3
     heartbeat_timeout_s: float = 60.0
+    # ... and so is a generator or reward role whose heartbeats say its work has not moved for
+    # this long while it had some (a wedged forward, a weight version that never comes): a
+    # decode step, a scoring batch or an adopted version is a move. Above the slowest single
+    # step a role takes (a judge's batch on CPU). 0 = never.
+    stall_timeout_s: float = 300.0
     # End the run as a graceful stop does (checkpoint, final evaluation, export) when for this
     # many seconds groups kept coming and every one was dropped (e.g. all zero-variance once
     # every prompt is solved): nothing is left to learn from them. 0 = never.
@@ -109,7 +120,9 @@ class DataConfig(_Section):
     # A built-in task's or reasoning-gym's own settings (e.g. arithmetic's max_operand).
     args: dict[str, Any] = msgspec.field(default_factory=dict)
     # Tables (files, save_to_disk directories, hub datasets). The hub dataset's config
-    # (`main` for openai/gsm8k), its revision, and the split trained on.
+    # (`main` for openai/gsm8k), its revision, and the split trained on (a file or a saved
+    # Dataset has one, `train`; any other is refused: held-out rows in a file of their own
+    # are `eval.source`).
     subset: str = ""
     revision: str = ""
     split: str = "train"
@@ -189,9 +202,10 @@ class RewardSpec(_Section):
     weight: float = 1.0
     # Extra keyword arguments for the reward function (rules only).
     args: dict[str, Any] = msgspec.field(default_factory=dict)
-    # How this reward's scores are scaled before the weighted sum: none; running (minus the
-    # running mean, over the running std, of every score this generator has seen of it);
-    # group (minus the group's mean, over its std).
+    # How this reward's scores are scaled before the weighted sum: none; group (minus the
+    # group's mean, over its std, as GRPO's advantage). running is read as group: its
+    # statistics were per generator process, so one score weighed differently across the
+    # generators of a batch and a restart reset them (issue 52); a warning says so.
     normalize: Literal["none", "running", "group"] = "none"
     # The scorer's name in reports, /status and each group's ``scorers`` (default: the rule's
     # name, "rm-<dir name>", "judge-<dir name>").
@@ -222,7 +236,13 @@ class RewardSpec(_Section):
 
 
 class ScoringConfig(_Section):
-    """Reward roles (docs/design.md §7c): how model rewards and judges are served."""
+    """Reward roles (docs/design.md §7c): how model rewards and judges are served; and the
+    time bound of the rules, scored in each generator's rule worker (workers/rule_worker.py)."""
+
+    # A group whose rules have not scored it in this long (a rule that hangs: a user's
+    # callable, math-verify's parser) is refused (counted, reward_timeouts) and the rule
+    # worker started again; the generator goes on. In (0, 3600].
+    rule_timeout_s: float = 30.0
 
     # Responses one forward pass scores at most (batched across groups and generators).
     max_batch: int = 64
@@ -541,23 +561,167 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+_NULL_WORDS = frozenset({"null", "Null", "NULL", "~"})
+_UNKNOWN = object()  # a dotted key the schema does not have
+# One override: ``"section.key=text"`` as typed, or ``(key, value)`` already a Python value.
+Override = str | tuple[str, Any]
 
 
-def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
-    """``["learner.lr=1e-4"]`` -> ``[("learner.lr", 0.0001)]``; values are parsed as YAML."""
+def parse_overrides(overrides: Sequence[Override]) -> list[tuple[str, Any]]:
+    """``section.key=value`` overrides as ``(dotted key, value)``, each value read for the type
+    of the ``Config`` field at its dotted key:
+
+    - a ``str`` field (or a ``Literal`` of strings) takes the text as typed, never YAML:
+      ``data.prompt_template=Question: {question}`` and ``data.answer_pattern=#### (.+)``
+      arrive as written. One exception keeps the spelling that was needed when every value
+      was YAML: text wholly in one pair of quotes, which YAML reads as one quoted string, is
+      that string (``data.answer_pattern='####\\s*(.+)'``, ``eval.unseen_phrasing=""``);
+    - a field of any other type (int, float, bool, list, dict, tuple, a section, a union
+      without ``str``) reads the text as YAML (``3``, ``true``, ``[1, 2]``, ``{r: 8}``, ``1e-4``
+      as a float); text YAML cannot read whole (an unclosed bracket, a ``#`` that would start a
+      comment) is refused in one line, with a hint to quote;
+    - a union with ``str`` (``str | None``, ``list[str] | str``) and a value of any type (the
+      keys under ``data.args``) take the text as a ``str`` field does, unless YAML reads all
+      of it as a value of one of the other types: ``null``/``~`` for ``None``, a number, a
+      boolean, or a bracketed ``[...]``/``{...}`` collection (``Question: {question}`` is a
+      string, not a mapping);
+    - a key the schema does not have is read as a value of any type (the config then moves
+      it, when it moved, or refuses it by name).
+
+    A ``(key, value)`` pair is taken as it is (``streamrl.train`` passes Python values).
+
+    Example: ``["learner.lr=1e-4", "data.answer_pattern=#### (.+)", "model.revision=null"]``
+    -> ``[("learner.lr", 0.0001), ("data.answer_pattern", "#### (.+)"),
+    ("model.revision", None)]``.
+    """
     parsed = []
     for item in overrides:
+        if isinstance(item, tuple):
+            key, value = item
+            _check_override_key(key, f"{key}=...")
+            parsed.append((key, value))
+            continue
         key, sep, raw = item.partition("=")
-        if not sep or not key or any(not part for part in key.split(".")):
+        if not sep:
             raise ConfigError(f"bad override {item!r}: expected section.key=value")
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"bad override {item!r}: {str(exc).splitlines()[0]}") from None
-        if isinstance(value, str) and _FLOAT.fullmatch(value):
-            value = float(value)  # YAML 1.1 reads `1e-4` (no dot) as a string
-        parsed.append((key, value))
+        _check_override_key(key, item)
+        parsed.append((key, _override_value(item, key, raw)))
     return parsed
+
+
+def _check_override_key(key: str, item: str) -> None:
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"bad override {item!r}: expected section.key=value")
+
+
+def _override_value(item: str, key: str, raw: str) -> Any:
+    """``raw`` read for the field at ``key`` (``parse_overrides``' rule)."""
+    kind = _field_type(key)
+    if kind is _UNKNOWN:  # refused by name later; an old key's text keeps its meaning
+        kind = Any
+    members = () if kind is Any else _members(kind)
+    if kind is Any or any(_is_text(member) for member in members):
+        quoted = _quoted(raw)
+        if quoted is not None or raw == "" or _is_text(kind):
+            return raw if quoted is None else quoted
+        others = tuple(member for member in members if not _is_text(member))
+        try:
+            value, whole = _read_yaml(raw)
+        except yaml.YAMLError:
+            return raw
+        fits = whole and not isinstance(value, str) and _fits(value, raw, others, kind is Any)
+        return value if fits else raw
+    quote = "put text holding ': ' or ' #' in quotes: ['a: b']"
+    try:
+        value, whole = _read_yaml(raw)
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0]
+        raise ConfigError(f"bad override {item!r}: {key} takes YAML: {first} ({quote})") from None
+    if not whole:
+        raise ConfigError(
+            f"bad override {item!r}: {key} takes YAML, where ' #' starts a comment ({quote})"
+        )
+    return value
+
+
+def _quoted(raw: str) -> str | None:
+    """The string that ``raw`` quotes when it is wholly one YAML quoted string (``'a: b'``,
+    ``"x\\ny"``, ``''``): the spelling overrides needed when every value was read as YAML, so
+    it keeps its meaning. None for any other text (``'a' or 'b'`` included)."""
+    text = raw.strip()
+    if len(text) < 2 or text[0] not in "'\"" or text[-1] != text[0]:
+        return None
+    try:
+        node = yaml.compose(text)
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    whole = node is not None and node.end_mark.index == len(text)
+    return value if whole and isinstance(value, str) else None
+
+
+def _read_yaml(raw: str) -> tuple[Any, bool]:
+    """The YAML value of ``raw`` and whether YAML read all of it (no comment dropped)."""
+    node = yaml.compose(raw)
+    whole = node is not None and node.end_mark.index >= len(raw.rstrip())
+    value = yaml.safe_load(raw)
+    if isinstance(value, str) and _FLOAT.fullmatch(value):
+        value = float(value)  # YAML 1.1 reads `1e-4` (no dot) as a string
+    return value, whole
+
+
+def _fits(value: Any, raw: str, others: tuple[Any, ...], anything: bool) -> bool:
+    """A YAML-read ``value`` is taken over the text: it is one of ``others`` (or anything), a
+    ``None`` spelled as a null word, a collection written in brackets."""
+    text = raw.strip()
+    if value is None and text not in _NULL_WORDS:
+        return False
+    if isinstance(value, list | dict) and not text.startswith(("[", "{")):
+        return False  # `Question: {question}` is text, not a block mapping
+    if anything:
+        return True
+    try:
+        msgspec.convert(value, typing.Union[others])  # noqa: UP007 (a runtime tuple)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
+def _is_text(kind: Any) -> bool:
+    """``str``, or a ``Literal`` of strings: a field whose values are text."""
+    if kind is str:
+        return True
+    return typing.get_origin(kind) is Literal and all(
+        isinstance(value, str) for value in typing.get_args(kind)
+    )
+
+
+def _members(kind: Any) -> tuple[Any, ...]:
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return typing.get_args(kind)
+    return (kind,)
+
+
+@cache
+def _hints(section: type) -> dict[str, Any]:
+    return typing.get_type_hints(section)
+
+
+def _field_type(dotted: str) -> Any:
+    """The type of ``Config``'s field at ``dotted`` (``learner.lr`` -> float, ``data.args.x``
+    -> Any); ``_UNKNOWN`` where the schema has no such key."""
+    kind: Any = Config
+    for part in dotted.split("."):
+        sections = [m for m in _members(kind) if isinstance(m, type) and issubclass(m, _Section)]
+        if len(sections) == 1:  # `LoraConfig | None` leads into LoraConfig
+            kind = _hints(sections[0]).get(part, _UNKNOWN)
+        elif typing.get_origin(kind) is dict:
+            kind = typing.get_args(kind)[1]
+        elif kind is not Any:
+            return _UNKNOWN
+        if kind is _UNKNOWN:
+            return kind
+    return kind
 
 
 def format_fields(template: str) -> set[str] | None:
@@ -603,6 +767,7 @@ def _finalize(config: Config) -> Config:
         (config.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0"),
         (config.run.max_restarts >= 0, "run.max_restarts must be >= 0"),
         (config.run.heartbeat_timeout_s > 0, "run.heartbeat_timeout_s must be > 0"),
+        (config.run.stall_timeout_s >= 0, "run.stall_timeout_s must be >= 0"),
         (config.learner.count >= 1, "learner.count must be >= 1"),
         (config.buffer.shards >= 1, "buffer.shards must be >= 1"),
         (config.eval.every >= 0, "eval.every must be >= 0"),
@@ -668,6 +833,7 @@ def _finalize(config: Config) -> Config:
         (config.scoring.batch_wait_ms >= 0, "scoring.batch_wait_ms must be >= 0"),
         (config.scoring.timeout_s > 0, "scoring.timeout_s must be > 0"),
         (config.scoring.max_attempts >= 1, "scoring.max_attempts must be >= 1"),
+        (0 < config.scoring.rule_timeout_s <= 3600, "scoring.rule_timeout_s must be in (0, 3600]"),
         *(
             (
                 r.judge is None
@@ -719,6 +885,14 @@ def _finalize(config: Config) -> Config:
 
 def _warn_about_lossy_choices(config: Config) -> None:
     """Log, once per load, settings that run but quietly train worse than their alternative."""
+    for i, reward in enumerate(config.rewards):
+        if reward.normalize == "running":
+            log.warning(
+                "rewards[%d].normalize: running is normalised within each group, as group is: "
+                "statistics kept per generator process weighed one score differently across "
+                "generators and were reset by a restart; write normalize: group",
+                i,
+            )
     if config.model.learner_dtype == "bfloat16":
         # bf16 keeps 8 significant bits: a weight in [2^e, 2^(e+1)) moves only by steps of
         # 2^(e-7), and an update under half a step rounds back to the same weight. An AdamW
@@ -766,8 +940,11 @@ def default_config_path() -> str | None:
     return str(path) if path is not None else None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config (or the defaults), apply overrides, decode strictly, validate."""
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[Override] | None = None
+) -> Config:
+    """Read a YAML config (or the defaults), apply overrides (``parse_overrides``: text, or
+    ``(key, value)`` pairs), decode strictly, validate."""
     tree: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -794,8 +971,46 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         config = msgspec.convert(tree, Config, strict=False)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"config error: {_pretty_validation(str(exc))}") from None
+        message = _pretty_validation(str(exc))
+        raise ConfigError(f"config error: {message}{_set_by(message, overrides or [])}") from None
     return _finalize(config)
+
+
+def launch_config(
+    path: str | None, overrides: Sequence[Override], resume: str | None = None
+) -> Config:
+    """The config ``streamrl launch`` runs (and ``streamrl validate``, and ``streamrl.train``
+    for a YAML or a job name): ``path``, a YAML file or a shipped job's name (the shipped
+    default job when None), with ``overrides`` applied in order; with ``resume``, that run
+    directory's own config.yaml, continued in place. ``ConfigError`` on one line for a config
+    that cannot run."""
+    overrides = list(overrides)
+    if resume:
+        run_dir = Path(resume)
+        if path is not None:
+            raise ConfigError("--resume uses the run's own config.yaml; pass overrides only")
+        path = str(run_dir / "config.yaml")
+        # Typed pairs: a directory's name is taken as it is, whatever it looks like to YAML.
+        overrides = [
+            ("run.output_dir", str(run_dir.parent)),
+            ("run.name", run_dir.name),
+            ("run.resume", True),
+            *overrides,
+        ]
+    return load_config(path or default_config_path(), overrides)
+
+
+def _set_by(message: str, overrides: Sequence[Override]) -> str:
+    """`` (set by the override 'learner.lr=fast')`` when the key a validation message names
+    came from a command-line override: the user sees what they typed beside what it needs."""
+    at = re.search(r"at `([^`]+)`$", message)
+    if at is None:
+        return ""
+    for item in reversed(overrides):
+        key = item[0] if isinstance(item, tuple) else item.partition("=")[0]
+        if at.group(1) == key or at.group(1).startswith((key + ".", key + "[")):
+            return f" (set by the override {item!r})" if isinstance(item, str) else ""
+    return ""
 
 
 def _resolve_auto_staleness(tree: dict[str, Any]) -> None:

@@ -1,6 +1,8 @@
 """The control plane: ``streamrl launch`` places every role, supervises it and drives the run.
 
 - ``run``: the ``Controller`` (start, report loop, end of run) and ``launch``.
+- ``preflight``: every check of the input before any role starts, the one list ``streamrl
+  validate`` and ``streamrl.train`` run too.
 - ``context``: what the controller shares with its collaborators (``RunContext``), instead of
   itself.
 - ``state``: the run's mutable state (``RunState``) and its one lock.

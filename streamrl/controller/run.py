@@ -23,9 +23,10 @@
 
 The controller itself serves admission (a ROUTER thread: the one global count of groups
 started), collects reports (PULL), writes ``metrics.jsonl``, and at the end exports the model
-and ends every process it started. It reads top-down: ``run`` checks the input, ``_start``
-places every role, ``_loop`` watches them until the learners finish, ``_finish`` drains the
-generators and exports. Its collaborators share a ``RunContext``, never the controller:
+and ends every process it started. It reads top-down: ``run`` checks the input
+(``preflight``), ``_start`` places every role, ``_loop`` watches them until the learners
+finish, ``_finish`` drains the generators and exports. Its collaborators share a
+``RunContext``, never the controller:
 
 | owner                          | owns                                                      |
 |--------------------------------|-----------------------------------------------------------|
@@ -54,18 +55,13 @@ import zmq
 from streamrl import checkpoint_layout
 from streamrl.admin.audit import AuditLog
 from streamrl.admin.auth import AUDIT_FILE
-from streamrl.config import Config, ConfigError
+from streamrl.config import Config
 from streamrl.controller.admission import AdmissionServer
 from streamrl.controller.context import RunContext
 from streamrl.controller.drops import DropWatch
 from streamrl.controller.intake import ReportIntake
-from streamrl.controller.placement import (
-    Placement,
-    check_port_free,
-    cpu_split,
-    describe_split,
-    init_ray,
-)
+from streamrl.controller.placement import Placement, describe_split, init_ray
+from streamrl.controller.preflight import Checked, preflight
 from streamrl.controller.records import outcome, run_summary, step_record
 from streamrl.controller.recovery import (
     Recovery,
@@ -74,7 +70,7 @@ from streamrl.controller.recovery import (
     start_learner_group,
     start_shard,
 )
-from streamrl.controller.reward_roles import RewardPool, resolve_scorer_models
+from streamrl.controller.reward_roles import RewardPool
 from streamrl.controller.roles import Roles
 from streamrl.controller.rundir import (
     RunError,
@@ -98,8 +94,15 @@ log = logging.getLogger("streamrl")
 
 
 class Controller:
-    def __init__(self, config: Config, address: str | None = None, console=sys.stdout) -> None:
+    def __init__(
+        self,
+        config: Config,
+        address: str | None = None,
+        console=sys.stdout,
+        checked: Checked | None = None,
+    ) -> None:
         self.config, self.address, self.console = config, address, console
+        self.checked = checked  # the pre-flight's findings, when the caller ran it
         self.state = RunState()
         self.policy = AdmissionPolicy(config.learner.groups_per_step, config.buffer, self.state)
         self.state.policy = self.policy
@@ -126,39 +129,21 @@ class Controller:
 
     def run(self) -> dict[str, Any]:
         from streamrl.controller.difficulty import DifficultySampler
-        from streamrl.data import check_data
-        from streamrl.envs import check_env
-        from streamrl.evaluation import eval_prompts
-        from streamrl.lora import check_adapter, uses_lora, write_initial_adapter
-        from streamrl.models import resolve_model
-        from streamrl.rewards import check_rewards
-        from streamrl.workers.engines import check_engine_config
+        from streamrl.lora import uses_lora, write_initial_adapter
 
         cfg = self.config
         try:
-            # Everything that can fail on bad input fails here, before any process starts.
-            check_data(cfg)
-            if cfg.eval.every > 0 or cfg.eval.before_train:
-                eval_prompts(cfg)  # the held-out split exists and maps
+            # Everything that can fail on bad input fails here, before any process starts:
+            # the one list ``streamrl validate`` runs too (the CLI ran it already: ``checked``).
+            checked = self.checked
+            if checked is None or checked.model_dir is None:  # not run, or without models
+                checked = preflight(cfg, address=self.address, available_cores=self.available_cores)
+            if checked.data_line:
+                print(checked.data_line, file=self.console, flush=True)
             self.state.difficulty = DifficultySampler.of(cfg)
-            check_rewards(cfg.rewards)
-            check_env(cfg.env)
-            check_engine_config(cfg.generator)
-            model_dir = str(
-                resolve_model(
-                    cfg.model.name,
-                    revision=cfg.model.revision,
-                    tiny_hidden=cfg.model.tiny_hidden,
-                    tiny_layers=cfg.model.tiny_layers,
-                )
-            )
-            _check_engine(cfg, Path(model_dir))
-            self.scorer_dirs = resolve_scorer_models(cfg)
-            if uses_lora(cfg):
-                check_adapter(cfg, Path(model_dir))
-            check_port_free(cfg.admin.host, cfg.admin.port, "admin endpoint")
-            # Pinning is a local-mode affair: cores are per node.
-            cores = cpu_split(cfg, self.available_cores) if self.address is None else {}
+            model_dir = str(checked.model_dir)
+            self.scorer_dirs = checked.scorer_dirs
+            cores = checked.cores
             run_dir = prepare_run_dir(cfg)
             if uses_lora(cfg):
                 write_initial_adapter(cfg, Path(model_dir), run_dir)
@@ -510,24 +495,21 @@ class Controller:
             ctx.roles.reap()
 
 
-def _check_engine(config: Config, model_dir: Path) -> None:
-    from streamrl.workers.engines import EngineUnavailable, check_engine
-
-    try:
-        check_engine(config.generator, model_dir)
-    except EngineUnavailable as exc:  # bad input like any other: one line, exit 2
-        raise ConfigError(str(exc)) from None
-
-
 def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def launch(config: Config, address: str | None = None, console=sys.stdout) -> dict[str, Any]:
+def launch(
+    config: Config,
+    address: str | None = None,
+    console=sys.stdout,
+    checked: Checked | None = None,
+) -> dict[str, Any]:
     """Run one job to ``run.max_steps``; returns a summary (also written to summary.json).
+    ``checked``: what ``preflight`` found, when the caller ran it (else the run does, first).
     Ctrl-C or SIGTERM stops gracefully (the model is still exported); a second one aborts."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return Controller(config, address, console).run()
+        return Controller(config, address, console, checked).run()
     except KeyboardInterrupt:
         raise RunError("aborted") from None

@@ -32,9 +32,12 @@ def test_a_mapping_config_is_a_yaml_files_contents() -> None:
     assert config.model.name == "tiny-random-llama"
     # A Config goes through the same reading and comes back equal.
     assert api._load(config, [], []) == config
-    # Values keep their types through the overrides' YAML: a string stays one.
-    assert api._override("data.system_prompt", "5") == "data.system_prompt='5'"
-    assert api._override("rewards", [{"name": "python:f"}]) == "rewards=[{name: 'python:f'}]"
+    # Python values never go through text: a string stays one, whatever YAML would make of it.
+    assert api._override("data.system_prompt", "5") == ("data.system_prompt", "5")
+    assert api._override("rewards", [{"name": "python:f"}]) == ("rewards", [{"name": "python:f"}])
+    assert api._load({"data": {"system_prompt": "5", "answer_pattern": "#### (.+)"}}, [], [])
+    config = api._load({"data": {"system_prompt": "null", "answer_pattern": "#### (.+)"}}, [], [])
+    assert (config.data.system_prompt, config.data.answer_pattern) == ("null", "#### (.+)")
     with pytest.raises(ConfigError, match="unknown key `learner.lrr`"):
         api._load({"learner": {"lrr": 1}}, [], [])
     with pytest.raises(ConfigError, match="expected a YAML path"):
@@ -151,8 +154,51 @@ def test_data_source_arguments(tmp_path: Path, monkeypatch) -> None:
     with pytest.raises(ConfigError, match="dataset= and a data.source override"):
         api.train(dataset=table, config={}, overrides=["data.source=arithmetic"])
     with pytest.raises(ConfigError, match="expected a datasets.Dataset or DatasetDict"):
-        api.train(dataset=[{"prompt": "p"}], config={})
+        api.train(dataset=3, config={})
     assert not (tmp_path / "runs").exists()  # refused before anything was written
+
+
+def test_a_list_of_dicts_or_a_dict_of_columns_is_a_dataset(tmp_path: Path, monkeypatch) -> None:
+    """``streamrl.train(dataset=[{...}, ...])`` was refused ("expected a datasets.Dataset");
+    rows as dicts, or a table's columns as a dict, are made a ``Dataset`` at the door and
+    staged as one. Anything else in a list is refused in one line before anything is
+    written."""
+    import datasets
+
+    rows = [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(4)]
+    columns = {key: [row[key] for row in rows] for key in ("question", "answer")}
+    assert api.as_dataset(rows).to_list() == rows
+    assert api.as_dataset(columns).to_list() == rows
+    table = datasets.Dataset.from_list(rows)
+    assert api.as_dataset(table) is table and api.as_dataset("arithmetic") == "arithmetic"
+    launched = {}
+
+    def launch(cfg, address, console, staged):  # the run, without running it
+        launched.update(cfg=cfg, rows=datasets.load_from_disk(str(staged)).to_list())
+        (staged.parent / "summary.json").write_text("{}")
+        return {"run_dir": str(staged.parent)}
+
+    monkeypatch.setattr(api, "_launch", launch)
+    config = {
+        "run": {"output_dir": str(tmp_path), "name": "r"},
+        "data": {"prompt_template": "{question}", "answer_key": "answer"},
+    }
+    result = api.train(dataset=rows, config=config)
+    assert launched["rows"] == rows
+    assert launched["cfg"].data.source == str((tmp_path / "r" / "dataset").resolve())
+    assert result.run_dir == tmp_path / "r"
+    config["run"]["name"] = "refused"
+    for bad, message in [
+        ([rows[0], "What is 2 + 2?"], "item 1 is a str"),
+        ([], "the list is empty"),
+        ({"question": ["a"], "answer": "b"}, "column 'answer' is a str"),
+        ({"question": ["a", "b"], "answer": ["c"]}, "the columns differ in length"),
+        ([{"question": "a"}, {"question": 1}], "do not make one table"),
+    ]:
+        with pytest.raises(ConfigError, match=message) as info:
+            api.train(dataset=bad, config=config)
+        assert "\n" not in str(info.value)
+    assert not (tmp_path / "refused").exists()
 
 
 def test_a_staged_dataset_does_not_make_the_run_directory_taken(tmp_path: Path) -> None:
@@ -161,7 +207,12 @@ def test_a_staged_dataset_does_not_make_the_run_directory_taken(tmp_path: Path) 
     base = [f"run.output_dir={tmp_path}", "run.name=r"]
     (tmp_path / "r" / "dataset").mkdir(parents=True)  # what streamrl.train writes first
     run_dir = prepare_run_dir(load_config(None, base))
-    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "dataset", "logs"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "config.yaml",
+        "data_pin.json",
+        "dataset",
+        "logs",
+    ]
     with pytest.raises(RunError, match="already exists"):
         check_run_dir(load_config(None, base))
     # run.overwrite removes the earlier run's files, and keeps the dataset staged for this one.

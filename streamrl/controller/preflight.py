@@ -1,0 +1,150 @@
+"""The pre-flight: every check a run makes of its input before any role starts, written once.
+
+``streamrl validate``, ``streamrl launch`` and ``streamrl.train`` (through
+``controller.run.launch``) all run ``preflight``, so ``validate`` passes what a launch would
+start and refuses what it would refuse, with the same one-line message.
+
+| what                                                        | refused with            |
+|-------------------------------------------------------------|-------------------------|
+| the data: source, mapping, splits, held-out rows disjoint   | ``DataError``,          |
+| from training (``data.check_data``); the held-out prompts   | ``ConfigError``         |
+| (``evaluation.eval_prompts``)                               |                         |
+| rewards, the environment, the engine and its options        | ``ConfigError``         |
+| the model and each served reward's model                    | ``ModelNotFoundError``  |
+| the engine serves the model here; a LoRA adapter fits it    | ``ConfigError``         |
+| the admin port is free; CPU pinning has cores to split      | ``RunError``            |
+| the run directory is free, or for ``--resume`` is a run     | ``RunError``            |
+| whose data and seed are the ones given                      |                         |
+
+The checks read and write nothing in the run directory. ``resolve=False`` (``streamrl
+validate``) builds and downloads no weights: a local model directory and a hub model's config
+and tokenizer are checked (``models.check_model``); a built-in is not built, so where no
+model directory is at hand the two checks that need one (the engine serving it, an adapter
+fitting it) wait for the launch, and only the adapter's own settings are read.
+
+Example::
+
+    checked = preflight(config)          # the launch: a ModelNotFoundError, ... or
+    checked.model_dir, checked.cores     # what the controller starts the roles with
+
+This module imports no torch and no Ray: each check imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamrl.config import Config, ConfigError
+from streamrl.model_store import ModelNotFoundError
+from streamrl.tasks.base import DataError
+
+# Bad input: ``streamrl validate``/``launch`` exit 2 on these; a ``RunError`` (a port or a
+# run directory taken, a resume on other data) exits 1, as a run that cannot start.
+BAD_INPUT: tuple[type[Exception], ...] = (ConfigError, DataError, ModelNotFoundError)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the pre-flight found that the launch starts the roles with.
+
+    ``model_dir``: the policy's directory (None only under ``resolve=False`` for a built-in);
+    ``scorer_dirs``: each served reward's model directory by its index in ``rewards``;
+    ``cores``: ``placement.cpu_split``'s core sets (empty without pinning or on a cluster);
+    ``data_line``: the row count of each side when both are tables, for the console."""
+
+    model_dir: Path | None
+    scorer_dirs: dict[int, str] = field(default_factory=dict)
+    cores: dict[str, list[list[int]]] = field(default_factory=dict)
+    data_line: str = ""
+
+
+def preflight(
+    config: Config,
+    *,
+    address: str | None = None,
+    resolve: bool = True,
+    available_cores: list[int] | None = None,
+) -> Checked:
+    """Run every check of the module doc's table on ``config``, in its order; return what
+    they found or raise the first refusal (one line). ``address``: the Ray cluster the run
+    joins (None: local, where CPU pinning applies); ``resolve``: download and build the
+    models (the launch) or not (``streamrl validate``, module doc)."""
+    from streamrl.controller.placement import check_port_free, cpu_split
+    from streamrl.controller.rundir import check_resume_pinned, check_run_dir
+    from streamrl.data import check_data
+    from streamrl.envs import check_env
+    from streamrl.evaluation import eval_prompts
+    from streamrl.rewards import check_rewards
+    from streamrl.workers.engines import check_engine_config
+
+    sides = check_data(config)
+    if config.eval.every > 0 or config.eval.before_train:
+        eval_prompts(config)  # the held-out split exists and maps
+    check_rewards(config.rewards)
+    check_env(config.env)
+    check_engine_config(config.generator)  # imports no torch: a user's module:Class aside
+    model_dir = _model_dir(config, resolve)
+    if model_dir is not None:
+        _check_engine(config, model_dir)
+    scorer_dirs = _scorer_dirs(config, resolve)
+    _check_adapter(config, model_dir)
+    check_port_free(config.admin.host, config.admin.port, "admin endpoint")
+    cores_here = sorted(os.sched_getaffinity(0)) if available_cores is None else available_cores
+    # Pinning is a local-mode affair: cores are per node.
+    cores = cpu_split(config, cores_here) if address is None else {}
+    check_run_dir(config)
+    check_resume_pinned(config)  # a resume trains on the data and seed it started with
+    return Checked(model_dir, scorer_dirs, cores, sides.line() if sides is not None else "")
+
+
+def _model_dir(config: Config, resolve: bool) -> Path | None:
+    from streamrl.models import check_model, resolve_model
+
+    model = config.model
+    if not resolve:  # a hub id's repo, revision, config and tokenizer; no weights
+        return check_model(model.name, revision=model.revision)
+    return resolve_model(
+        model.name,
+        revision=model.revision,
+        tiny_hidden=model.tiny_hidden,
+        tiny_layers=model.tiny_layers,
+    )
+
+
+def _scorer_dirs(config: Config, resolve: bool) -> dict[int, str]:
+    """Served rewards' models (docs/design.md §7c): resolved (downloaded) once for the launch,
+    checked as ``model.name`` is for ``validate``."""
+    if resolve:
+        from streamrl.controller.reward_roles import resolve_scorer_models
+
+        return resolve_scorer_models(config)
+    from streamrl.models import check_model
+
+    for reward in config.rewards:
+        if reward.served:
+            check_model(reward.served_model)
+    return {}
+
+
+def _check_engine(config: Config, model_dir: Path) -> None:
+    from streamrl.workers.engines import EngineUnavailable, check_engine
+
+    try:
+        check_engine(config.generator, model_dir)
+    except EngineUnavailable as exc:  # bad input like any other: one line, exit 2
+        raise ConfigError(str(exc)) from None
+
+
+def _check_adapter(config: Config, model_dir: Path | None) -> None:
+    """The adapter fits the model (its architecture on the meta device); without the model's
+    directory (``validate`` of a built-in), the adapter's own settings only."""
+    from streamrl.lora import adapter_settings, check_adapter, uses_lora
+
+    if not uses_lora(config):
+        return
+    if model_dir is not None:
+        check_adapter(config, model_dir)
+    else:
+        adapter_settings(config)
