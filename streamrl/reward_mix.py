@@ -6,10 +6,13 @@ per response of a group. Per reward, in config order:
 1. A score its scorer could not give (None: a judge's unparsable verdict) is imputed with the
    mean of the group's other scores from that reward (all missing: 0), so it adds no advantage
    either way; the caller counts it. Never a silent 0 next to real scores.
-2. ``normalize``: ``none`` keeps the score; ``running`` subtracts the running mean and divides
-   by the running std of every score this process has seen of that reward, this group's
-   included (Welford; std floor ``EPS``); ``group`` subtracts the group's mean and divides by
-   its std (a constant group gives 0s).
+2. ``normalize``: ``none`` keeps the score; ``group`` subtracts the group's mean and divides by
+   its std (population; a constant group gives 0s), as GRPO normalises its advantage within a
+   group. ``running`` is read as ``group``: it used the running mean and std of every score
+   one generator process had seen, so the same score weighed differently in one batch by the
+   generator that sampled it, and a restart reset it (issue 52). Normalised within its group
+   only, a reward depends on nothing but the group's scores: any generator, any order, any
+   restart gives a group the same rewards.
 3. The reward is the weighted sum of the normalised scores.
 
 Worked example (weights 1 and 0.5, the second normalised within the group)::
@@ -24,30 +27,10 @@ Stdlib only (the generator's sampling and the tests import it).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Literal
 
 Normalize = Literal["none", "running", "group"]
 EPS = 1e-6
-
-
-@dataclass
-class RunningStats:
-    """Welford's running mean and variance (population)."""
-
-    count: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-
-    def add(self, value: float) -> None:
-        self.count += 1
-        delta = value - self.mean
-        self.mean += delta / self.count
-        self.m2 += delta * (value - self.mean)
-
-    @property
-    def std(self) -> float:
-        return math.sqrt(self.m2 / self.count) if self.count else 0.0
 
 
 def impute(scores: list[float | None]) -> tuple[list[float], int]:
@@ -60,18 +43,17 @@ def impute(scores: list[float | None]) -> tuple[list[float], int]:
 def _group_normalised(scores: list[float]) -> list[float]:
     mean = sum(scores) / len(scores)
     std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))
-    return [(s - mean) / max(std, EPS) if std > EPS else 0.0 for s in scores]
+    return [(s - mean) / std if std > EPS else 0.0 for s in scores]
 
 
 class RewardMix:
-    """The weights and normalisations of a job's rewards, with the running statistics of
-    those normalised ``running`` (one per reward, owned by this process)."""
+    """The weights and normalisations of a job's rewards. Stateless: a group's rewards are a
+    function of its own scores alone (module doc), the same in every generator process."""
 
     def __init__(self, weights: list[float], normalize: list[Normalize]) -> None:
         if len(weights) != len(normalize):
             raise ValueError(f"{len(weights)} weights but {len(normalize)} normalisations")
         self.weights, self.normalize = list(weights), list(normalize)
-        self.stats = [RunningStats() for _ in weights]
 
     @property
     def plain(self) -> bool:
@@ -91,19 +73,7 @@ class RewardMix:
                 raise ValueError(f"reward {i}: {len(raw)} scores for a group of {size}")
             scores, absent = impute(raw)
             missing.append(absent)
-            normalised = self._normalised(i, scores, [s for s in raw if s is not None])
+            normalised = scores if self.normalize[i] == "none" else _group_normalised(scores)
             for j, value in enumerate(normalised):
                 total[j] += self.weights[i] * value
         return total, missing
-
-    def _normalised(self, i: int, scores: list[float], present: list[float]) -> list[float]:
-        how = self.normalize[i]
-        if how == "none":
-            return scores
-        if how == "group":
-            return _group_normalised(scores)
-        stats = self.stats[i]
-        for value in present:  # imputed values would shrink the std: not counted
-            stats.add(value)
-        std = stats.std
-        return [(s - stats.mean) / std if std > EPS else 0.0 for s in scores]

@@ -364,33 +364,53 @@ def resolve_reward(name: str) -> RewardFn:
     raise ConfigError(f"unknown reward {name!r}: use one of {sorted(REWARDS)} or module:function")
 
 
+class RuleError(Exception):
+    """A rule reward raised scoring a response; its message is one line naming the rule."""
+
+
 class CombinedReward:
     """The job's rule rewards (``rewards:`` entries with a ``name``; model rewards and judges
-    are served by reward roles, ``workers.scoring``): each one's score of a response
-    (``scores``), or their weighted sum (``__call__``). One failing plugin call scores 0 and
-    is counted."""
+    are served by reward roles, ``workers.scoring``): each one's score of a response.
+
+    Two readings of a failing rule. Training (``checked_scores``, run by the generator's rule
+    worker, ``workers.rule_worker``) raises ``RuleError``, and the group is refused and
+    counted as a served reward's error is: a 0 beside real scores would be a wrong reward
+    the learner trains on. The held-out check (``scores``, ``__call__``) scores the failure
+    0, a wrong answer, and counts it in ``errors`` (the first is logged)."""
 
     def __init__(self, specs: list[RewardSpec]) -> None:
-        self.parts: list[tuple[RewardFn, float, dict[str, Any]]] = [
-            (resolve_reward(s.name), s.weight, dict(s.args)) for s in specs if not s.served
+        self.parts: list[tuple[str, RewardFn, float, dict[str, Any]]] = [
+            (s.name, resolve_reward(s.name), s.weight, dict(s.args)) for s in specs if not s.served
         ]
         self.errors = 0
 
-    def scores(self, sample: RewardInput) -> list[float]:
-        """Each rule's score of ``sample``, unweighted, in config order."""
+    def checked_scores(self, sample: RewardInput) -> list[float]:
+        """Each rule's score of ``sample``, unweighted, in config order; ``RuleError`` (one
+        line: the rule's name, the exception) for the first rule that raises."""
         out = []
-        for fn, _, kwargs in self.parts:
+        for name, fn, _, kwargs in self.parts:
             try:
                 out.append(float(fn(sample, **kwargs)))
-            except Exception:  # a user plugin bug must not kill the generator
+            except Exception as exc:  # a user's rule: whatever it raises refuses its group
+                why = " ".join(f"{type(exc).__name__}: {exc}".split())
+                raise RuleError(f"reward {name!r} raised {why}") from exc
+        return out
+
+    def scores(self, sample: RewardInput) -> list[float]:
+        """``checked_scores``, with a rule that raises scored 0 and counted (class doc)."""
+        out = []
+        for name, fn, _, kwargs in self.parts:
+            try:
+                out.append(float(fn(sample, **kwargs)))
+            except Exception:  # a user plugin bug must not kill the evaluation
                 if not self.errors:  # once: the counts are on every report
-                    log.exception("reward %r raised; scored 0 (counted in reward_errors)", fn)
+                    log.exception("reward %r raised; scored 0 (counted in reward_errors)", name)
                 self.errors += 1
                 out.append(0.0)
         return out
 
     def __call__(self, sample: RewardInput) -> float:
-        return sum(w * v for (_, w, _), v in zip(self.parts, self.scores(sample), strict=True))
+        return sum(w * v for (_, _, w, _), v in zip(self.parts, self.scores(sample), strict=True))
 
 
 # Built-in rewards that compare by math-verify (the extra ``streamrl[math]``).

@@ -1,9 +1,12 @@
 """The generator's sampling: granted prompts in, scored trajectory groups out.
 
 One group per prompt of ``generator.group_size`` samples: a response each, scored by the job's
-rewards (``streamrl.rewards``, which see the question: ``RewardInput.of``), or with an
-environment (``env.name``) an episode each (``workers.episodes``), scored by it. The sampling
-parameters are the generator's, with the live ``temperature`` (docs/design.md §8);
+rewards (``streamrl.rewards``, which see the question: ``RewardInput.of``; the rules in a
+child process under a time bound, ``workers.rule_worker``), or with an environment
+(``env.name``) an episode each (``workers.episodes``), scored by it. A group whose rule
+raised or outran ``scoring.rule_timeout_s`` comes back refused (``TrajectoryGroup.unscored``,
+its rewards NaN): pushed as it is, the shard drops and counts it (docs/design.md §7c). The
+sampling parameters are the generator's, with the live ``temperature`` (docs/design.md §8);
 ``tokens_generated`` counts every sampled token (policy tokens only, for episodes).
 
 Example: prompts [p, q], group size 2 -> the engine gets [p, p, q, q] in one call and two
@@ -16,24 +19,28 @@ import dataclasses
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 
 from streamrl.algorithms.group_filter import has_reward_variance
+from streamrl.callables import blobs_for
 from streamrl.config import Config
 from streamrl.data import Prompt, prompt_stream
 from streamrl.models import encode_prompt, stop_token_ids
 from streamrl.protocol import OUTCOME_WINDOW, Trajectory, TrajectoryGroup, pack_int32
 from streamrl.reward_mix import RewardMix
-from streamrl.rewards import CombinedReward, RewardInput
+from streamrl.rewards import RewardInput
 from streamrl.workers.engines import Engine, SamplingParams
 from streamrl.workers.engines.base import StepHook
 from streamrl.workers.episodes import EpisodeRunner
+from streamrl.workers.rule_worker import RuleWorker
 
 log = logging.getLogger(__name__)
 
 
 class Sampler:
     """The prompt stream, sampling parameters, rewards and episodes of one generator, over
-    its engine. ``on_step`` runs between decode steps (in-flight weight updates) or is None."""
+    its engine. ``on_step`` runs between decode steps (in-flight weight updates) or is None;
+    ``on_rule_group`` after each group the rules scored or refused (a step of progress)."""
 
     def __init__(
         self,
@@ -42,12 +49,17 @@ class Sampler:
         tokenizer,
         generator_id: int,
         on_step: StepHook | None,
+        on_rule_group: Callable[[], None] | None = None,
     ) -> None:
         gen = config.generator
         self.config, self.engine, self.tokenizer = config, engine, tokenizer
         self.generator_id, self.on_step = generator_id, on_step
         self.prompts = prompt_stream(config)
-        self.reward = CombinedReward(config.rewards)
+        # The rules, in a child process it can abandon (no process when there is no rule);
+        # the Python API's callables go with it (``streamrl.callables``).
+        self.rules_worker = RuleWorker(
+            config.rewards, blobs_for(config), config.scoring.rule_timeout_s, on_rule_group
+        )
         # Every reward's weight and normalisation (streamrl.reward_mix); rules are scored
         # here, served rewards by their roles (workers.scoring), then ``settle`` sums them.
         self.mix = RewardMix(
@@ -85,10 +97,11 @@ class Sampler:
         size = self.config.generator.group_size
         prompts = [self.prompts[i] for i in prompt_indices]
         created = time.time()
+        refused = [""] * len(prompts)  # per group: why its rules refused it ("": scored)
         if self.episodes is not None:
             trajectories = self._episode_trajectories(prompts)
         else:
-            trajectories = self._response_trajectories(prompts)
+            trajectories, refused = self._response_trajectories(prompts)
         finished = time.time()
         groups = [
             TrajectoryGroup(
@@ -101,9 +114,18 @@ class Sampler:
                 ground_truth=prompt.ground_truth,
                 weights_epoch=epoch,
                 prompt_index=index,
+                unscored=refused[i],
             )
             for i, (prompt, index) in enumerate(zip(prompts, prompt_indices, strict=True))
         ]
+        for group in groups:
+            if group.unscored:
+                log.warning(
+                    "generator[%d]: group of prompt %d refused: %s",
+                    self.generator_id,
+                    group.prompt_index,
+                    group.unscored,
+                )
         if self.episodes is not None or not self.served:
             for group in groups:  # every score is in: settled now
                 self.settle(group, {})
@@ -120,7 +142,10 @@ class Sampler:
         was sampled) and the served rewards' (``served``: per reward index, the scores and
         the scorer's identity) normalised, weighted and summed (``streamrl.reward_mix``);
         then record the group's outcome for the difficulty sampler. An episode's reward is
-        its environment's, as it came."""
+        its environment's, as it came. A refused group (``unscored``) is left as it is: it
+        has no reward and no outcome."""
+        if group.unscored:
+            return
         trajectories = group.trajectories
         if self.episodes is None and not self.plain:
             parts: list[list[float | None]] = [
@@ -141,8 +166,10 @@ class Sampler:
         self.outcomes.append((group.prompt_index, not has_reward_variance(rewards_now)))
         self.outcomes_total += 1
 
-    def _response_trajectories(self, prompts: list[Prompt]) -> list[Trajectory]:
-        """``group_size`` sampled responses of each prompt, scored by the job's rewards."""
+    def _response_trajectories(self, prompts: list[Prompt]) -> tuple[list[Trajectory], list[str]]:
+        """``group_size`` sampled responses of each prompt, scored by the job's rules (one
+        round trip to the rule worker for the whole call), and per prompt why its group is
+        refused ("" when scored): its responses then carry NaN rewards."""
         size = self.config.generator.group_size
         prompt_ids = [
             encode_prompt(self.tokenizer, p, self.config.data.max_prompt_tokens) for p in prompts
@@ -150,16 +177,28 @@ class Sampler:
         batch = [ids for ids in prompt_ids for _ in range(size)]
         outputs = self.engine.generate(batch, self.params, self.on_step)
         prompt_bytes = [pack_int32(ids) for ids in prompt_ids]
+        texts = [
+            self.tokenizer.decode(out.response_ids, skip_special_tokens=True) for out in outputs
+        ]
+        samples = [
+            RewardInput.of(prompts[row // size], text, out.response_ids, out.finish_reason)
+            for row, (text, out) in enumerate(zip(texts, outputs, strict=True))
+        ]
+        scored = self.rules_worker.score(
+            [samples[i * size : (i + 1) * size] for i in range(len(prompts))]
+        )
+        refused = [result if isinstance(result, str) else "" for result in scored]
+        weights = [self.config.rewards[i].weight for i in self.rules]
         trajectories = []
-        for row, out in enumerate(outputs):
-            prompt = prompts[row // size]
-            text = self.tokenizer.decode(out.response_ids, skip_special_tokens=True)
-            sample = RewardInput.of(prompt, text, out.response_ids, out.finish_reason)
-            if self.plain:  # one rule, unnormalised: its weighted score, as ever
-                reward, parts = self.reward(sample), []
+        for row, (text, out) in enumerate(zip(texts, outputs, strict=True)):
+            result = scored[row // size]
+            if isinstance(result, str):  # refused: no reward at all, never a 0
+                reward, parts = float("nan"), [float("nan")] * len(self.config.rewards)
+            elif self.plain:  # one rule, unnormalised: its weighted score, as ever
+                reward, parts = weights[0] * result[row % size][0], []
             else:  # every reward's score, in config order; served ones come later (NaN)
                 reward, parts = float("nan"), [float("nan")] * len(self.config.rewards)
-                for i, score in zip(self.rules, self.reward.scores(sample), strict=True):
+                for i, score in zip(self.rules, result[row % size], strict=True):
                     parts[i] = score
             trajectories.append(
                 Trajectory(
@@ -176,7 +215,7 @@ class Sampler:
                 )
             )
             self.tokens_generated += len(out.response_ids)
-        return trajectories
+        return trajectories, refused
 
     def _episode_trajectories(self, prompts: list[Prompt]) -> list[Trajectory]:
         """``group_size`` episodes of each prompt with the environment, played to their ends:
@@ -188,5 +227,6 @@ class Sampler:
         return [self.episodes.trajectory(e, self.generator_id, temperature) for e in episodes]
 
     def close(self) -> None:
+        self.rules_worker.close()
         if self.episodes is not None:
             self.episodes.close()

@@ -55,12 +55,13 @@ class DropWatch:
     def observe_state(self, now: float, state: Any) -> str | None:
         """``observe`` with the totals of a ``RunState``: what the shards accepted and dropped
         (from their durable logs when they have them: those count over restarts), refusals at
-        the door by reason, and the generators' reward errors."""
+        the door by reason, and the generators' reward errors and timeouts."""
         dropped: Counter[str] = Counter()
         accepted = 0
         with state.lock:
             shards = list(state.shards.values())
-            errors = sum(g.reward_errors for g in state.all_generator_reports())
+            reports = state.all_generator_reports()
+            errors = sum(g.reward_errors + g.reward_timeouts for g in reports)
         for s in shards:
             by_reason = shard_drops(s)
             accepted += (s.received_total or s.ingested) - sum(by_reason.values())

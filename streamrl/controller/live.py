@@ -116,6 +116,7 @@ class LiveRun:
                     "generator_id": g.generator_id,
                     "applied_version": g.applied_version,
                     "reward_errors": g.reward_errors,
+                    "reward_timeouts": g.reward_timeouts,
                     "episode_ends": dict(g.episode_ends),
                     "episode_errors": dict(g.episode_errors),
                 }

@@ -3,11 +3,12 @@ computations."""
 
 from __future__ import annotations
 
-import math
+import logging
 
 import pytest
 
-from streamrl.reward_mix import RewardMix, RunningStats, impute
+from streamrl.config import load_config
+from streamrl.reward_mix import RewardMix, impute
 
 
 def test_two_scorers_weighted_with_group_normalisation_match_the_hand_computation() -> None:
@@ -18,13 +19,26 @@ def test_two_scorers_weighted_with_group_normalisation_match_the_hand_computatio
     assert missing == [0, 0]
 
 
-def test_running_normalisation_uses_every_score_seen_so_far() -> None:
-    mix = RewardMix([2.0], ["running"])
-    first, _ = mix.combine([[1.0, 3.0]])  # mean 2, std 1
-    assert first == pytest.approx([-2.0, 2.0])
-    second, _ = mix.combine([[5.0, 7.0]])  # seen 1, 3, 5, 7: mean 4, std sqrt(5)
-    std = math.sqrt(5.0)
-    assert second == pytest.approx([2.0 * (5 - 4) / std, 2.0 * (7 - 4) / std])
+def test_running_normalises_within_the_group_whatever_came_before() -> None:
+    """Issue 52: ``running`` kept its statistics per generator process, so one group's
+    rewards depended on what that process had scored before (another generator, or the same
+    after a restart, gave the same scores other rewards). Now a group's rewards are a
+    function of its own scores: as ``group`` normalises them, in any process, in any order."""
+    seasoned, fresh = RewardMix([2.0], ["running"]), RewardMix([2.0], ["running"])
+    for scores in ([1.0, 3.0], [10.0, 30.0], [0.0, 0.5]):
+        seasoned.combine([scores])
+    second, _ = seasoned.combine([[5.0, 7.0]])
+    assert second == fresh.combine([[5.0, 7.0]])[0] == pytest.approx([-2.0, 2.0])
+    assert second == RewardMix([2.0], ["group"]).combine([[5.0, 7.0]])[0]
+
+
+def test_a_running_reward_is_warned_about_when_the_config_loads(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="streamrl.config"):
+        config = load_config(None, ["rewards=[{name: numeric_match, normalize: running}]"])
+    assert config.rewards[0].normalize == "running"  # a config that says running still loads
+    assert any("normalised within each group" in r.getMessage() for r in caplog.records)
 
 
 def test_an_unscorable_response_is_imputed_with_its_group_mean_and_counted() -> None:
@@ -44,13 +58,6 @@ def test_a_group_with_no_scores_from_a_reward_adds_nothing_from_it() -> None:
 def test_a_constant_group_normalises_to_zero() -> None:
     mix = RewardMix([1.0], ["group"])
     assert mix.combine([[0.7, 0.7, 0.7]])[0] == [0.0, 0.0, 0.0]
-
-
-def test_running_stats_match_the_population_figures() -> None:
-    stats = RunningStats()
-    for v in [2, 4, 4, 4, 5, 5, 7, 9]:
-        stats.add(v)
-    assert stats.mean == pytest.approx(5.0) and stats.std == pytest.approx(2.0)
 
 
 def test_the_plain_job_is_one_unnormalised_reward() -> None:
