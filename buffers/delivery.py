@@ -4,10 +4,13 @@ A PUSH socket gives no receipt: groups in a shard's socket buffers when its proc
 gone, and the generator cannot tell. So each group carries its delivery identity as typed
 fields, ``TrajectoryGroup.sender`` and ``.seq``, given when the generator assigns it to a shard
 (``Outbox.address``): ``sender`` is unique to the process and the shard (``shard_sender``: a
-random base plus the shard id), ``seq`` counts the groups it sent to that shard (0, 1, ...).
-One TCP connection delivers in order, so what a shard logged of a sender is nearly a prefix;
-``Delivered`` keeps, per sender, the floor (every seq up to it logged) and the few seqs
-logged above it.
+random base plus the shard id), ``seq`` numbers the groups it gives that shard (0, 1, ...): the
+generator gives them by grant order (``ShardPushers.address``: grant k of its incarnation is
+shard k % S's seq k // S), and may push them in another order (served scoring settles groups
+as their scores come). So what a shard logged of a sender is nearly a prefix; ``Delivered``
+keeps, per sender, the floor (every seq up to it logged) and the few seqs logged above it,
+and the controller reads both (``ShardStats.delivered``, ``.delivered_above``) to tell which
+of a dead generator's grants arrived.
 
 The group's id is ``<sender>-<seq>`` of that identity (``group_id``), because the durable log
 keeps only ids (a refused group's row has no payload) and reads the identity back from them
@@ -152,10 +155,13 @@ class Outbox:
         self.resent = 0
         self.forgotten = 0
 
-    def address(self, group: TrajectoryGroup) -> int:
+    def address(self, group: TrajectoryGroup, seq: int | None = None) -> int:
         """Give ``group`` its delivery identity, once, as it is assigned to this outbox's shard:
-        this sender, the next seq, and the id made of them. Returns the seq."""
-        seq, self.next_seq = self.next_seq, self.next_seq + 1
+        this sender, ``seq`` (its grant's; by default the next), and the id made of them.
+        Returns the seq."""
+        if seq is None:
+            seq = self.next_seq
+        self.next_seq = max(self.next_seq, seq + 1)
         group.sender, group.seq, group.group_id = self.sender, seq, group_id(self.sender, seq)
         return seq
 
@@ -171,13 +177,14 @@ class Outbox:
             self.forgotten += 1
 
     def acknowledge(self, floor: int) -> None:
-        """The shard has every seq up to ``floor``: forget them."""
-        while self.unacked and next(iter(self.unacked)) <= floor:
-            self.unacked.popitem(last=False)
+        """The shard has every seq up to ``floor``: forget them (kept in push order, which
+        need not be seq order)."""
+        for seq in [seq for seq in self.unacked if seq <= floor]:
+            del self.unacked[seq]
 
     def resend_for(self, epoch: int) -> list[bytes]:
         """The frames to send again if the shard restarted since the last call (``epoch``
-        rose): every one not acknowledged, oldest first; the shard drops those it has."""
+        rose): every one not acknowledged, in push order; the shard drops those it has."""
         if epoch <= self.epoch:
             return []
         self.epoch = epoch

@@ -146,6 +146,7 @@ class Ingest:
             "recovered": self.recovered,
             "held": len(self.held),
             "delivered": self.delivered.floors(),
+            "delivered_above": {s: sorted(a) for s, a in self.delivered.above.items()},
             "resent_duplicates": self.resent_duplicates,
             "invalid": dict(self.invalid),
         }

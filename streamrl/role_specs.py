@@ -23,6 +23,9 @@ import msgspec
 from streamrl.config import BufferConfig, Config
 
 NODE = "node"  # bind_host value: this node's address, resolved in the role's process
+# Incarnations of a reward role that may die scoring one request before it is refused
+# (``RewardRoleSpec.suspects``).
+QUARANTINE_AFTER = 2
 
 
 class RoleSpec(msgspec.Struct, kw_only=True):
@@ -101,3 +104,6 @@ class RewardRoleSpec(RoleSpec):
     # DEALER reconnects to it by itself.
     port: int = 0
     incarnation: int = 0
+    # Request id -> how many of this role's incarnations died while scoring it
+    # (``RewardRoleReport.scoring_ids``): scored alone after one, refused after two.
+    suspects: dict[str, int] = {}

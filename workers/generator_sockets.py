@@ -3,17 +3,20 @@
 ``AdmissionClient`` asks the controller for groups (DEALER -> the controller's ROUTER); its
 replies carry the grant, the directives, the learner clock and the shards' receipts
 (docs/design.md §5). ``ShardPushers`` owns acknowledged delivery (``buffers.delivery``): each
-group goes to the next shard round-robin with its delivery identity, and its frame is kept in
-that shard's ``Outbox`` until the shard's receipt comes back on an admission reply; a shard
-restarted meanwhile is sent every frame it has not acknowledged again.
+group's delivery identity is its grant's (grant k of this incarnation, counted in grant
+order as the controller's ledger counts them: shard k % S, seq k // S), given when it is
+sampled, so that pushing groups in the order their scores settle still lets the controller
+tell exactly which grants arrived. Its frame is kept in that shard's ``Outbox`` until the
+shard's receipt comes back on an admission reply; a shard restarted meanwhile is sent every
+frame it has not acknowledged again.
 
-Example: groups a, b, c over 2 shards -> a and c to shard 0 (seqs 0, 1), b to shard 1 (seq 0);
-a reply with ``Receipts(delivered={0: 0}, shard_epochs={1: 1})`` forgets a and sends b again.
+Example: grants a, b, c over 2 shards -> a and c to shard 0 (seqs 0, 1), b to shard 1 (seq 0),
+in whatever order they are pushed; a reply with ``Receipts(delivered={0: 0},
+shard_epochs={1: 1})`` forgets a and sends b again.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -74,8 +77,9 @@ class Pusher(Protocol):
 class ShardPushers:
     """One PUSH socket and one ``Outbox`` per shard; ``groups_pushed`` counts what was sent.
 
-    Invariant: a frame is kept from its first send until its shard's receipt covers its seq
-    (or ``Outbox`` forgets the oldest past its cap), and sent again only to a shard whose
+    Invariant: grant k of this incarnation is shard k % S's seq k // S, whatever order groups
+    are pushed in; a frame is kept from its first send until its shard's receipt covers its
+    seq (or ``Outbox`` forgets the oldest past its cap), and sent again only to a shard whose
     epoch rose since."""
 
     def __init__(self, pushers: Sequence[Pusher], sender: str, generator_id: int) -> None:
@@ -83,7 +87,8 @@ class ShardPushers:
         self.outboxes = [Outbox(shard_sender(sender, s)) for s in range(len(self.pushers))]
         self.generator_id = generator_id
         self.groups_pushed = 0
-        self._next_shard = itertools.cycle(range(len(self.pushers)))
+        self.granted = 0  # grants to this incarnation so far: the next grant's position
+        self._shard_of = {box.sender: shard for shard, box in enumerate(self.outboxes)}
         self._encoder = msgspec.msgpack.Encoder()
 
     @classmethod
@@ -97,16 +102,29 @@ class ShardPushers:
             pushers.append(sock)
         return cls(pushers, sender, generator_id)
 
+    def take_grant(self, n: int) -> int:
+        """A grant of ``n`` groups came (in the order the controller granted them): the
+        position of its first, as the ledger counts it (``PromptLedger.grant``)."""
+        first, self.granted = self.granted, self.granted + n
+        return first
+
+    def address(self, groups: list[TrajectoryGroup], first: int) -> None:
+        """Give a grant's groups (in grant order, the first at position ``first``) their
+        delivery identity: position k is shard k % S's seq k // S."""
+        shards = len(self.outboxes)
+        for k, group in enumerate(groups, start=first):
+            self.outboxes[k % shards].address(group, k // shards)
+
     def push(self, groups: list[TrajectoryGroup]) -> None:
-        """Send each group to the next shard, round-robin, with its delivery identity for that
-        shard (``Outbox.address``), and keep its frame until the shard's receipt."""
+        """Send each group to the shard its delivery identity names (a group without one
+        takes the next grant position), and keep its frame until the shard's receipt."""
         for group in groups:
-            shard = next(self._next_shard)
-            outbox = self.outboxes[shard]
-            seq = outbox.address(group)
+            if not group.sender:
+                self.address([group], self.take_grant(1))
+            shard = self._shard_of[group.sender]
             frame = self._encoder.encode(group)
             self.pushers[shard].send(frame)
-            outbox.keep(seq, frame)
+            self.outboxes[shard].keep(group.seq, frame)
             self.groups_pushed += 1
 
     def take_receipts(self, receipts: Receipts) -> None:

@@ -4,13 +4,18 @@ Its ROUTER takes ``ScoreRequest``s (one group's responses each) from any number 
 generators; ``serve`` reads what has arrived, waits ``scoring.batch_wait_ms`` for more once
 it has some, scores up to ``scoring.max_batch`` responses in one forward pass whatever group
 or generator they came from, and answers each request with its scores and the scorer's
-identity (``"<label>@<weights hash>"``). A batch whose scoring raises answers its requests
-with the error (the generator refuses those groups with the reason); a frame that does not
-decode is counted and dropped. Every second a ``RewardRoleReport`` goes to the controller.
+identity (``"<label>@<weights hash>"``). Queue and batch rules are ``workers.score_queue``:
+a resend replaces its queued copy, a request its sender gave up on is dropped unscored
+(``expired``), and a batch whose scoring raises is split until only the requests that raise
+are answered with the error (the generator refuses those groups with the reason); a frame
+that does not decode is counted and dropped. Every second a ``RewardRoleReport`` goes to the
+controller, and one before each batch naming the requests in it (``scoring_ids``).
 
-Restart: the controller starts a dead role again on the same port (``RewardRoleSpec.port``),
-so the generators' DEALERs reconnect by themselves, and raises the role's epoch in admission
-replies (``Receipts.scorer_epochs``) so they send what was in flight to it again.
+Restart: the controller starts a dead role again, on the same port where it can
+(``RewardRoleSpec.port``), raises the role's epoch in admission replies
+(``Receipts.scorer_epochs``, with its endpoint in ``scorer_endpoints``) so the generators
+send what was in flight to it again, and tells it which requests its predecessors died
+scoring (``RewardRoleSpec.suspects``): scored alone after one death, refused after two.
 """
 
 from __future__ import annotations
@@ -22,10 +27,10 @@ import time
 from collections import deque
 from pathlib import Path
 
-import msgspec
 import torch
 import zmq
 
+from streamrl import failpoints
 from streamrl.config import Config, RewardSpec
 from streamrl.cores import role_threads
 from streamrl.hardware import resolve_compute_dtype
@@ -34,6 +39,8 @@ from streamrl.role_specs import RewardRoleSpec
 from streamrl.scorer import ScoreItem, Scorer
 from streamrl.transport import Codec, bind_random, make_socket, resolve_host
 from streamrl.workers.generator_reports import HeartbeatThread
+from streamrl.workers.progress import Progress
+from streamrl.workers.score_queue import QUARANTINE_AFTER, Pending, RequestQueue, score_batch
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +67,6 @@ def make_scorer(config: Config, reward: RewardSpec, model_dir: Path, seed: int =
     raise ValueError(f"reward {label!r} is a rule: it is scored in the generator")
 
 
-class _Pending(msgspec.Struct):
-    peer: bytes
-    request: ScoreRequest
-    received: float
-
-
 class RewardRole:
     """One reward role process: its scorer, its ROUTER, its reports."""
 
@@ -82,9 +83,16 @@ class RewardRole:
         self.reports = make_socket(self.ctx, zmq.PUSH, sndhwm=16)
         self.reports.connect(spec.report_endpoint)
         # First, before the scorer loads: the controller hears this process from the start,
-        # and replaces it when it goes silent (SIGSTOP, a wedged forward) as when it dies.
+        # and replaces it when it goes silent (SIGSTOP) or stalls (a wedged forward: the
+        # beats go on, its progress does not) as when it dies.
+        self.progress = Progress()  # a step per batch scored; work: a batch in hand
         self.heartbeat = HeartbeatThread(
-            self.ctx, spec.report_endpoint, spec.index, spec.incarnation, role="reward role"
+            self.ctx,
+            spec.report_endpoint,
+            spec.index,
+            spec.incarnation,
+            role="reward role",
+            progress=self.progress,
         )
         started = time.monotonic()
         self.scorer = make_scorer(config, self.reward, Path(spec.model_dir), config.run.seed)
@@ -96,7 +104,7 @@ class RewardRole:
             threads,
         )
         self.codec: Codec[ScoreRequest] = Codec(ScoreRequest, f"reward role {spec.index}")
-        self.queue: deque[_Pending] = deque()
+        self.queue = RequestQueue(spec.suspects)
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
         self.figures = RewardRoleReport(
             spec.index, spec.incarnation, self.reward.display_name(), self.scorer.identity, 0.0
@@ -117,7 +125,8 @@ class RewardRole:
                 self._read(timeout_ms=self.config.scoring.batch_wait_ms)
             self._read(timeout_ms=0)
             if self.queue:
-                self._score_batch()
+                with self.progress.working():
+                    self._score_batch()
             if time.monotonic() >= next_report:
                 self._report()
                 next_report = time.monotonic() + REPORT_EVERY_S
@@ -130,50 +139,69 @@ class RewardRole:
             try:
                 frames = self.router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
             routed = self.codec.decode_routed(frames)  # a malformed one: counted, dropped
             if routed is None:
                 continue
             peer, request = routed
-            self.queue.append(_Pending(peer, request, time.monotonic()))
+            self.queue.add(peer, request, time.monotonic())
             self.figures.requests += 1
+        for pending in self.queue.quarantined:  # what killed two of this role's incarnations
+            self.figures.quarantined += 1
+            deaths = self.queue.suspects.get(pending.request.request_id, QUARANTINE_AFTER)
+            self._answer(pending, [], f"quarantined: {deaths} reward role(s) died scoring it")
+        self.queue.quarantined.clear()
 
     def _score_batch(self) -> None:
-        """The oldest requests, up to ``scoring.max_batch`` responses (at least one request
-        whole), scored in one call, each answered."""
-        limit, batch, size = self.config.scoring.max_batch, [], 0
-        while self.queue and (not batch or size + len(self.queue[0].request.items) <= limit):
-            pending = self.queue.popleft()
-            batch.append(pending)
-            size += len(pending.request.items)
-        items = [
-            ScoreItem(i.prompt, i.response, i.ground_truth) for p in batch for i in p.request.items
+        """The oldest live requests, up to ``scoring.max_batch`` responses (at least one
+        request whole), scored in one call where none raises (``score_batch``), each
+        answered. The controller hears which requests are in the batch before it starts."""
+        now = time.monotonic()
+        batch = self.queue.take(self.config.scoring.max_batch, now)
+        if not batch:
+            return
+        self.figures.scoring_ids = [p.request.request_id for p in batch]
+        self._report()  # if this batch kills the role, its requests are suspects
+        requests = [
+            [ScoreItem(i.prompt, i.response, i.ground_truth) for i in p.request.items]
+            for p in batch
         ]
         start = time.monotonic()
         for pending in batch:
             self.figures.queue_wait_s += start - pending.received
-        error = ""
-        try:
-            scores = self.scorer.score(items) if items else []
-            if len(scores) != len(items):
-                raise ValueError(f"{len(scores)} scores for {len(items)} responses")
-        except Exception as exc:  # a scorer bug or a bad input must not end the role
-            log.exception("reward role %d: scoring a batch raised", self.spec.index)
-            self.figures.failures += 1
-            error, scores = f"{type(exc).__name__}: {exc}"[:300], []
+        failpoints.hit("reward_role.score", self.spec.incarnation)  # the chaos lane's wedge
+        answers, failed = score_batch(self.scorer.score, requests)
+        if failed:
+            errors = [error for _, error in answers if error]
+            log.warning(
+                "reward role %d: %d scoring call(s) raised on a batch of %d request(s); %d "
+                "answered with the error%s",
+                self.spec.index,
+                failed,
+                len(batch),
+                len(errors),
+                f" (the first: {errors[0]})" if errors else "",
+            )
         done = time.monotonic()
+        self.figures.failures += failed
         self.figures.busy_s += done - start
         self.figures.batches += 1
-        self.figures.items += len(items)
-        self.figures.unparsable += sum(s is None for s in scores)
-        offset = 0
-        for pending in batch:
-            n = len(pending.request.items)
-            part = [] if error else [_finite_or_none(s) for s in scores[offset : offset + n]]
-            offset += n
-            reply = ScoreReply(pending.request.request_id, part, self.scorer.identity, error)
-            self.router.send_multipart([pending.peer, self.codec.encode(reply)])
+        self.figures.items += sum(len(r) for r in requests)
+        self.figures.scoring_ids = []
+        for pending, (scores, error) in zip(batch, answers, strict=True):
+            self.figures.unparsable += sum(s is None for s in scores)
+            self._answer(pending, [_finite_or_none(s) for s in scores], error)
             self.latencies.append(done - pending.received)
+
+    def _answer(self, pending: Pending, scores: list[float | None], error: str) -> None:
+        reply = ScoreReply(
+            pending.request.request_id,
+            scores,
+            self.scorer.identity,
+            error,
+            incarnation=self.spec.incarnation,
+        )
+        self.router.send_multipart([pending.peer, self.codec.encode(reply)])
 
     def _report(self) -> None:
         figures = self.figures
@@ -181,6 +209,7 @@ class RewardRole:
         figures.up_s = time.monotonic() - self.ready_at
         figures.queue_depth = len(self.queue)
         figures.malformed = self.codec.malformed_total
+        figures.expired, figures.replaced = self.queue.expired, self.queue.replaced
         if self.latencies:
             ordered = sorted(self.latencies)
             figures.latency_p50_s = ordered[len(ordered) // 2]
@@ -206,14 +235,20 @@ BIND_RETRY_S = 30.0  # a restarted role's predecessor may hold its port a moment
 
 def _bind(router: zmq.Socket, host: str, index: int, port: int) -> str:
     """Bind the role's ROUTER on ``port`` (0: any), waiting while the port is still held: a
-    killed predecessor (ray.kill is asynchronous) releases it when its process is gone."""
+    killed predecessor (ray.kill is asynchronous) releases it when its process is gone. A
+    port held longer (another process took it) is given up for any free one: generators
+    learn the endpoint from admission replies (``Receipts.scorer_endpoints``)."""
     deadline = time.monotonic() + BIND_RETRY_S
     while True:
         try:
             return bind_random(router, host, f"reward role {index}", port)
         except zmq.ZMQError as exc:
-            if exc.errno != zmq.EADDRINUSE or not port or time.monotonic() > deadline:
+            if exc.errno != zmq.EADDRINUSE or not port:
                 raise
+            if time.monotonic() > deadline:
+                log.warning("reward role %d: port %d still held; binding another", index, port)
+                port = 0
+                continue
             time.sleep(0.2)
 
 

@@ -10,15 +10,23 @@ the groups whose every score is in, settled by the sampler (``Sampler.settle``: 
 weighted, summed), for the generator to push. So scoring never holds the engine: the only
 cost on the generator's path is encoding requests and decoding replies.
 
-Exactly once. Request ids are ``<sender>-<n>``, unique per process. A reply whose id is not
+Exactly once. Request ids are ``<sender>-<n>``, unique per process; a resend is the same
+frame, so the same id: the role replaces a queued copy rather than queue it twice, and drops
+a request still queued ``scoring.timeout_s`` after it arrived (``ScoreRequest.expires_in_s``:
+by then this side has sent it again or refused its group). A reply whose id is not
 outstanding (answered already: a retried request answered twice) is counted in
 ``duplicates`` and ignored; a group is settled once, when its last outstanding request is
 answered. A request is sent again when it is older than ``scoring.timeout_s`` (``timeouts``),
 or at once when admission says its role restarted (``Receipts.scorer_epochs`` rose: what was
-in flight to it is gone). After ``scoring.max_attempts`` sends, or an error reply, its group
-is refused (``refused``, logged with the reason): it is pushed marked ``unscored``, so the
-shard counts and drops it (``invalid: unscored``), which returns its admission budget and
-settles its prompt like any dropped group's; no learner sees it.
+in flight to it is gone; ``Receipts.scorer_endpoints`` says where the new one listens, and
+the DEALER is reconnected there when it moved). After ``scoring.max_attempts`` sends, or an
+error reply (the scorer raised on this request, or it was quarantined for killing the role
+twice), its group is refused (``refused``, logged with the reason): it is pushed marked
+``unscored``, so the shard counts and drops it (``invalid: unscored``), which returns its
+admission budget and settles its prompt like any dropped group's; no learner sees it.
+
+An evaluation's responses are scored the same way without a group (``score_later``): the
+generator goes on, and the callback gets the scores that came in by ``scoring.timeout_s``.
 
 A generator that dies with groups waiting loses them with its process; their grants were
 never pushed, so the supervisor returns them to the budget (docs/design.md §3).
@@ -47,9 +55,10 @@ from streamrl.transport import Codec, make_socket
 
 log = logging.getLogger(__name__)
 
-# (group, per served reward index: the scores, None where unscorable, and the scorer's
-# identity) -> the group settled (its reward set): ``Sampler.settle``.
-Settle = Callable[[TrajectoryGroup, dict[int, tuple[list[float | None], str]]], None]
+# Per served reward index: the scores (None where unscorable) and the scorer's identity.
+Served = dict[int, tuple[list[float | None], str]]
+# (group, its served scores) -> the group settled (its reward set): ``Sampler.settle``.
+Settle = Callable[[TrajectoryGroup, Served], None]
 
 
 @dataclass
@@ -66,10 +75,27 @@ class _Waiting:
     submitted: float
     outstanding: dict[str, _Request] = field(default_factory=dict)  # request id -> request
     scores: dict[int, tuple[list[float | None], str]] = field(default_factory=dict)
+    incarnations: dict[int, int] = field(default_factory=dict)  # reward -> who scored it
+
+
+@dataclass
+class _Eval:
+    """An evaluation's responses waiting for their served scores (``score_later``)."""
+
+    ids: dict[int, str]  # reward index -> request id
+    size: int
+    deadline: float
+    done: Callable[[Served], None]
 
 
 class GroupScoring:
-    """Groups waiting for served scores, and the sockets to the reward roles."""
+    """Groups waiting for served scores, and the sockets to the reward roles.
+
+    Invariant: each group is returned by ``pump`` exactly once (settled, or refused marked
+    ``unscored``), whatever is resent, answered twice, or lost with a role.
+
+    Example: submit([g0, g1]); the role answers g1, then g0 -> pump returns [g1], then [g0]
+    (settle order); a role restart (its epoch rises) before any answer resends both."""
 
     def __init__(
         self,
@@ -83,35 +109,52 @@ class GroupScoring:
         self.config, self.sender = config, sender
         self.question_of, self.settle = question_of, settle
         self.labels = {i: config.rewards[i].display_name() for i in endpoints}
+        self.ctx = ctx
+        self.endpoints: dict[int, str] = {}
         self.sockets: dict[int, zmq.Socket] = {}
-        for reward, endpoint in endpoints.items():
-            sock = make_socket(ctx, zmq.DEALER)
-            sock.connect(endpoint)
-            self.sockets[reward] = sock
         self.poller = zmq.Poller()
-        for sock in self.sockets.values():
-            self.poller.register(sock, zmq.POLLIN)
+        for reward, endpoint in endpoints.items():
+            self._connect(reward, endpoint)
         self.codec: Codec[ScoreReply] = Codec(ScoreReply, "scoring replies")
         self.ids = itertools.count()
         self.waiting: dict[str, _Waiting] = {}  # request id -> its group's entry
         self.groups: list[_Waiting] = []  # in submission order
         self.epochs: dict[int, int] = {}
-        # Groups for the next pump: refused ones (marked ``unscored``) and any settled while
-        # ``score_now`` waited.
+        # Groups for the next pump: refused ones (marked ``unscored``).
         self.ready: list[TrajectoryGroup] = []
-        # Requests outside any group (``score_now``: an evaluation's responses): id -> reply.
+        # Requests outside any group (``score_later``: an evaluation's responses): id ->
+        # reply, and the evaluations they belong to.
         self.direct: dict[str, ScoreReply | None] = {}
+        self.evals: list[_Eval] = []
         self.figures = ScoringFigures(unparsable={label: 0 for label in self.labels.values()})
 
     @property
     def pending(self) -> int:
-        return len(self.groups)
+        """Groups and evaluations waiting for scores: ``pump`` has work while this is > 0."""
+        return len(self.groups) + len(self.evals)
 
     def snapshot(self) -> ScoringFigures:
         """The figures now (a copy: they go on), with the groups waiting."""
         return msgspec.structs.replace(
-            self.figures, waiting=self.pending, unparsable=dict(self.figures.unparsable)
+            self.figures, waiting=len(self.groups), unparsable=dict(self.figures.unparsable)
         )
+
+    def _connect(self, reward: int, endpoint: str) -> None:
+        """A DEALER to ``reward``'s role at ``endpoint`` (replacing the one it had: replies
+        still bound for the old socket are lost, and the caller sends its requests again)."""
+        old = self.sockets.pop(reward, None)
+        if old is not None:
+            self.poller.unregister(old)
+            old.close(linger=0)
+        sock = make_socket(self.ctx, zmq.DEALER)
+        sock.connect(endpoint)
+        self.sockets[reward], self.endpoints[reward] = sock, endpoint
+        self.poller.register(sock, zmq.POLLIN)
+
+    def _request(self, request_id: str, items: list[ScoreItemWire]) -> bytes:
+        # The role drops it if it is still queued when this side would send it again.
+        timeout = self.config.scoring.timeout_s
+        return self.codec.encode(ScoreRequest(request_id, items, timeout))
 
     # ------------------------------------------------------------------ requests
 
@@ -127,7 +170,7 @@ class GroupScoring:
             ]
             for reward in self.sockets:
                 request_id = f"{self.sender}-{next(self.ids)}"
-                frame = self.codec.encode(ScoreRequest(request_id, items))
+                frame = self._request(request_id, items)
                 entry.outstanding[request_id] = _Request(reward, frame, now)
                 self.waiting[request_id] = entry
                 self._send(reward, frame)
@@ -140,8 +183,19 @@ class GroupScoring:
         except zmq.Again:  # the role's pipe is full (it is down): the retry sends it
             log.debug("scoring: reward %d not reachable now; will retry", reward)
 
-    def take_epochs(self, scorer_epochs: dict[int, int]) -> None:
-        """A reward role restarted (its epoch rose): send it what was in flight again."""
+    def take_epochs(
+        self, scorer_epochs: dict[int, int], scorer_endpoints: dict[int, str] | None = None
+    ) -> None:
+        """A reward role restarted (its epoch rose): reconnect if it listens elsewhere now,
+        and send it what was in flight again."""
+        for reward, endpoint in (scorer_endpoints or {}).items():
+            if reward in self.sockets and endpoint != self.endpoints[reward]:
+                log.info(
+                    "scoring: reward role %s moved to %s; reconnecting",
+                    self.labels.get(reward, reward),
+                    endpoint,
+                )
+                self._connect(reward, endpoint)
         for reward, epoch in scorer_epochs.items():
             if epoch <= self.epochs.get(reward, 0):
                 continue
@@ -167,7 +221,7 @@ class GroupScoring:
     def pump(self, wait_ms: int = 0) -> list[TrajectoryGroup]:
         """Take the replies that are in (waiting up to ``wait_ms`` for the first), resend
         the overdue, and return the groups now settled, in submission order."""
-        events = dict(self.poller.poll(wait_ms if self.groups else 0))
+        events = dict(self.poller.poll(wait_ms if self.pending else 0))
         for reward, sock in self.sockets.items():
             if sock not in events:
                 continue
@@ -178,30 +232,45 @@ class GroupScoring:
                     break
                 self._take(reward, frame)
         self._retry_overdue()
+        self._finish_evals()
         return self._settled()
 
-    def score_now(
-        self, items: list[ScoreItemWire], timeout_s: float
-    ) -> dict[int, tuple[list[float | None], str]]:
-        """Every served reward's scores of ``items`` (per reward index: scores and scorer
-        identity), waiting for them (groups' replies are taken meanwhile and settle as
-        usual); a reward that did not answer within ``timeout_s`` is left out."""
+    def score_later(self, items: list[ScoreItemWire], done: Callable[[Served], None]) -> None:
+        """Send ``items`` (an evaluation's responses) to every served reward's role and
+        return at once; ``done`` is called from a later ``pump`` with every reward's scores
+        that came in (per reward index: scores and scorer identity), once all are in or
+        ``scoring.timeout_s`` passed (a reward that did not answer, or answered with an
+        error, is left out). Sent once: an evaluation is a figure, not training data."""
         ids = {}
         for reward in self.sockets:
             request_id = f"{self.sender}-{next(self.ids)}"
             ids[reward] = request_id
             self.direct[request_id] = None
-            self._send(reward, self.codec.encode(ScoreRequest(request_id, items)))
-        deadline = time.monotonic() + timeout_s
-        while any(self.direct[i] is None for i in ids.values()) and time.monotonic() < deadline:
-            settled = self.pump(wait_ms=50)  # (pump swaps ``ready`` out: extend after it)
-            self.ready.extend(settled)  # pushed by the generator's next pump
-        out = {}
-        for reward, request_id in ids.items():
-            reply = self.direct.pop(request_id)
-            if reply is not None and not reply.error and len(reply.scores) == len(items):
-                out[reward] = (list(reply.scores), reply.identity)
-        return out
+            self._send(reward, self._request(request_id, items))
+        deadline = time.monotonic() + self.config.scoring.timeout_s
+        self.evals.append(_Eval(ids, len(items), deadline, done))
+
+    def _finish_evals(self, now: float | None = None) -> None:
+        """Hand each evaluation whose replies are all in (or whose time is up) its scores."""
+        now = time.monotonic() if now is None else now
+        for entry in list(self.evals):
+            replies = {r: self.direct.get(i) for r, i in entry.ids.items()}
+            if any(reply is None for reply in replies.values()) and now < entry.deadline:
+                continue
+            self.evals.remove(entry)
+            for request_id in entry.ids.values():
+                self.direct.pop(request_id, None)
+            entry.done(
+                {
+                    reward: (list(reply.scores), reply.identity)
+                    for reward, reply in replies.items()
+                    if reply is not None and not reply.error and len(reply.scores) == entry.size
+                }
+            )
+
+    def finish_evals(self) -> None:
+        """Leaving: hand every waiting evaluation what came in so far."""
+        self._finish_evals(now=float("inf"))
 
     def _take(self, reward: int, frame: bytes) -> None:
         reply = self.codec.decode(frame)  # a malformed one is counted and dropped
@@ -228,6 +297,7 @@ class GroupScoring:
             s is None for s in reply.scores
         )
         entry.scores[reward] = (list(reply.scores), reply.identity)
+        entry.incarnations[reward] = reply.incarnation
 
     def _retry_overdue(self) -> None:
         now, scoring = time.monotonic(), self.config.scoring
@@ -267,6 +337,8 @@ class GroupScoring:
         now = time.monotonic()
         for entry in done:
             self.groups.remove(entry)
+            # In the order ``settle`` appends the scorers' identities (reward index).
+            entry.group.scorer_incarnations = [entry.incarnations[r] for r in sorted(entry.scores)]
             self.settle(entry.group, entry.scores)
             self.figures.wait_s += now - entry.submitted
         return ready + [e.group for e in done]

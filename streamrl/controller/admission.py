@@ -104,6 +104,7 @@ class AdmissionServer:
                     delivered=_receipts(state, request.sender),
                     shard_epochs=dict(state.shard_epochs),
                     scorer_epochs=dict(state.scorer_epochs),
+                    scorer_endpoints=dict(state.scorer_endpoints),
                 ),
             )
 

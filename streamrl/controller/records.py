@@ -51,6 +51,7 @@ def step_record(state: RunState, step: LearnerStep, tokens_per_s: float) -> dict
             n for role, n in state.restarts.items() if role.startswith("generator ")
         ),
         "generators/reward_errors_total": sum(g.reward_errors for g in every),
+        "generators/reward_timeouts_total": sum(g.reward_timeouts for g in every),
         **{f"episodes/{k}_total": v for k, v in episode_totals(every)["ended"].items()},
         "generators/tokens_total": sum(g.tokens_generated for g in every),
         "generators/groups_total": sum(g.groups_pushed for g in every),
@@ -103,6 +104,7 @@ def run_summary(
             "image_mismatches": g.image_mismatches,
             "anchors_applied": g.anchors_applied,
             "reward_errors": g.reward_errors,
+            "reward_timeouts": g.reward_timeouts,
             "episode_ends": dict(g.episode_ends),
             "episode_errors": dict(g.episode_errors),
         }
@@ -194,6 +196,9 @@ def scoring_figures(state: RunState) -> dict[str, Any]:
                 "failures": r.failures,
                 "unparsable": r.unparsable,
                 "malformed": r.malformed,
+                "expired": r.expired,
+                "replaced": r.replaced,
+                "quarantined": r.quarantined,
                 "restarts": state.restarts.get(f"reward role {index}", 0),
             }
         )

@@ -3,10 +3,17 @@ generators, restarted when it dies.
 
 | seen                                         | done                                           |
 |----------------------------------------------|------------------------------------------------|
-| ``serve()`` ended with an error (kill -9)    | start it again on the same port; its epoch     |
-|                                              | rises in admission replies, and generators     |
-|                                              | send what was in flight to it again            |
+| ``serve()`` ended with an error (kill -9)    | start it again (on the same port if free); its |
+|                                              | epoch and endpoint go out in admission replies,|
+|                                              | and generators send what was in flight to it   |
+|                                              | again (reconnecting if it moved)               |
+| it died (either way) scoring a batch         | the batch's requests are suspects: scored alone|
+|                                              | by the next; refused after a second death      |
+| its scorer fails to load on a restart        | try again after a backoff (1 s, doubling to    |
+|                                              | 30 s), each try a restart                      |
 | no heartbeat for ``run.heartbeat_timeout_s`` | kill it (SIGSTOP too), start it again as above |
+| no progress for ``run.stall_timeout_s`` with | kill it, start it again as above               |
+| requests in hand (a wedged forward)          |                                                |
 | more restarts than ``run.max_restarts``      | the run fails with a line naming it            |
 | the run stops                                | asked to stop after the generators left        |
 
@@ -20,14 +27,21 @@ import logging
 import time
 from pathlib import Path
 
+import msgspec
+
 from streamrl.config import Config
 from streamrl.controller.context import RunContext
 from streamrl.controller.roles import RoleId, RoleSlot
 from streamrl.controller.rundir import RunError, last_line
+from streamrl.role_specs import QUARANTINE_AFTER, RewardRoleSpec
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 600.0  # loading a reward model (a hub download included)
+# A restarted role whose scorer fails to load is tried again after this, doubling up to the
+# cap (a node short of memory a moment, a file system catching up), within run.max_restarts.
+RELOAD_BACKOFF_S = 1.0
+MAX_RELOAD_BACKOFF_S = 30.0
 
 
 def resolve_scorer_models(config: Config) -> dict[int, str]:
@@ -43,10 +57,23 @@ def resolve_scorer_models(config: Config) -> dict[int, str]:
 
 
 class RewardPool:
+    """The run's reward roles: launched, watched (``check``), restarted (``restart``).
+
+    Invariant: a request that ``QUARANTINE_AFTER`` incarnations of a role died scoring (the
+    ids in their last report's ``scoring_ids``) is refused by the next, never resent until
+    ``run.max_restarts`` ends the run; a failed reload is one more restart, tried again
+    after a backoff.
+
+    Example: incarnation 0 dies scoring [g-3, g-4]: incarnation 1 is told {g-3: 1, g-4: 1}
+    and scores each alone; it dies on g-4: incarnation 2 is told {g-3: 1, g-4: 2} and
+    answers g-4 with "quarantined" (its group refused, counted) and scores g-3."""
+
     def __init__(self, ctx: RunContext, model_dirs: dict[int, str]) -> None:
         self.ctx = ctx
         self.model_dirs = dict(model_dirs)
         self.ports: dict[int, int] = {}
+        # Per reward index: request id -> incarnations that died scoring it.
+        self.suspects: dict[int, dict[str, int]] = {}
 
     @property
     def slots(self) -> dict[int, RoleSlot]:
@@ -65,17 +92,33 @@ class RewardPool:
         from streamrl.controller.actors import RewardRoleActor
 
         ctx = self.ctx
-        spec = ctx.specs.reward_role(
-            index, self.model_dirs[index], self.ports.get(index, 0), incarnation
-        )
+        spec = self._spec(index, incarnation)
         actor = RewardRoleActor.options(**ctx.placement.options("scoring", index)).remote(spec)
         slot = RoleSlot(actor, pid_ref=actor.pid.remote())
         slot.incarnation = incarnation
         ctx.roles.put(RoleId.reward(index), slot)
         return slot
 
+    def _spec(self, index: int, incarnation: int) -> RewardRoleSpec:
+        """The role's spec: its predecessor's port (0 at first), and the requests its
+        predecessors died scoring."""
+        spec = self.ctx.specs.reward_role(
+            index, self.model_dirs[index], self.ports.get(index, 0), incarnation
+        )
+        return msgspec.structs.replace(spec, suspects=dict(self.suspects.get(index, {})))
+
     def _ready(self, index: int, slot: RoleSlot) -> str:
         """Wait for the role's scorer to load; start its loop; its endpoint."""
+        endpoint = self._await_endpoint(index, slot)
+        self.ports[index] = int(endpoint.rsplit(":", 1)[1])
+        slot.endpoints = (endpoint,)
+        slot.run_ref = slot.actor.serve.remote()
+        with self.ctx.state.lock:
+            self.ctx.state.scorer_endpoints[index] = endpoint
+        return endpoint
+
+    def _await_endpoint(self, index: int, slot: RoleSlot) -> str:
+        """The role's endpoint once its scorer loaded; a RunError if it failed to."""
         import ray
 
         label = self.ctx.config.rewards[index].display_name()
@@ -87,9 +130,6 @@ class RewardPool:
             ) from None
         except ray.exceptions.RayError as exc:
             raise RunError(f"reward role {index} ({label}): {last_line(exc)}") from None
-        self.ports[index] = int(endpoint.rsplit(":", 1)[1])
-        slot.endpoints = (endpoint,)
-        slot.run_ref = slot.actor.serve.remote()
         return endpoint
 
     def check(self) -> bool:
@@ -112,25 +152,37 @@ class RewardPool:
                 except ray.exceptions.RayError as exc:
                     failure = last_line(exc)
             else:
-                heard = ctx.state.last_seen.get(str(RoleId.reward(index)))
-                silent_for = slot.silent_for(heard, now)
-                if silent_for <= ctx.config.run.heartbeat_timeout_s:
+                role = str(RoleId.reward(index))
+                heard, stalled = ctx.state.last_seen.get(role), ctx.state.stalled.get(role, 0.0)
+                unresponsive = slot.unresponsive(heard, stalled, now, ctx.config.run)
+                if unresponsive is None:
                     continue
-                failure = f"no heartbeat for {silent_for:.0f} s"
+                failure = unresponsive
             self.restart(index, failure)
             restarted = True
         return restarted
 
     def restart(self, index: int, failure: str) -> None:
+        """Start the role again (class doc); a reload that fails is retried after a backoff,
+        each try one more restart, until ``run.max_restarts`` ends the run."""
         ctx, role = self.ctx, RoleId.reward(index)
+        self._suspect(index)
         restarts = ctx.count_restart(str(role), failure)
-        ctx.roles.kill(role)
-        ctx.roles.forget(role)
-        with ctx.state.lock:  # not heard from yet: its grace starts when it is launched
-            ctx.state.last_seen.pop(str(role), None)
-        incarnation = restarts
-        slot = self._launch(index, incarnation)
-        self._ready(index, slot)
+        backoff = RELOAD_BACKOFF_S
+        while True:
+            ctx.roles.kill(role)
+            ctx.roles.forget(role)
+            ctx.state.not_heard(str(role))  # its grace starts when it is launched
+            incarnation = restarts
+            try:
+                self._ready(index, self._launch(index, incarnation))
+                break
+            except RunError as exc:  # its scorer did not load: a restart too, after a pause
+                log.warning("%s: reload failed (%s); again in %.0f s", role, exc, backoff)
+                time.sleep(backoff)
+                backoff = min(2 * backoff, MAX_RELOAD_BACKOFF_S)
+                failure = f"reload failed: {exc}"
+                restarts = ctx.count_restart(str(role), failure)
         with ctx.state.lock:  # after it is ready: generators resend to a role that listens
             ctx.state.scorer_epochs[index] = incarnation
         ctx.note(
@@ -138,6 +190,27 @@ class RewardPool:
             f"(restart {restarts}/{ctx.config.run.max_restarts})"
         )
         ctx.metrics.event("restart", role=str(role), failure=failure, restarts=restarts)
+
+    def _suspect(self, index: int) -> None:
+        """The role died: the requests its last report says it was scoring are suspects
+        (``RewardRoleSpec.suspects``), once more each. Only a report of the incarnation that
+        died counts (one that died before its first report blames nobody)."""
+        slot = self.slots.get(index)
+        with self.ctx.state.lock:
+            report = self.ctx.state.reward_roles.get(index)
+        ids = []
+        if report is not None and slot is not None and report.incarnation == slot.incarnation:
+            ids = list(report.scoring_ids)
+        suspects = self.suspects.setdefault(index, {})
+        for request_id in ids:
+            suspects[request_id] = suspects.get(request_id, 0) + 1
+        if ids:
+            log.warning(
+                "reward role %d died scoring %d request(s); %d now quarantined",
+                index,
+                len(ids),
+                sum(n >= QUARANTINE_AFTER for n in suspects.values()),
+            )
 
     def stop_all(self) -> None:
         """Ask every role to leave its loop (the generators have left)."""

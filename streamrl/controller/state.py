@@ -60,11 +60,12 @@ class PromptLedger:
     ) -> None:
         self.next_index = next_index
         self.retry: deque[int] = deque(retry or [])
-        # Generator id -> (push position, index) granted to this incarnation, not yet reported
-        # pushed. The push position k is the grant's place in the incarnation's grant order,
-        # which is its push order: push k goes to shard k % S as that shard's seq k // S
-        # (``ShardPushers.push``, round-robin from shard 0), so the shards' delivery floors say
-        # exactly which grants arrived (``release``).
+        # Generator id -> (grant position, index) granted to this incarnation, not yet
+        # reported pushed. The grant position k is the grant's place in the incarnation's
+        # grant order, and its delivery identity: grant k goes to shard k % S as that shard's
+        # seq k // S (``ShardPushers.address``), whatever order groups are pushed in (served
+        # scoring settles them as their scores come), so the shards' delivery floors and the
+        # seqs they have above them say exactly which grants arrived (``release``).
         self.outstanding: dict[int, deque[tuple[int, int]]] = {}
         self.granted: dict[int, int] = {}  # generator id -> grants to this incarnation
         self.pushed: dict[int, int] = {}  # generator id -> groups pushed by this incarnation
@@ -122,7 +123,12 @@ class PromptLedger:
                 reported.append(queue.popleft())
         self.pushed[generator_id] = max(self.pushed.get(generator_id, 0), groups_pushed)
 
-    def release(self, generator_id: int, floors: dict[int, int] | None = None) -> int:
+    def release(
+        self,
+        generator_id: int,
+        floors: dict[int, int] | None = None,
+        above: dict[int, set[int]] | None = None,
+    ) -> int:
         """The generator is gone: its undelivered indices go back to be granted first.
         Returns how many (their admission budget returns too).
 
@@ -132,8 +138,9 @@ class PromptLedger:
         reporting never sent (its pushed groups would be generated twice), and which count a
         group pushed into a socket that died with the process as delivered (one missing group
         would hang a synchronous run). A grant arrived iff its push (shard, seq) is at or
-        under that shard's floor; a sum of floors would not do, since with several shards
-        what arrived is not a prefix of the grant order."""
+        under that shard's floor, or among the seqs it has above it (``above``, per shard id:
+        a group pushed before an earlier grant's, whose scores came later); a sum of floors
+        would not do, since what arrived is not a prefix of the grant order."""
         queue = self.outstanding.pop(generator_id, deque())
         reported = self.reported.pop(generator_id, deque())
         self.pushed.pop(generator_id, 0)
@@ -141,11 +148,12 @@ class PromptLedger:
         if floors is None:
             back = [index for _, index in queue]
         else:
-            shards = max(1, len(floors))
+            shards, above = max(1, len(floors)), above or {}
             back = [
                 index
                 for k, index in (*reported, *queue)
                 if k // shards > floors.get(k % shards, -1)
+                and k // shards not in above.get(k % shards, ())
             ]
         self.retry.extend(sorted(back))
         return len(back)
@@ -187,6 +195,9 @@ class RunState:
     # Restarts of each reward role so far, by its reward's index (``Receipts.scorer_epochs``):
     # generators send it what was in flight again.
     scorer_epochs: dict[int, int] = field(default_factory=dict)
+    # Where each reward role's current incarnation listens (``Receipts.scorer_endpoints``):
+    # a restarted role may bind elsewhere (another node, or its old port still held).
+    scorer_endpoints: dict[int, str] = field(default_factory=dict)
     # Each reward role's newest report (its current incarnation's), by its reward's index.
     reward_roles: dict[int, Any] = field(default_factory=dict)
     # The run's one stop flag (``Controller.request_stop``, or the learners finished): admission
@@ -199,6 +210,8 @@ class RunState:
     temperature: float | None = None
     prompts_per_call: int | None = None
     last_seen: dict[str, float] = field(default_factory=dict)  # role -> last report time
+    # role -> seconds its newest heartbeat says its work has not moved (``workers.progress``)
+    stalled: dict[str, float] = field(default_factory=dict)
     # Held-out evaluation: the newest version asked for, and the newest answered (-1: none);
     # ``eval_due`` every version asked for and not answered yet, in order.
     eval_requested: int = -1
@@ -379,13 +392,15 @@ class RunState:
             if health is not None:
                 health.released = True
             report = self.generators.pop(generator_id, None)
+            above = self._arrived_above(generator_id, floors)
             if report is not None:
                 arrived = sum(f + 1 for f in floors.values()) if floors is not None else 0
+                arrived += sum(len(seqs) for seqs in above.values())
                 if arrived > report.groups_pushed:
                     # Killed between pushing and reporting: the totals count what arrived.
                     report = msgspec.structs.replace(report, groups_pushed=arrived)
                 self.ended.append(report)
-            n = self.prompts.release(generator_id, floors)
+            n = self.prompts.release(generator_id, floors, above)
             if self.policy is not None:
                 self.policy.give_back(n)
             return n
@@ -406,6 +421,23 @@ class RunState:
             )
             for shard_id in range(shards)
         }
+
+    def _arrived_above(
+        self, generator_id: int, floors: dict[int, int] | None
+    ) -> dict[int, set[int]]:
+        """Per shard id of ``floors``, the seqs above its floor that shard has of the
+        generator's current incarnation (its newest stats; call under the lock)."""
+        health = self.health.get(generator_id)
+        if floors is None or health is None or not health.sender:
+            return {}
+        out = {}
+        for shard_id, floor in floors.items():
+            stats = self.shards.get(shard_id)
+            sender = shard_sender(health.sender, shard_id)
+            seqs = stats.delivered_above.get(sender, ()) if stats is not None else ()
+            if seqs := {seq for seq in seqs if seq > floor}:
+                out[shard_id] = seqs
+        return out
 
     def buffer_dropped(self) -> int:
         """Groups every shard dropped so far, all reasons (their admission budget returns)."""
@@ -446,12 +478,20 @@ class RunState:
         ignored."""
         with self.lock:
             if beat.role == "reward role":
-                if beat.incarnation >= self.scorer_epochs.get(beat.index, 0):
-                    self.last_seen[f"reward role {beat.index}"] = beat.time
-                return
-            health = self.health.get(beat.index)
-            if health is not None and health.incarnation == beat.incarnation:
-                self.last_seen[f"generator {beat.index}"] = beat.time
+                current = beat.incarnation >= self.scorer_epochs.get(beat.index, 0)
+            else:
+                health = self.health.get(beat.index)
+                current = health is not None and health.incarnation == beat.incarnation
+            if current:
+                role = f"{beat.role} {beat.index}"
+                self.last_seen[role] = beat.time
+                self.stalled[role] = beat.stalled_s
+
+    def not_heard(self, role: str) -> None:
+        """``role`` was (re)started: nothing heard from it yet (its grace starts now)."""
+        with self.lock:
+            self.last_seen.pop(role, None)
+            self.stalled.pop(role, None)
 
     def count_restart(self, role: str, failure: str) -> int:
         """Note one more restart of ``role`` and why; returns its restarts so far."""

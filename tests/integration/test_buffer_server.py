@@ -636,3 +636,25 @@ def test_a_new_learner_epoch_cancels_the_dead_groups_takes_and_its_timeline(ctx,
         s.close(linger=0)
     for client in (announcer, learner, observer):
         client.close()
+
+
+def test_a_shard_reports_the_seqs_that_arrived_above_its_floor(ctx, start_shard):
+    """Groups are given seqs by grant and pushed as their scores settle: seqs 2 and 1 before
+    0. The shard's stats name them above the floor (``delivered_above``) until 0 comes, so
+    the controller can tell which of a dead generator's grants arrived."""
+    box = Outbox(shard_sender(new_sender(), 0))
+    groups = [make_group("") for _ in range(3)]
+    for seq, group in enumerate(groups):
+        box.address(group, seq)
+    shard = start_shard(0)
+    sock = pusher(ctx, shard)
+    client = client_for(ctx, shard)
+    for group in (groups[2], groups[1]):
+        sock.send(msgspec.msgpack.encode(group))
+    stats = wait_until(lambda: (s := client.stats()[0]).delivered_above and s)
+    assert stats.delivered == {box.sender: -1}
+    assert stats.delivered_above == {box.sender: [1, 2]}
+    sock.send(msgspec.msgpack.encode(groups[0]))
+    stats = wait_until(lambda: (s := client.stats()[0]).delivered.get(box.sender) == 2 and s)
+    assert stats.delivered_above == {}
+    client.close()

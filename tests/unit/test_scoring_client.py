@@ -158,26 +158,63 @@ def test_a_malformed_reply_is_dropped_and_the_group_still_scored(wiring) -> None
     assert len(_pump_until(client, 1)) == 1 and len(settled) == 1
 
 
-def test_groups_settled_while_an_evaluation_waits_are_pushed_once(wiring) -> None:
-    client, role, settled = wiring
-    client.submit([_group(8)])
-    (group_request,) = role.take(1)
-    role.answer(*group_request)
-    time.sleep(0.1)  # the group's reply is in before the evaluation's request goes out
-
-    import threading
-
+def test_an_evaluation_is_scored_without_waiting_and_reported_once(wiring) -> None:
     from streamrl.protocol import ScoreItemWire
 
-    def answer_eval():
-        ((peer, request),) = role.take(1)
-        role.answer(peer, request)
+    client, role, settled = wiring
+    client.submit([_group(8)])
+    got: list[dict] = []
+    started = time.monotonic()
+    client.score_later([ScoreItemWire("q", "abc", "7")], got.append)
+    assert time.monotonic() - started < 0.05 and client.pending == 2  # returned at once
+    group_request, eval_request = role.take(2)
+    role.answer(*eval_request)  # the evaluation's scores first
+    assert _pump_until(client, 1, timeout_s=0.3) == [] and got == [{1: ([3.0], "rm@abc")}]
+    role.answer(*group_request)
+    assert [g.prompt_index for g in _pump_until(client, 1)] == [8]
+    assert client.pump() == [] and len(got) == 1 and len(settled) == 1 and client.pending == 0
 
-    server = threading.Thread(target=answer_eval)
-    server.start()
-    scores = client.score_now([ScoreItemWire("q", "abc", "7")], timeout_s=5)
-    server.join()
-    assert scores == {1: ([3.0], "rm@abc")}
-    assert [g.prompt_index for g in client.pump()] == [8]
-    assert client.pump() == [] and client.pump() == []
-    assert len(settled) == 1
+
+def test_an_evaluation_nobody_answers_is_reported_without_its_scores(wiring) -> None:
+    from streamrl.protocol import ScoreItemWire
+
+    client, role, _ = wiring
+    got: list[dict] = []
+    client.score_later([ScoreItemWire("q", "abc", "7")], got.append)
+    role.take(1)  # never answered, never resent
+    client.pump()
+    assert got == []
+    time.sleep(0.35)  # scoring.timeout_s
+    client.pump()
+    assert got == [{}] and client.pending == 0
+    with pytest.raises(AssertionError):
+        role.take(1, timeout_s=0.2)
+
+
+def test_a_request_tells_the_role_when_its_sender_gives_up(wiring) -> None:
+    client, role, _ = wiring
+    client.submit([_group(9)])
+    ((_, request),) = role.take(1)
+    assert request.expires_in_s == 0.3  # scoring.timeout_s: by then it is resent or refused
+    time.sleep(0.35)
+    client.pump()
+    ((_, again),) = role.take(1)
+    assert again.request_id == request.request_id  # a resend is the same request
+
+
+def test_a_role_restarted_elsewhere_is_reached_at_its_new_endpoint(wiring) -> None:
+    client, role, settled = wiring
+    client.submit([_group(10)])
+    role.take(1)  # the old role dies with it
+    moved = _Role(zmq.Context.instance())
+    try:
+        client.take_epochs({1: 1}, {1: moved.endpoint})
+        ((peer, request),) = moved.take(1)
+        moved.answer(peer, request)
+        assert [g.prompt_index for g in _pump_until(client, 1)] == [10]
+        assert len(settled) == 1 and client.figures.retries == 1
+        client.take_epochs({1: 1}, {1: moved.endpoint})  # the same again: nothing resent
+        with pytest.raises(AssertionError):
+            moved.take(1, timeout_s=0.2)
+    finally:
+        moved.sock.close(linger=0)

@@ -1,0 +1,57 @@
+"""Held-out evaluation's served scores never hold generator 0 (``Generator.report_evaluation``
+with the real scoring client and a ROUTER standing in for the reward role): the call returns
+at once, the generator's groups settle meanwhile, and the ``EvalReport`` goes once, with the
+model's view, when its scores come in."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import zmq
+from test_scoring_client import _group, _pump_until, _Role
+
+from streamrl.config import Config, RewardSpec, ScoringConfig
+from streamrl.evaluation import EvalResult
+from streamrl.workers.generator import Generator
+from streamrl.workers.scoring import GroupScoring
+
+
+def test_an_evaluation_s_scores_do_not_hold_the_generator() -> None:
+    ctx = zmq.Context()
+    role = _Role(ctx)
+    config = Config(
+        rewards=[RewardSpec(model="/models/rm", label="rm")],
+        scoring=ScoringConfig(timeout_s=30),
+    )
+    sent = []
+    generator = Generator.__new__(Generator)  # only the parts evaluation reporting uses
+    generator.config, generator.generator_id, generator.evaluated = config, 0, (-1, -1)
+    generator.reporting = SimpleNamespace(send_eval=sent.append)
+    generator.eval_set = [SimpleNamespace(prompt_id="e0", question="2+2?")]
+    generator.scoring = GroupScoring(
+        ctx, config, {0: role.endpoint}, "gen-0", lambda g: "q", lambda g, served: None
+    )
+    try:
+        generator.scoring.submit([_group(1)])
+        samples = [{"prompt_id": "e0", "response": "four", "ground_truth": "4"}]
+        started = time.monotonic()
+        generator.report_evaluation(EvalResult(7, {"eval/accuracy": 1.0}, samples), 7, 0, 0)
+        assert time.monotonic() - started < 0.1  # returned without waiting for the role
+        assert generator.evaluated == (0, 7) and sent == []  # asked once, reported later
+        requests = {r.items[0].prompt: (p, r) for p, r in role.take(2)}
+        role.answer(*requests["q"])  # the group's scores come first: it settles meanwhile
+        assert [g.prompt_index for g in _pump_until(generator.scoring, 1)] == [1]
+        assert sent == []
+        role.answer(*requests["2+2?"])
+        deadline = time.monotonic() + 5
+        while not sent and time.monotonic() < deadline:
+            generator.scoring.pump(wait_ms=20)
+        (report,) = sent
+        assert report.version == 7 and report.metrics["eval/accuracy"] == 1.0
+        assert report.metrics["eval/reward/rm"] == 4.0  # len("four") from the stand-in
+        assert report.metrics["eval/reward/rm/unparsable"] == 0.0
+        assert generator.scoring.pending == 0
+    finally:
+        generator.scoring.close()
+        ctx.destroy(linger=0)
