@@ -244,6 +244,9 @@ class TrajectoryGroup(msgspec.Struct):
     # group pushed only so that the shard counts and drops it (``unscored``), which returns
     # its admission budget and settles its prompt as any dropped group's.
     unscored: str = ""
+    # The incarnation of the reward role behind each of ``scorers`` (same order): a role's
+    # restart keeps its identity (same weights), so this tells which process scored it.
+    scorer_incarnations: list[int] = []
 
     @property
     def min_version(self) -> int:
@@ -379,6 +382,10 @@ class ShardStats(msgspec.Struct, tag="shard_stats"):
     # Groups refused at the door (would poison a learner), by reason; also in ``dropped``
     # as "invalid" (``buffers.frames.refusal``).
     invalid: dict[str, int] = {}
+    # Per sender, the seqs above its ``delivered`` floor that have arrived too (a generator
+    # pushes in the order scores settle, not its grant order): with the floors, exactly
+    # which of a dead generator's grants a shard has (``PromptLedger.release``).
+    delivered_above: dict[str, list[int]] = {}
 
 
 class Reconfigure(msgspec.Struct, tag="reconfigure"):
@@ -503,6 +510,9 @@ class Receipts(msgspec.Struct, omit_defaults=True):
     # Per reward role (its reward's index in ``rewards:``), how often it was restarted: a rise
     # means requests in flight to it were lost, and the generator sends them again.
     scorer_epochs: dict[int, int] = {}
+    # Per reward role, the endpoint of its current incarnation: a role restarted on another
+    # node (or port) is reached there; the generator reconnects when it changes.
+    scorer_endpoints: dict[int, str] = {}
 
 
 class ReplyParts(NamedTuple):
@@ -679,7 +689,8 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     # failure repaired by an anchor of that rank).
     images_verified: int = 0
     image_mismatches: int = 0
-    # Reward function calls that raised (scored 0; the first is logged with its traceback).
+    # Groups refused because a rule reward raised on one of their responses, or the rule
+    # worker died scoring them (``workers.rule_worker``; each logged with the reason).
     reward_errors: int = 0
     # The learner epoch of ``applied_version`` (``streamrl.clock``).
     weights_epoch: int = 0
@@ -694,6 +705,11 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     outcome_flat: list[bool] = []
     outcomes_total: int = 0
     scoring: ScoringFigures = msgspec.field(default_factory=lambda: ScoringFigures())
+    # Groups refused because their rules outran ``scoring.rule_timeout_s`` (the rule worker
+    # was killed and started again), and the seconds the generator waited for rule scores:
+    # totals of this process.
+    reward_timeouts: int = 0
+    rules_wait_s: float = 0.0
 
 
 class ShardReport(msgspec.Struct, tag="shard_report"):
@@ -729,6 +745,11 @@ class ScoreRequest(msgspec.Struct, tag="score_request"):
 
     request_id: Annotated[str, msgspec.Meta(max_length=MAX_SENDER_NAME + 24)]
     items: list[ScoreItemWire]
+    # How long after this send its sender waits for the reply (``scoring.timeout_s``; 0:
+    # for ever). The role drops a request still queued that long after it arrived, counted
+    # ``expired``: its sender has sent it again or given its group up. Relative, not a
+    # clock time, so that the role's and the sender's clocks need not agree.
+    expires_in_s: float = 0.0
 
 
 class ScoreReply(msgspec.Struct, tag="score_reply"):
@@ -738,6 +759,7 @@ class ScoreReply(msgspec.Struct, tag="score_reply"):
     identity: str  # "<label>@<weights hash>" of the scorer that scored them
     # Set when the role refused or failed the request (the scores are then empty).
     error: str = ""
+    incarnation: int = 0  # the answering role's (``RewardRoleSpec.incarnation``)
 
 
 class RewardRoleReport(msgspec.Struct, tag="reward_report"):
@@ -761,6 +783,15 @@ class RewardRoleReport(msgspec.Struct, tag="reward_report"):
     failures: int = 0  # batches whose scoring raised (their requests answered with error)
     unparsable: int = 0  # items scored None
     malformed: int = 0  # frames that did not decode (counted, dropped)
+    # Requests dropped unscored because their sender had given up on them (queued past
+    # their ``expires_in_s``), and queued ones replaced by their sender's resend (same id).
+    expired: int = 0
+    replaced: int = 0
+    # Requests refused because two incarnations of this role died scoring them.
+    quarantined: int = 0
+    # The ids of the requests in the batch being scored now (sent before the batch starts,
+    # empty after it): if the role dies meanwhile, the controller knows whom to suspect.
+    scoring_ids: list[str] = []
 
 
 class ScoringFigures(msgspec.Struct):
@@ -778,12 +809,16 @@ class ScoringFigures(msgspec.Struct):
 
 class Heartbeat(msgspec.Struct, tag="heartbeat"):
     """Sent every second by a thread of the role's process, whatever its main loop is doing:
-    a process that stops sending (killed, SIGSTOPped, wedged) misses its heartbeats."""
+    a process that stops sending (killed, SIGSTOPped) misses its heartbeats; one whose main
+    loop is wedged (a forward, a hung reward) keeps sending them with ``stalled_s`` rising
+    (``workers.progress``)."""
 
     role: str  # "generator"
     index: int
     incarnation: int
     time: float
+    progress: int = 0  # steps of work made (decode steps, batches scored, versions adopted)
+    stalled_s: float = 0.0  # seconds with work in hand and no step; 0 while idle
 
 
 Report = (

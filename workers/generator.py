@@ -82,6 +82,7 @@ class Generator:
             spec,
             self.reporting.timers,
             functools.partial(self.reporting.report, force=True),
+            self.reporting.progress,
         )
         # Acknowledged delivery (buffers.delivery): one sender name for admission and shards.
         sender = new_sender()
@@ -91,9 +92,15 @@ class Generator:
         self.pushers = ShardPushers.connect(
             self.ctx, spec.shard_endpoints, sender, spec.generator_id
         )
-        hooked = gen.in_flight_updates or bool(spec.reward_endpoints)
-        on_step = self._between_steps if hooked else None
-        self.sampler = Sampler(config, self.engine, self.tokenizer, spec.generator_id, on_step)
+        # Always hooked: each decode step is progress (workers.progress), whatever else runs.
+        self.sampler = Sampler(
+            config,
+            self.engine,
+            self.tokenizer,
+            spec.generator_id,
+            self._between_steps,
+            on_rule_group=self.reporting.progress.tick,  # each group the rules scored
+        )
         # Served rewards (docs/design.md §7c): groups wait for their scores here while the
         # engine samples on; None when every reward is a rule.
         self.scoring = (
@@ -137,7 +144,7 @@ class Generator:
                 self.forward_evaluations()
             self.pushers.take_receipts(receipts)
             if self.scoring is not None:
-                self.scoring.take_epochs(receipts.scorer_epochs)
+                self.scoring.take_epochs(receipts.scorer_epochs, receipts.scorer_endpoints)
                 self.push_scored()
             ending = self.obey(directives)
             if ending is None and not self.generate_granted(grant):
@@ -210,6 +217,7 @@ class Generator:
                 else:
                     time.sleep(0.02)
             return True
+        first = self.pushers.take_grant(grant.granted)  # counted as the ledger counts grants
         with self.reporting.timing("wait_weights_s"):
             held = self.weights.wait_for_version(
                 grant.min_version, run_goes_on=self._run_goes_on, meanwhile=self.push_scored
@@ -218,13 +226,17 @@ class Generator:
             return False
         if self.slack_eval is not None:
             self.slack_eval.shut()  # sampling: the evaluation process waits
-        with self.reporting.timing("busy_s"):
+        with self.reporting.timing("busy_s"), self.reporting.progress.working():
             epoch = self.weights.held_epoch
             groups = self.sampler.generate_groups(grant.prompt_indices, epoch)
+            self.pushers.address(groups, first)  # by grant: pushed in whatever order they settle
             if self.scoring is None:
                 self.pushers.push(groups)
             else:  # scored by the reward roles while the next call samples
-                self.scoring.submit(groups)
+                refused = [g for g in groups if g.unscored]  # by its rules: nothing to score
+                if refused:
+                    self.pushers.push(refused)
+                self.scoring.submit([g for g in groups if not g.unscored])
                 self.push_scored()
         if self.slack_eval is not None:
             self.slack_eval.open()
@@ -234,8 +246,10 @@ class Generator:
         return True
 
     def _between_steps(self, engine: Engine) -> None:
-        """The engine's hook between decode steps: in-flight weight updates (when on) and
-        the served scores that came in (pushed at once: the learner may wait for them)."""
+        """The engine's hook between decode steps: a step of progress, in-flight weight
+        updates (when on) and the served scores that came in (pushed at once: the learner
+        may wait for them)."""
+        self.reporting.progress.tick()
         if self.config.generator.in_flight_updates:
             self.weights.poll(engine)
         if self.scoring is not None and self.scoring.pending:
@@ -269,6 +283,7 @@ class Generator:
             while self.scoring.pending and time.monotonic() < stop_at:
                 self.push_scored(wait_ms=50)
             self.push_scored()
+            self.scoring.finish_evals()  # an evaluation's report goes with what came in
         self.pushers.await_receipts(self.admission)
         self.reporting.report(force=True)
         return {"version": self.engine.version, "groups": self.pushers.groups_pushed}
@@ -354,25 +369,30 @@ class Generator:
     def report_evaluation(self, result: EvalResult, version: int, epoch: int, held: int) -> None:
         """Send the controller an evaluation of ``version`` (asked for in learner epoch
         ``epoch``; ``held``: the epoch of the weights evaluated), with the served rewards'
-        view of its responses."""
-        if self.scoring is not None:
-            self._score_eval(result)
+        view of its responses: then it goes when their scores come in (``_score_eval``),
+        while this generator samples on."""
         self.evaluated = max(self.evaluated, (epoch, version))
         report = EvalReport(
             self.generator_id, version, result.version, result.metrics, time.time(), held
         )
+        if self.scoring is None or not self._score_eval(result, report):
+            self._send_eval(report)
+
+    def _send_eval(self, report: EvalReport) -> None:
         self.reporting.send_eval(report)
         log.info(
             "generator[%d]: evaluated version %d: %s",
             self.generator_id,
-            result.version,
-            result.metrics,
+            report.version,
+            report.metrics,
         )
 
-    def _score_eval(self, result: EvalResult) -> None:
-        """The served rewards' view of the held-out responses, beside the rules' exact
-        check: ``eval/reward/<label>`` (their mean raw score) and ``.../unparsable``. An RLHF
-        job reads the model reward and the true accuracy side by side here."""
+    def _score_eval(self, result: EvalResult, report: EvalReport) -> bool:
+        """Send the held-out responses to the served rewards and return at once (False:
+        none to score); ``report`` is sent from a later pump with their view beside the
+        rules' exact check: ``eval/reward/<label>`` (the mean raw score) and
+        ``.../unparsable``. An RLHF job reads the model reward and the true accuracy side
+        by side here. The generator never waits for these scores (``score_later``)."""
         from streamrl.protocol import ScoreItemWire
 
         assert self.scoring is not None and self.eval_set is not None
@@ -382,14 +402,18 @@ class Generator:
             for s in result.samples
         ]
         if not items:
-            return
-        scored = self.scoring.score_now(items, self.config.scoring.timeout_s)
+            return False
+        self.scoring.score_later(items, functools.partial(self._eval_scored, report))
+        return True
+
+    def _eval_scored(self, report: EvalReport, scored: dict) -> None:
         for reward, (scores, _identity) in scored.items():
             label = self.config.rewards[reward].display_name()
             present = [s for s in scores if s is not None]
             if present:
-                result.metrics[f"eval/reward/{label}"] = sum(present) / len(present)
-            result.metrics[f"eval/reward/{label}/unparsable"] = float(len(scores) - len(present))
+                report.metrics[f"eval/reward/{label}"] = sum(present) / len(present)
+            report.metrics[f"eval/reward/{label}/unparsable"] = float(len(scores) - len(present))
+        self._send_eval(report)
 
     def close(self) -> None:
         if self.slack_eval is not None:

@@ -27,6 +27,7 @@ from streamrl.protocol import (
     ScoringFigures,
 )
 from streamrl.transport import make_socket
+from streamrl.workers.progress import Progress
 
 if TYPE_CHECKING:  # the parts a report reads; they never import this module's users
     from streamrl.workers.generator_weights import GeneratorWeights
@@ -35,8 +36,9 @@ if TYPE_CHECKING:  # the parts a report reads; they never import this module's u
 
 class HeartbeatThread:
     """A ``Heartbeat`` every ``every_s`` from a daemon thread with its own socket (ZeroMQ
-    sockets are not thread-safe): the supervisor replaces a generator (or a reward role,
-    ``role="reward role"``) that goes silent."""
+    sockets are not thread-safe), carrying the main thread's ``progress``: the supervisor
+    replaces a generator (or a reward role, ``role="reward role"``) that goes silent or
+    stalls."""
 
     def __init__(
         self,
@@ -46,10 +48,12 @@ class HeartbeatThread:
         incarnation: int,
         every_s: float = 1.0,
         role: str = "generator",
+        progress: Progress | None = None,
     ) -> None:
         self.sock = make_socket(ctx, zmq.PUSH, sndhwm=4)
         self.sock.connect(endpoint)
         self.beat = Heartbeat(role, index, incarnation, 0.0)
+        self.progress = progress if progress is not None else Progress()
         self.every_s = every_s
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="heartbeat")
@@ -59,6 +63,8 @@ class HeartbeatThread:
         encoder = msgspec.msgpack.Encoder()
         while not self._stop.is_set():
             self.beat.time = time.time()
+            self.beat.progress = self.progress.steps
+            self.beat.stalled_s = self.progress.stalled_s()
             with contextlib.suppress(zmq.Again):  # the controller is behind: skip this beat
                 self.sock.send(encoder.encode(self.beat), zmq.NOBLOCK)
             self._stop.wait(self.every_s)
@@ -82,7 +88,11 @@ class Reporting:
         incarnation: int,
         snapshot: Callable[[], GeneratorReport],
     ) -> None:
-        self.heartbeat = HeartbeatThread(ctx, endpoint, generator_id, incarnation)
+        # The generator's work: its decode steps, versions adopted, calls finished.
+        self.progress = Progress()
+        self.heartbeat = HeartbeatThread(
+            ctx, endpoint, generator_id, incarnation, progress=self.progress
+        )
         self.sock = make_socket(ctx, zmq.PUSH)
         self.sock.connect(endpoint)
         self.snapshot = snapshot
@@ -145,7 +155,9 @@ def generator_report(
         weights_latency_s=weights.last_latency_s,  # publish -> adopted by the engine
         images_verified=sub.images_verified,
         image_mismatches=sub.image_mismatches,
-        reward_errors=sampler.reward.errors,
+        reward_errors=sampler.rules_worker.figures.errors,
+        reward_timeouts=sampler.rules_worker.figures.timeouts,
+        rules_wait_s=sampler.rules_worker.figures.wait_s,
         weights_epoch=weights.held_epoch,
         activity=msgspec.structs.replace(timers),  # a copy: the timers go on
         incarnation=incarnation,

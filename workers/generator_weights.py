@@ -15,6 +15,12 @@ of tensors. The thread moves the image on only once the prepared version is adop
 prepared update may read the image until then. Other threads touch the subscriber (anchors, a
 learner restart) under ``_lock``.
 
+The hand-off is one slot under one condition (``_handoff``): the weight thread fills it and
+then waits while it is full; ``poll`` adopts and empties it under the same condition, so
+neither can see the other half-done (the thread cannot park with the slot empty, the
+generator cannot adopt a version twice). Example: the thread fills v5 and waits; ``poll``
+adopts v5, empties the slot and notifies; the thread wakes and prepares v6.
+
 Example: holding v4 of epoch 0, the learners restart from their v3 checkpoint (epoch 1):
 ``follow_clock`` starts a fresh subscriber at version -1 and anchors every rank; decoding goes
 on with v4 of epoch 0 until the anchors land, then ``held_epoch`` becomes 1. A wait for
@@ -23,6 +29,7 @@ on with v4 of epoch 0 until the anchors land, then ``held_epoch`` becomes 1. A w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -39,6 +46,7 @@ from streamrl.models import load_bf16_image
 from streamrl.protocol import GeneratorActivity, LearnerClockInfo
 from streamrl.role_specs import GeneratorSpec
 from streamrl.workers.engines import Engine
+from streamrl.workers.progress import Progress
 from streamrl.workers.subscriber import WeightSubscriber
 
 log = logging.getLogger(__name__)
@@ -66,8 +74,12 @@ class GeneratorWeights:
         spec: GeneratorSpec,
         timers: GeneratorActivity,
         on_applied: Callable[[], None],
+        progress: Progress | None = None,
     ) -> None:
         self.ctx, self.engine, self.generator_id = ctx, engine, spec.generator_id
+        # Each version adopted is a step; a wait for a version the learner has published is
+        # work (a hand-off that never comes is then a stall the supervisor sees).
+        self.progress = progress if progress is not None else Progress()
         self._endpoints = (spec.publisher_endpoints, spec.anchor_endpoints)  # one per rank
         self._anchor_timeout_s = spec.config.weights.anchor_timeout_s
         self.timers, self.on_applied = timers, on_applied
@@ -107,8 +119,10 @@ class GeneratorWeights:
         self.subscriber_epoch = 0  # the learner epoch the subscriber's versions belong to
         self.last_latency_s = 0.0  # publish -> adopted by the engine, the newest version
         self._lock = threading.Lock()  # the subscriber, between the weight thread and others
+        # The hand-off slot (module doc): a prepared version waiting for adoption, or None.
+        # Written and emptied only under ``_handoff``.
+        self._handoff = threading.Condition()
         self._prepared: _Prepared | None = None
-        self._ready = threading.Event()  # set while a prepared version waits for adoption
         self._stop = threading.Event()
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -173,17 +187,20 @@ class GeneratorWeights:
             )
         if not self.background:
             self._advance()
-        prepared = self._prepared
+        with self._handoff:
+            prepared = self._prepared
+            if prepared is not None:
+                prepared.adopt()  # the thread waits meanwhile: the update may read the image
+                self._prepared = None
+                self._handoff.notify_all()
         if prepared is None:
             # A version -1 subscriber (learners restarted) holds the engine's weights once its
             # anchors land at the version the engine holds: nothing to adopt, the epoch moves.
             if self.subscriber.version == self.engine.version >= 0:
                 self.held_epoch = self.subscriber_epoch
             return
-        prepared.adopt()
         self.held_epoch = prepared.epoch
-        self._prepared = None
-        self._ready.clear()
+        self.progress.tick()
         self.timers.weights_pause_s += time.perf_counter() - start  # decoding waited this long
         self.last_latency_s = max(0.0, time.time() - prepared.published_at)
         log.info("generator[%d]: applied version %d", self.generator_id, self.engine.version)
@@ -226,8 +243,9 @@ class GeneratorWeights:
             if sub.history and sub.history[-1][0] == sub.version:
                 _, applied_at, _, latency = sub.history[-1]
                 published_at = applied_at - latency
-            self._prepared = _Prepared(sub.version, self.subscriber_epoch, adopt, published_at)
-        self._ready.set()
+            with self._handoff:
+                self._prepared = _Prepared(sub.version, self.subscriber_epoch, adopt, published_at)
+                self._handoff.notify_all()
         return True
 
     def receive_only(self) -> None:
@@ -246,9 +264,10 @@ class GeneratorWeights:
             log.info("generator[%d]: weight thread on cores %s", self.generator_id, cores)
         try:
             while not self._stop.is_set():
-                if self._ready.is_set():
-                    time.sleep(0.005)  # adopted at the generator's next decode step
-                    continue
+                with self._handoff:
+                    if self._prepared is not None:  # adopted at the next decode step
+                        self._handoff.wait(0.05)
+                        continue
                 if not self._advance():
                     with self._lock:
                         self.subscriber.wait(0.02)
@@ -275,24 +294,37 @@ class GeneratorWeights:
             return same_epoch and self.engine.version >= version
 
         next_check = time.monotonic() + 1.0
-        while not held() and time.monotonic() < stop_at:
-            if epoch is not None and self.weights_epoch > epoch:
-                return False  # those weights are gone
-            self.poll()
-            if self.background:
-                self._ready.wait(0.01)
-            else:
-                self.subscriber.wait(0.01)
-            if meanwhile is not None:
-                meanwhile()
-            if run_goes_on is not None and time.monotonic() > next_check:
-                next_check = time.monotonic() + 1.0
-                if not run_goes_on():
-                    return False
+        with contextlib.ExitStack() as work:
+            working = False
+            while not held() and time.monotonic() < stop_at:
+                if epoch is not None and self.weights_epoch > epoch:
+                    return False  # those weights are gone
+                if not working and version <= self.learner_version:
+                    work.enter_context(self.progress.working())  # it is published: work
+                    working = True
+                self._wait_turn(meanwhile)
+                if run_goes_on is not None and time.monotonic() > next_check:
+                    next_check = time.monotonic() + 1.0
+                    if not run_goes_on():
+                        return False
         return held()
+
+    def _wait_turn(self, meanwhile: Callable[[], None] | None) -> None:
+        """One turn of ``wait_for_version``: adopt what is ready, wait a moment for more."""
+        self.poll()
+        if self.background:
+            with self._handoff:  # woken when the thread fills the slot
+                if self._prepared is None:
+                    self._handoff.wait(0.01)
+        else:
+            self.subscriber.wait(0.01)
+        if meanwhile is not None:
+            meanwhile()
 
     def close(self) -> None:
         self._stop.set()
+        with self._handoff:
+            self._handoff.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
         with self._lock:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from streamrl.config import RunConfig
 from streamrl.controller.processes import ProcessIdentity
 from streamrl.files import atomic_write_text
 
@@ -84,6 +85,21 @@ class RoleSlot:
         start less ``FIRST_BEAT_GRACE_S``: what supervision compares with
         ``run.heartbeat_timeout_s``."""
         return now - (heard or self.started_at + FIRST_BEAT_GRACE_S)
+
+    def unresponsive(
+        self, heard: float | None, stalled_s: float, now: float, run: RunConfig
+    ) -> str | None:
+        """Why this live process is to be replaced like a dead one, or None: silent (no
+        heartbeat for ``run.heartbeat_timeout_s``: killed, SIGSTOPped) or stalled (its
+        heartbeats say its work has not moved for ``run.stall_timeout_s``: a wedged
+        forward, a hung reward; ``workers.progress``). The one liveness rule of every
+        supervised role."""
+        silent_for = self.silent_for(heard, now)
+        if silent_for > run.heartbeat_timeout_s:
+            return f"no heartbeat for {silent_for:.0f} s"
+        if run.stall_timeout_s > 0 and stalled_s > run.stall_timeout_s:
+            return f"no progress for {stalled_s:.0f} s with work in hand"
+        return None
 
 
 class Roles:

@@ -7,6 +7,8 @@ A generator is replaceable: the run's prompts, admission budget and weights live
 |------------------------------------------------|-------------------------------------------|
 | ``run()`` ended with an error (kill -9, crash) | replace it                                |
 | no heartbeat for ``run.heartbeat_timeout_s``   | kill it (SIGSTOP too), replace it         |
+| no progress for ``run.stall_timeout_s`` while  | kill it, replace it (``workers.progress``)|
+| it has work (a wedged forward, a lost version) |                                           |
 | ``run()`` returned while retiring or stopping  | forget it                                 |
 | more ids than ``generator.count`` (live knob)  | retire the highest: admission says leave  |
 | fewer ids than ``generator.count``             | start the lowest free ids                 |
@@ -57,7 +59,7 @@ class GeneratorPool:
             elif generator_id not in self.slots:
                 health.incarnation += 1  # reports of the one before are ignored from now
             health.retiring, health.released, health.sender = False, False, ""
-            state.last_seen.pop(str(RoleId.generator(generator_id)), None)  # not heard from yet
+        state.not_heard(str(RoleId.generator(generator_id)))
         spec = ctx.specs.generator(generator_id, health.incarnation)
         options = ctx.placement.options("generator", generator_id)
         actor = GeneratorActor.options(**options).remote(spec)
@@ -94,10 +96,10 @@ class GeneratorPool:
                 else:
                     self._replace(generator_id, failure)
                 continue
-            heard = state.last_seen.get(str(RoleId.generator(generator_id)))
-            silent_for = slot.silent_for(heard, now)
-            if silent_for > ctx.config.run.heartbeat_timeout_s:
-                reason = f"no heartbeat for {silent_for:.0f} s"
+            role = str(RoleId.generator(generator_id))
+            heard, stalled = state.last_seen.get(role), state.stalled.get(role, 0.0)
+            reason = slot.unresponsive(heard, stalled, now, ctx.config.run)
+            if reason is not None:
                 if health.retiring or state.stop:
                     self._forget(generator_id, f"{reason} while leaving")
                 else:

@@ -524,6 +524,128 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: 
         ctx.destroy(linger=0)
 
 
+def test_the_weight_thread_never_parks_whatever_moment_the_generator_adopts() -> None:
+    """The hand-off between the weight thread and the generator's ``poll`` (issue 52 item 2):
+    for every version, the weight thread is stopped at the first line it runs after filling the
+    hand-off slot, and the generator adopts right then (a second thread calls ``poll``; it gets
+    up to 0.5 s before the weight thread goes on). Whatever that moment, the thread prepares the
+    next version: the engine reaches the last one. (The old hand-off published the slot under
+    one lock and set its ``ready`` flag after: adopted in between, the flag stayed set with
+    nothing prepared and the thread parked for ever at one version.)"""
+    import sys
+    import threading
+
+    import zmq
+
+    from streamrl.config import load_config
+    from streamrl.models import load_causal_lm, resolve_model
+    from streamrl.protocol import GeneratorActivity
+    from streamrl.workers.engines import make_engine
+    from streamrl.workers.generator_weights import GeneratorWeights
+
+    model_dir = resolve_model(TINY)
+    ranks = FakeRanks(
+        2, WeightsConfig(chunk_bytes=8192), lambda: load_causal_lm(model_dir, "float32")
+    )
+    config = load_config(None, ["weights.apply_in_background=true"])
+    engine = make_engine(config.generator, model_dir, 0, compute_dtype="bfloat16", max_model_len=64)
+    spec = generator_spec(config, model_dir, ranks)
+    filled, adopted = threading.Event(), threading.Event()
+
+    def in_advance(frame, event, _arg):
+        # A line of ``_advance`` on the weight thread: the first one run with the slot full
+        # (once per call) waits there while the generator adopts.
+        owner = frame.f_locals.get("self")
+        if event == "line" and owner is not None and owner._prepared is not None:
+            filled.set()
+            adopted.wait(0.5)
+            adopted.clear()
+            return None  # the rest of this call of ``_advance`` runs untraced
+        return in_advance
+
+    def tracer(frame, event, _arg):
+        if frame.f_code.co_name == "_advance" and threading.current_thread().name.startswith(
+            "weights-"
+        ):
+            return in_advance
+        return None
+
+    ctx = zmq.Context()
+    threading.settrace(tracer)  # the weight thread starts in the constructor
+    try:
+        weights = GeneratorWeights(ctx, engine, spec, GeneratorActivity(), lambda: None)
+    finally:
+        threading.settrace(None)  # type: ignore[arg-type]
+    assert weights.background and sys.gettrace() is None
+    time.sleep(0.5)  # the SUB sockets connect before the first diff
+    try:
+        for scale in [1e-4, 1e-3, 1e-4, 1e-2, 1e-3]:
+            ranks.step(scale)
+            weights.learner_version = ranks.version
+            assert filled.wait(30), f"v{ranks.version} never prepared (engine {engine.version})"
+            filled.clear()
+            poller = threading.Thread(target=weights.poll)
+            poller.start()
+            poller.join(0.25)
+            adopted.set()  # the weight thread goes on (the poll may still wait for it)
+            poller.join(10)
+            assert not poller.is_alive()
+            assert weights.wait_for_version(ranks.version, time.monotonic() + 30), (
+                f"the engine stopped at v{engine.version} of {ranks.version}"
+            )
+        assert_bitwise_equal({n: p.data for n, p in engine.params.items()}, ranks.full)
+    finally:
+        adopted.set()
+        weights.close()
+        engine.shutdown()
+        ranks.close()
+        ctx.destroy(linger=0)
+
+
+def test_a_published_version_that_never_comes_is_a_stall_and_an_unpublished_one_is_not() -> None:
+    """Liveness is progress (issue 52 item 3): a generator waiting for a version the learner
+    has published is at work, and a hand-off that never brings it shows as a stall in its
+    heartbeats (``workers.progress``); waiting for a version not yet published is idle."""
+    import threading
+
+    import zmq
+
+    from streamrl.config import load_config
+    from streamrl.models import load_causal_lm, resolve_model
+    from streamrl.protocol import GeneratorActivity
+    from streamrl.workers.engines import make_engine
+    from streamrl.workers.generator_weights import GeneratorWeights
+
+    model_dir = resolve_model(TINY)
+    ranks = FakeRanks(
+        2, WeightsConfig(chunk_bytes=8192), lambda: load_causal_lm(model_dir, "float32")
+    )
+    config = load_config(None, ["weights.apply_in_background=true"])
+    engine = make_engine(config.generator, model_dir, 0, compute_dtype="bfloat16", max_model_len=64)
+    ctx = zmq.Context()
+    weights = GeneratorWeights(
+        ctx, engine, generator_spec(config, model_dir, ranks), GeneratorActivity(), lambda: None
+    )
+    try:
+        seen: list[float] = []
+        for learner_version in (0, 3):  # v3 not yet published; then said published, never sent
+            weights.learner_version = learner_version
+            waiter = threading.Thread(
+                target=weights.wait_for_version, args=(3, time.monotonic() + 1.5)
+            )
+            waiter.start()
+            time.sleep(1.2)
+            seen.append(weights.progress.stalled_s())
+            waiter.join()
+            assert weights.progress.stalled_s() == 0.0  # the wait ended: no work in hand
+        assert seen[0] == 0.0 and seen[1] > 1.0, seen
+    finally:
+        weights.close()
+        engine.shutdown()
+        ranks.close()
+        ctx.destroy(linger=0)
+
+
 def test_the_evaluation_process_s_engine_takes_only_the_version_it_evaluates() -> None:
     """``GeneratorWeights.up_to`` (the evaluation process): the image follows the stream up to
     the version asked while the engine prepares nothing; at that version the engine takes
