@@ -37,8 +37,10 @@ def _parser() -> argparse.ArgumentParser:
         "--gpus-per-reward", type=float, help="GPUs per reward role (scoring.gpus_per_role)"
     )
 
-    validate = sub.add_parser("validate", help="check a config and print it resolved")
-    validate.add_argument("config")
+    validate = sub.add_parser(
+        "validate", help="check a config (the default job's when none) and print it resolved"
+    )
+    validate.add_argument("config", nargs="?", help="a YAML file or a job's name")
     validate.add_argument("overrides", nargs="*")
 
     buffer = sub.add_parser("buffer", help="replay buffer tools")
@@ -201,7 +203,8 @@ def _validate(args: argparse.Namespace) -> int:
     from streamrl.config import to_yaml
     from streamrl.controller.preflight import preflight
 
-    config = launch_config(args.config, args.overrides)
+    path, overrides = _split_config_arg(args)  # as `launch` reads them
+    config = launch_config(path, overrides)
     checked = preflight(config, resolve=False)
     if checked.data_line:
         print(checked.data_line, file=sys.stderr)

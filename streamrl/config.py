@@ -940,6 +940,29 @@ def default_config_path() -> str | None:
     return str(path) if path is not None else None
 
 
+def _drop_task_args_of_a_replaced_source(
+    tree: dict[str, Any], overrides: list[tuple[str, Any]]
+) -> None:
+    """``data.args`` are the arguments of the file's task: an override that gives another
+    ``data.source`` (and no ``data.args`` of its own) leaves them behind, so that
+    ``streamrl launch data.source=train.jsonl ...`` on the default job reads the table."""
+    data = tree.get("data")
+    keys = {key for key, _ in overrides}
+    if not isinstance(data, dict) or "data.source" not in keys or "data.args" in keys:
+        return
+    source = next(value for key, value in reversed(overrides) if key == "data.source")
+    if source != data.get("source"):
+        data.pop("args", None)
+
+
+def _name_bare_rewards(tree: dict[str, Any]) -> None:
+    """``rewards: [gsm8k, my_rewards:brevity]`` (or ``rewards=[gsm8k]`` on the command line):
+    a bare string in the list is a rule's name, as the Python API takes it."""
+    rewards = tree.get("rewards")
+    if isinstance(rewards, list):
+        tree["rewards"] = [{"name": r} if isinstance(r, str) else r for r in rewards]
+
+
 def load_config(
     path: str | Path | None = None, overrides: Sequence[Override] | None = None
 ) -> Config:
@@ -960,10 +983,13 @@ def load_config(
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         tree = loaded or {}
-    for key, value in parse_overrides(overrides or []):
+    parsed = parse_overrides(overrides or [])
+    _drop_task_args_of_a_replaced_source(tree, parsed)
+    for key, value in parsed:
         _set_path(tree, key, value)
     _refuse_moved_keys(tree)
     _resolve_auto_staleness(tree)
+    _name_bare_rewards(tree)
     run = tree.setdefault("run", {}) if isinstance(tree.get("run", {}), dict) else None
     if run is not None and not run.get("name"):
         stem = Path(path).stem if path is not None else "run"

@@ -138,3 +138,33 @@ def test_typed_pairs_are_taken_as_they_are() -> None:
     assert (config.run.name, config.data.system_prompt, config.run.seed) == ("null", "#x", 3)
     with pytest.raises(ConfigError, match="expected section.key=value"):
         parse_overrides([("", 1)])
+
+
+def test_a_new_user_s_command_line_over_the_default_job_reads_their_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``streamrl validate data.source=train.jsonl ... rewards=[gsm8k]``, as ``launch`` takes
+    it: no config file (the default job's), the default task's ``data.args`` left behind with
+    its source, a bare reward name is a rule, and the row counts of each side are said."""
+    overrides, wanted = gsm8k_overrides(tmp_path)
+    held = [{"question": f"Ann has {i} pens.", "answer": f"So #### {i}"} for i in range(8)]
+    test = tmp_path / "test.jsonl"
+    test.write_text("".join(json.dumps(row) + "\n" for row in held))
+    line = [
+        f"run.output_dir={tmp_path}",
+        *overrides,
+        f"eval.source={test}",
+        "rewards=[gsm8k]",
+        "eval.check=gsm8k",
+    ]
+    code = main(["validate", *line])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    resolved = yaml.safe_load(out.out)
+    assert resolved["data"]["args"] == {} and resolved["rewards"][0]["name"] == "gsm8k"
+    assert "data: 16 training rows, 8 held-out rows (disjoint by question)" in out.err
+    # Named with the source, the task's arguments stay the user's to set.
+    with pytest.raises(ConfigError, match="data.args is for a built-in task"):
+        from streamrl.controller.preflight import preflight
+
+        preflight(load_config(None, [*line, "data.args={max_operand: 5}"]), resolve=False)
