@@ -168,6 +168,23 @@ def generator_spec(config, model_dir, ranks: FakeRanks):
     )
 
 
+def tiny_engine_on_a_stream(background: bool):
+    """The tiny model's HF engine (bf16) and two ``FakeRanks`` streaming its fp32 weights, with
+    the config of ``weights.apply_in_background=background``: what ``GeneratorWeights`` tests
+    run on. Returns (model directory, ranks, config, engine)."""
+    from streamrl.config import load_config
+    from streamrl.models import load_causal_lm, resolve_model
+    from streamrl.workers.engines import make_engine
+
+    model_dir = resolve_model(TINY)
+    ranks = FakeRanks(
+        2, WeightsConfig(chunk_bytes=8192), lambda: load_causal_lm(model_dir, "float32")
+    )
+    config = load_config(None, [f"weights.apply_in_background={str(background).lower()}"])
+    engine = make_engine(config.generator, model_dir, 0, compute_dtype="bfloat16", max_model_len=64)
+    return model_dir, ranks, config, engine
+
+
 SCALES = [1e-4, 1e-3, 1e-2, 1.0]  # sparse, sparse/bitmap, mostly dense, everything changes
 
 
@@ -477,19 +494,11 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: 
     only move forward."""
     import zmq
 
-    from streamrl.config import load_config
-    from streamrl.models import load_causal_lm, resolve_model
     from streamrl.protocol import GeneratorActivity
-    from streamrl.workers.engines import make_engine
     from streamrl.workers.engines.base import SamplingParams
     from streamrl.workers.generator_weights import GeneratorWeights
 
-    model_dir = resolve_model(TINY)
-    ranks = FakeRanks(
-        2, WeightsConfig(chunk_bytes=8192), lambda: load_causal_lm(model_dir, "float32")
-    )
-    config = load_config(None, [f"weights.apply_in_background={str(background).lower()}"])
-    engine = make_engine(config.generator, model_dir, 0, compute_dtype="bfloat16", max_model_len=64)
+    model_dir, ranks, config, engine = tiny_engine_on_a_stream(background=background)
     spec = generator_spec(config, model_dir, ranks)
     timers, adopted = GeneratorActivity(), []
     ctx = zmq.Context()
@@ -537,18 +546,10 @@ def test_the_weight_thread_never_parks_whatever_moment_the_generator_adopts() ->
 
     import zmq
 
-    from streamrl.config import load_config
-    from streamrl.models import load_causal_lm, resolve_model
     from streamrl.protocol import GeneratorActivity
-    from streamrl.workers.engines import make_engine
     from streamrl.workers.generator_weights import GeneratorWeights
 
-    model_dir = resolve_model(TINY)
-    ranks = FakeRanks(
-        2, WeightsConfig(chunk_bytes=8192), lambda: load_causal_lm(model_dir, "float32")
-    )
-    config = load_config(None, ["weights.apply_in_background=true"])
-    engine = make_engine(config.generator, model_dir, 0, compute_dtype="bfloat16", max_model_len=64)
+    model_dir, ranks, config, engine = tiny_engine_on_a_stream(background=True)
     spec = generator_spec(config, model_dir, ranks)
     filled, adopted = threading.Event(), threading.Event()
 
@@ -610,18 +611,10 @@ def test_a_published_version_that_never_comes_is_a_stall_and_an_unpublished_one_
 
     import zmq
 
-    from streamrl.config import load_config
-    from streamrl.models import load_causal_lm, resolve_model
     from streamrl.protocol import GeneratorActivity
-    from streamrl.workers.engines import make_engine
     from streamrl.workers.generator_weights import GeneratorWeights
 
-    model_dir = resolve_model(TINY)
-    ranks = FakeRanks(
-        2, WeightsConfig(chunk_bytes=8192), lambda: load_causal_lm(model_dir, "float32")
-    )
-    config = load_config(None, ["weights.apply_in_background=true"])
-    engine = make_engine(config.generator, model_dir, 0, compute_dtype="bfloat16", max_model_len=64)
+    model_dir, ranks, config, engine = tiny_engine_on_a_stream(background=True)
     ctx = zmq.Context()
     weights = GeneratorWeights(
         ctx, engine, generator_spec(config, model_dir, ranks), GeneratorActivity(), lambda: None
@@ -653,18 +646,10 @@ def test_the_evaluation_process_s_engine_takes_only_the_version_it_evaluates() -
     learner's image. ``receive_only`` (generator 0 sampling) moves nothing."""
     import zmq
 
-    from streamrl.config import load_config
-    from streamrl.models import load_causal_lm, resolve_model
     from streamrl.protocol import GeneratorActivity
-    from streamrl.workers.engines import make_engine
     from streamrl.workers.generator_weights import GeneratorWeights
 
-    model_dir = resolve_model(TINY)
-    ranks = FakeRanks(
-        2, WeightsConfig(chunk_bytes=8192), lambda: load_causal_lm(model_dir, "float32")
-    )
-    config = load_config(None, ["weights.apply_in_background=false"])
-    engine = make_engine(config.generator, model_dir, 0, compute_dtype="bfloat16", max_model_len=64)
+    model_dir, ranks, config, engine = tiny_engine_on_a_stream(background=False)
     spec = generator_spec(config, model_dir, ranks)
     prepared: list[tuple[int, set[str]]] = []
     prepare = engine.prepare_weights

@@ -50,7 +50,9 @@ def _register(fn: Callable) -> str:
 
 def _worker(fn: Callable, *more: RewardSpec, bound: float = BOUND_S) -> RuleWorker:
     name = _register(fn)
-    return RuleWorker([RewardSpec(name=name), *more], callables._BLOBS, bound)
+    # Only the blob its rules name, as a generator's spec carries (``callables.referenced``):
+    # earlier tests' callables (their modules gone) stay out of it.
+    return RuleWorker([RewardSpec(name=name), *more], {name: callables._BLOBS[name]}, bound)
 
 
 def _group(*texts: str) -> list[RewardInput]:
