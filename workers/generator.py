@@ -171,7 +171,8 @@ class Generator:
             if slack is not None and slack.ask(asked[1], asked[0], final=False, unseen=first):
                 self.eval_dispatched = asked
             else:
-                with self.reporting.timing("eval_s"):
+                # Work: a held-out rule that hangs stalls this generator, seen and replaced.
+                with self.reporting.timing("eval_s"), self.reporting.progress.working():
                     self.evaluate(directives.eval_version, directives.eval_epoch)
         return None
 
