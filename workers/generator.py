@@ -345,11 +345,9 @@ class Generator:
         the buffer. The first and the ``final`` one also ask the questions in a wording
         training never uses (``eval.unseen_phrasing``). Not run if those weights cannot come
         (the run stopped, or the learners restarted meanwhile: the controller asks again)."""
-        from streamrl.evaluation import eval_prompts
         from streamrl.workers.evaluator import evaluate_held_out
 
-        if self.eval_set is None:
-            self.eval_set = eval_prompts(self.config)
+        eval_set = self.held_out()
         stop_at = time.monotonic() + self.config.run.drain_timeout_s
         watch = None if final else self._run_goes_on
         if not self.weights.wait_for_version(version, stop_at, watch, epoch=epoch):
@@ -364,8 +362,16 @@ class Generator:
             )
             return
         unseen = final or self.evaluated[1] < 0
-        result = evaluate_held_out(self.engine, self.tokenizer, self.config, self.eval_set, unseen)
+        result = evaluate_held_out(self.engine, self.tokenizer, self.config, eval_set, unseen)
         self.report_evaluation(result, version, epoch, self.weights.held_epoch)
+
+    def held_out(self) -> list[Prompt]:
+        """The run's held-out prompts (``evaluation.eval_prompts``), read when first needed."""
+        if self.eval_set is None:
+            from streamrl.evaluation import eval_prompts
+
+            self.eval_set = eval_prompts(self.config)
+        return self.eval_set
 
     def report_evaluation(self, result: EvalResult, version: int, epoch: int, held: int) -> None:
         """Send the controller an evaluation of ``version`` (asked for in learner epoch
@@ -396,8 +402,10 @@ class Generator:
         by side here. The generator never waits for these scores (``score_later``)."""
         from streamrl.protocol import ScoreItemWire
 
-        assert self.scoring is not None and self.eval_set is not None
-        questions = {p.prompt_id: p.question for p in self.eval_set}
+        assert self.scoring is not None
+        # The held-out set is read here too: evaluated in the evaluation process, its
+        # responses come back to a generator that never loaded it.
+        questions = {p.prompt_id: p.question for p in self.held_out()}
         items = [
             ScoreItemWire(questions.get(s["prompt_id"], ""), s["response"], s["ground_truth"])
             for s in result.samples

@@ -55,3 +55,38 @@ def test_an_evaluation_s_scores_do_not_hold_the_generator() -> None:
     finally:
         generator.scoring.close()
         ctx.destroy(linger=0)
+
+
+def test_an_evaluation_made_in_the_evaluation_process_is_scored_by_generator_0() -> None:
+    """Generator 0 of a run with served rewards whose evaluations run in its evaluation
+    process never loaded the held-out set itself: it reads it to show the role the questions
+    (it failed with a bare AssertionError, four times, and the RLHF job's run with it)."""
+    ctx = zmq.Context()
+    role = _Role(ctx)
+    config = Config(
+        rewards=[RewardSpec(model="/models/rm", label="rm")],
+        scoring=ScoringConfig(timeout_s=30),
+    )
+    sent = []
+    generator = Generator.__new__(Generator)  # only the parts evaluation reporting uses
+    generator.config, generator.generator_id, generator.evaluated = config, 0, (-1, -1)
+    generator.reporting = SimpleNamespace(send_eval=sent.append)
+    generator.eval_set = None  # the evaluation process evaluated
+    generator.scoring = GroupScoring(
+        ctx, config, {0: role.endpoint}, "gen-0", lambda g: "q", lambda g, served: None
+    )
+    try:
+        held = generator.held_out()
+        samples = [{"prompt_id": held[0].prompt_id, "response": "four", "ground_truth": "4"}]
+        generator.report_evaluation(EvalResult(3, {"eval/accuracy": 0.5}, samples), 3, 0, 0)
+        ((peer, request),) = role.take(1)
+        assert request.items[0].prompt == held[0].question != ""
+        role.answer(peer, request)
+        deadline = time.monotonic() + 5
+        while not sent and time.monotonic() < deadline:
+            generator.scoring.pump(wait_ms=20)
+        (report,) = sent
+        assert report.metrics["eval/reward/rm"] == 4.0
+    finally:
+        generator.scoring.close()
+        ctx.destroy(linger=0)
