@@ -17,21 +17,29 @@ from streamrl.workers.generator import Generator
 from streamrl.workers.scoring import GroupScoring
 
 
-def test_an_evaluation_s_scores_do_not_hold_the_generator() -> None:
-    ctx = zmq.Context()
-    role = _Role(ctx)
+def _evaluating_generator(ctx: zmq.Context, role: _Role, sent: list) -> Generator:
+    """Generator 0 with only the parts evaluation reporting uses: a reward model served by
+    ``role``, its ``EvalReport``s appended to ``sent``, no held-out set loaded yet."""
     config = Config(
         rewards=[RewardSpec(model="/models/rm", label="rm")],
         scoring=ScoringConfig(timeout_s=30),
     )
-    sent = []
-    generator = Generator.__new__(Generator)  # only the parts evaluation reporting uses
+    generator = Generator.__new__(Generator)
     generator.config, generator.generator_id, generator.evaluated = config, 0, (-1, -1)
     generator.reporting = SimpleNamespace(send_eval=sent.append)
-    generator.eval_set = [SimpleNamespace(prompt_id="e0", question="2+2?")]
+    generator.eval_set = None
     generator.scoring = GroupScoring(
         ctx, config, {0: role.endpoint}, "gen-0", lambda g: "q", lambda g, served: None
     )
+    return generator
+
+
+def test_an_evaluation_s_scores_do_not_hold_the_generator() -> None:
+    ctx = zmq.Context()
+    role = _Role(ctx)
+    sent: list = []
+    generator = _evaluating_generator(ctx, role, sent)
+    generator.eval_set = [SimpleNamespace(prompt_id="e0", question="2+2?")]
     try:
         generator.scoring.submit([_group(1)])
         samples = [{"prompt_id": "e0", "response": "four", "ground_truth": "4"}]
@@ -63,18 +71,8 @@ def test_an_evaluation_made_in_the_evaluation_process_is_scored_by_generator_0()
     (it failed with a bare AssertionError, four times, and the RLHF job's run with it)."""
     ctx = zmq.Context()
     role = _Role(ctx)
-    config = Config(
-        rewards=[RewardSpec(model="/models/rm", label="rm")],
-        scoring=ScoringConfig(timeout_s=30),
-    )
-    sent = []
-    generator = Generator.__new__(Generator)  # only the parts evaluation reporting uses
-    generator.config, generator.generator_id, generator.evaluated = config, 0, (-1, -1)
-    generator.reporting = SimpleNamespace(send_eval=sent.append)
-    generator.eval_set = None  # the evaluation process evaluated
-    generator.scoring = GroupScoring(
-        ctx, config, {0: role.endpoint}, "gen-0", lambda g: "q", lambda g, served: None
-    )
+    sent: list = []
+    generator = _evaluating_generator(ctx, role, sent)  # the evaluation process evaluated
     try:
         held = generator.held_out()
         samples = [{"prompt_id": held[0].prompt_id, "response": "four", "ground_truth": "4"}]
