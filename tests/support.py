@@ -166,9 +166,14 @@ def killed_on_error(proc: subprocess.Popen):
         raise
 
 
-def finish_run(proc: subprocess.Popen, run_dir: Path, timeout: float = 300) -> tuple[str, dict]:
+def finish_run(
+    proc: subprocess.Popen, run_dir: Path, timeout: float = 300, ended_within_s: float = 0.0
+) -> tuple[str, dict]:
     """Wait for a launched run; it must exit 0 and leave none of its role processes alive.
-    Returns its output and summary."""
+    Returns its output and summary. ``ended_within_s``: a run joined to a cluster hands its
+    actors to Ray to end (``ray.kill`` returns before the process has exited, and on a loaded
+    node the exit can take seconds), so its roles get that long to be gone; a local run
+    reaps its own before it returns, so they must be gone at once."""
     try:
         out, _ = proc.communicate(timeout=timeout)
     finally:
@@ -177,7 +182,11 @@ def finish_run(proc: subprocess.Popen, run_dir: Path, timeout: float = 300) -> t
             proc.wait()
     assert proc.returncode == 0, out[-3000:]
     pids = json.loads((run_dir / "pids.json").read_text())
+    deadline = time.monotonic() + ended_within_s
     left = [pid for pid in pids["roles"] if alive(pid)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = [pid for pid in left if alive(pid)]
     assert not left, f"role processes outlived the run: {left} of {pids}"
     return out, json.loads((run_dir / "summary.json").read_text())
 

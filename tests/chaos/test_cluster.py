@@ -259,7 +259,7 @@ def test_a_local_run_listens_on_loopback_only_whatever_gloo_is_told(
             assert _listening(by_role["generator 0"]), by_role
         _assert_loopback_only(proc.pid)
         assert cli(["admin", "resume", "--run", str(run_dir)]) == 0
-    _, summary = finish_run(proc, run_dir, timeout=300)
+    _, summary = finish_run(proc, run_dir, timeout=300, ended_within_s=30)
     assert summary["version"] == 6
 
 
@@ -427,7 +427,7 @@ def test_a_lost_worker_node_s_roles_restart_on_the_head(
             )
             assert cli(["admin", "resume", "--run", str(run_dir)]) == 0
 
-        out, summary = finish_run(proc, run_dir, timeout=300)
+        out, summary = finish_run(proc, run_dir, timeout=300, ended_within_s=30)
         wall = time.monotonic() - started
         assert summary["version"] == STEPS
         assert set(summary["restarts"]) == {_restart_role(role) for role in lost}, summary
