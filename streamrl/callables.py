@@ -30,6 +30,11 @@ environment, and the same additions to ``sys.path`` that Ray gives its workers (
 working directory, and its script's directory when run as a script), so the failure is a
 one-line ``ConfigError`` naming the callable, before anything starts. What cannot be pickled
 at all (a closure over a socket, a lock, an open file) fails at ``register`` the same way.
+
+``cloudpickle`` is imported where bytes are made or read (``register``, ``install``, the
+fresh process), not with the module: every reward and environment lookup imports this table
+(``plugins.load_named``), and a process that resolves only ``module:attr`` names
+(``streamrl validate``, the TRL peer's light venv) needs no cloudpickle.
 """
 
 from __future__ import annotations
@@ -42,7 +47,6 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import cloudpickle
 import msgspec
 
 from streamrl.config import Config, ConfigError, to_dict
@@ -80,6 +84,8 @@ def register(objects: Iterable[tuple[str, Any]]) -> dict[int, str]:
     ``-3``). A name an earlier call registered is taken over: a notebook that redefines
     ``my_reward`` and trains again runs the new one under the same name. ``ConfigError``
     naming the object if ``cloudpickle`` cannot pickle it; then nothing is registered."""
+    import cloudpickle
+
     names: dict[int, str] = {}
     pending: dict[str, tuple[Any, bytes]] = {}
     for what, obj in objects:
@@ -153,6 +159,8 @@ def blobs_for(config: Config) -> dict[str, bytes]:
 def install(blobs: Mapping[str, bytes]) -> None:
     """In a role: register what the controller sent (``GeneratorSpec.callables``), so that
     ``plugins.load_named`` finds each name here as in the controller's process."""
+    import cloudpickle
+
     for name, blob in blobs.items():
         _OBJECTS[name] = cloudpickle.loads(blob)
         _BLOBS[name] = blob
@@ -236,6 +244,8 @@ def _load_in_this_process() -> int:
     """``python -m streamrl.callables``: ``check_loadable``'s fresh process. Reads the
     request on stdin, loads each callable, and writes ``{name: why}`` for those that failed
     as its last line of stdout (a module it imports may print before)."""
+    import cloudpickle
+
     request = msgspec.msgpack.decode(sys.stdin.buffer.read())
     sys.path[:0] = [p for p in request["paths"] if p not in sys.path]
     failures = {}

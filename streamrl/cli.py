@@ -266,7 +266,7 @@ def _rm_train(args: argparse.Namespace) -> int:
 
     from transformers.utils import logging as hf_logging
 
-    from streamrl.reward_model import accuracy_text, read_pairs, train_reward_model
+    from streamrl.rewards.model_training import accuracy_text, read_pairs, train_reward_model
 
     pairs = read_pairs(Path(args.pairs))
     hf_logging.set_verbosity_error()  # the new head's load report: printed below in a line
@@ -294,7 +294,7 @@ def _rm_pairs(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from streamrl.buffers.durable_log import scan_shard, shard_dirs
-    from streamrl.reward_model import pairs_from_run, write_pairs
+    from streamrl.rewards.model_training import pairs_from_run, write_pairs
 
     buffer_dir = Path(args.run_dir) / "buffer"
     shards = shard_dirs(buffer_dir) if buffer_dir.is_dir() else []

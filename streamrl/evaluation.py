@@ -56,7 +56,7 @@ import numpy as np
 
 from streamrl.config import Config
 from streamrl.data import DataError, Prompt, evaluated_rows
-from streamrl.math_answers import math_exact
+from streamrl.rewards.math_answers import math_exact
 from streamrl.tasks import TASKS, gsm, task_for
 from streamrl.tasks import reasoning_gym as gym
 from streamrl.tasks.arithmetic import arithmetic_question

@@ -44,8 +44,13 @@ def export_checkpoint(run_dir: Path, step: int | None, out: Path, merge: bool = 
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from streamrl.lora import adapter_settings, attach_adapter, initial_adapter_dir, uses_lora
     from streamrl.models import load_causal_lm, load_tokenizer, resolve_model
+    from streamrl.models.lora import (
+        adapter_settings,
+        attach_adapter,
+        initial_adapter_dir,
+        uses_lora,
+    )
 
     if not (run_dir / "config.yaml").is_file():
         raise ExportError(f"{run_dir}: not a run directory (no config.yaml)")
@@ -91,8 +96,8 @@ def write_adapter(trained: dict, adapter_dir: Path, base: Path, out: Path) -> No
 
     from safetensors.torch import save_file
 
-    from streamrl.lora import ADAPTER_FILE, wire_name
     from streamrl.models import load_tokenizer
+    from streamrl.models.lora import ADAPTER_FILE, wire_name
 
     out.mkdir(parents=True, exist_ok=True)
     tensors = {wire_name(n): t.contiguous() for n, t in trained.items()}
@@ -103,11 +108,12 @@ def write_adapter(trained: dict, adapter_dir: Path, base: Path, out: Path) -> No
 
 def write_merged(trained: dict, base: Path, adapter_dir: Path, out: Path) -> None:
     """The base model with ``trained`` merged in, in bf16, exactly as every generator merges
-    it (``streamrl.lora.LoraMerge``), loadable with ``AutoModelForCausalLM.from_pretrained``."""
+    it (``streamrl.models.lora.LoraMerge``), loadable with
+    ``AutoModelForCausalLM.from_pretrained``."""
     import torch
 
-    from streamrl.lora import LoraMerge, saved_settings, wire_name
     from streamrl.models import load_causal_lm, load_tokenizer
+    from streamrl.models.lora import LoraMerge, saved_settings, wire_name
 
     adapters = {wire_name(n): t for n, t in trained.items()}
     merged = dict(LoraMerge(base, adapters, saved_settings(adapter_dir)).merged(adapters))

@@ -238,7 +238,7 @@ class TrajectoryGroup(msgspec.Struct):
     sender: Annotated[str, msgspec.Meta(max_length=MAX_SENDER_NAME)] = ""
     seq: Annotated[int, msgspec.Meta(ge=-1, le=MAX_SEQ)] = -1
     # The served scorers (reward models, judges) that scored this group, each as
-    # ``"<label>@<weights hash>"`` (``streamrl.scorer``); empty: rules only.
+    # ``"<label>@<weights hash>"`` (``streamrl.rewards.scorer``); empty: rules only.
     scorers: list[str] = []
     # Why its served scores could not be had (timeouts used up, a scorer's error), or "": a
     # group pushed only so that the shard counts and drops it (``unscored``), which returns
@@ -731,7 +731,7 @@ class EvalReport(msgspec.Struct, tag="eval_report"):
 
 
 class ScoreItemWire(msgspec.Struct, array_like=True):
-    """One response to score (``streamrl.scorer.ScoreItem`` on the wire)."""
+    """One response to score (``streamrl.rewards.scorer.ScoreItem`` on the wire)."""
 
     prompt: str
     response: str

@@ -54,7 +54,7 @@ class LearnerSpec(RoleSpec):
     shard_endpoints: list[str]  # request (ROUTER) endpoints
     report_endpoint: str
     checkpoint_dir: str
-    # LoRA: version 0 of the adapters (``streamrl.lora``); "" for full weights.
+    # LoRA: version 0 of the adapters (``streamrl.models.lora``); "" for full weights.
     adapter_dir: str = ""
     # 0: any free port. A restarted learner group binds its predecessor's weight ports.
     pub_port: int = 0
@@ -79,7 +79,7 @@ class GeneratorSpec(RoleSpec):
     anchor_endpoints: list[str]
     admission_endpoint: str
     report_endpoint: str
-    # LoRA: version 0 of the adapters (``streamrl.lora``); "" for full weights.
+    # LoRA: version 0 of the adapters (``streamrl.models.lora``); "" for full weights.
     adapter_dir: str = ""
     incarnation: int = 0  # restarts of this generator id so far; reports carry it
     # The Python API's callables the config names (``python:<name>`` -> cloudpickle bytes,

@@ -34,8 +34,8 @@ import torch
 
 from streamrl.config import GeneratorConfig, JudgeSpec
 from streamrl.models import has_chat_template, load_causal_lm, load_tokenizer, stop_token_ids
-from streamrl.reward_model import weights_hash
-from streamrl.scorer import ScoreItem, scorer_identity
+from streamrl.rewards.model import weights_hash
+from streamrl.rewards.scorer import ScoreItem, scorer_identity
 from streamrl.workers.engines import Engine, SamplingParams, make_engine
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def fill_template(template: str, item: ScoreItem) -> str:
 
 
 class JudgeScorer:
-    """The ``Scorer`` of one judge model (``streamrl.scorer``): ``score`` takes a batch of
+    """The ``Scorer`` of one judge model (``streamrl.rewards.scorer``): ``score`` takes a batch of
     items and returns one float in [0, 1] or None per item, in order. ``compute_dtype`` is a
     torch dtype or its name (``hardware.resolve_compute_dtype``'s answer); ``batch_size`` caps
     the rows of one verdict forward and of one engine decode batch."""

@@ -29,8 +29,8 @@ from streamrl.buffers.client import BufferClient, FetchStopped
 from streamrl.config import Config
 from streamrl.cores import role_threads
 from streamrl.hardware import describe_choice, resolve_compute_dtype
-from streamrl.lora import adapter_settings, attach_adapter
 from streamrl.models import load_causal_lm, load_tokenizer
+from streamrl.models.lora import adapter_settings, attach_adapter
 from streamrl.protocol import BatchTaken, LearnerStep, TrajectoryGroup
 from streamrl.role_specs import LearnerSpec
 from streamrl.transport import interface_holding, make_socket, resolve_host
@@ -92,7 +92,7 @@ def build_train_step(
     """Load and shard the models one training step needs (collective: inside the process
     group): the policy and its AdamW, the frozen reference (KL), the critic (GAE).
     ``compute_dtype``: the role's, resolved once (None: resolved here from the config).
-    ``adapter_dir``: LoRA, version 0 of the adapters (``streamrl.lora``); only they train."""
+    ``adapter_dir``: LoRA, version 0 of the adapters (``streamrl.models.lora``); only they train."""
     lc = config.learner
     mesh = dist.device_mesh.init_device_mesh(device.type, (world_size,))
     compute = compute_dtype or resolve_compute_dtype(config.model.compute_dtype, str(device))

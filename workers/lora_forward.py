@@ -1,11 +1,11 @@
 """The learner's LoRA forward: each adapted layer computes with the merged bf16 weight its
-generators hold (``streamrl.lora.LoraMerge``), and A and B get unmerged LoRA's gradients."""
+generators hold (``streamrl.models.lora.LoraMerge``), and A and B get unmerged LoRA's gradients."""
 
 from __future__ import annotations
 
 import torch
 
-from streamrl.lora import merged_weight
+from streamrl.models.lora import merged_weight
 
 
 class _MergedLinear(torch.autograd.Function):

@@ -56,7 +56,7 @@ import torch
 import zmq
 
 from streamrl.config import WeightsConfig
-from streamrl.lora import wire_name
+from streamrl.models.lora import wire_name
 from streamrl.protocol import AnchorRequest, ImageChecksum, WeightAnchor, WeightDiff
 from streamrl.transport import Codec, bind_random, make_socket
 from streamrl.workers.weight_codec import (
@@ -89,7 +89,7 @@ def local_bf16_shards(
     model: torch.nn.Module, shard_rank: int | None = None
 ) -> dict[str, LocalShard]:
     """name -> bf16 snapshot of this rank's rows, for every trained parameter (tied weights
-    once; a LoRA model's adapters only, by the adapter file's names: ``streamrl.lora``).
+    once; a LoRA model's adapters only, by the adapter file's names: ``streamrl.models.lora``).
     FSDP2 parameters are DTensors sharded ``Shard(0)`` with ``torch.chunk`` row ranges; plain
     parameters are the whole tensor at offset 0. ``shard_rank``: this rank's index on the
     (1-D) FSDP mesh; by default the mesh is asked, which needs its process group."""

@@ -35,8 +35,8 @@ from streamrl.config import Config, RewardSpec
 from streamrl.cores import role_threads
 from streamrl.hardware import resolve_compute_dtype
 from streamrl.protocol import RewardRoleReport, ScoreReply, ScoreRequest
+from streamrl.rewards.scorer import ScoreItem, Scorer
 from streamrl.role_specs import RewardRoleSpec
-from streamrl.scorer import ScoreItem, Scorer
 from streamrl.transport import Codec, bind_random, make_socket, resolve_host
 from streamrl.workers.generator_reports import HeartbeatThread
 from streamrl.workers.progress import Progress
@@ -54,7 +54,7 @@ def make_scorer(config: Config, reward: RewardSpec, model_dir: Path, seed: int =
     dtype = getattr(torch, resolve_compute_dtype(config.model.compute_dtype, device))
     label = reward.display_name()
     if reward.kind == "model":
-        from streamrl.reward_model import RewardModelScorer
+        from streamrl.rewards.model import RewardModelScorer
 
         return RewardModelScorer(model_dir, label, device=device, dtype=dtype)
     if reward.kind == "judge":

@@ -27,8 +27,8 @@ from streamrl.config import Config
 from streamrl.data import Prompt, prompt_stream
 from streamrl.models import encode_prompt, stop_token_ids
 from streamrl.protocol import OUTCOME_WINDOW, Trajectory, TrajectoryGroup, pack_int32
-from streamrl.reward_mix import RewardMix
 from streamrl.rewards import RewardInput
+from streamrl.rewards.mix import RewardMix
 from streamrl.workers.engines import Engine, SamplingParams
 from streamrl.workers.engines.base import StepHook
 from streamrl.workers.episodes import EpisodeRunner
@@ -60,7 +60,7 @@ class Sampler:
         self.rules_worker = RuleWorker(
             config.rewards, blobs_for(config), config.scoring.rule_timeout_s, on_rule_group
         )
-        # Every reward's weight and normalisation (streamrl.reward_mix); rules are scored
+        # Every reward's weight and normalisation (streamrl.rewards.mix); rules are scored
         # here, served rewards by their roles (workers.scoring), then ``settle`` sums them.
         self.mix = RewardMix(
             [r.weight for r in config.rewards], [r.normalize for r in config.rewards]
@@ -140,7 +140,7 @@ class Sampler:
     ) -> None:
         """Give each response its reward: the rules' scores (in ``reward_parts`` since it
         was sampled) and the served rewards' (``served``: per reward index, the scores and
-        the scorer's identity) normalised, weighted and summed (``streamrl.reward_mix``);
+        the scorer's identity) normalised, weighted and summed (``streamrl.rewards.mix``);
         then record the group's outcome for the difficulty sampler. An episode's reward is
         its environment's, as it came. A refused group (``unscored``) is left as it is: it
         has no reward and no outcome."""

@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from streamrl.protocol import ScoreRequest
+from streamrl.rewards.scorer import ScoreItem
 from streamrl.role_specs import QUARANTINE_AFTER
-from streamrl.scorer import ScoreItem
 
 
 @dataclass

@@ -129,7 +129,7 @@ class Controller:
 
     def run(self) -> dict[str, Any]:
         from streamrl.controller.difficulty import DifficultySampler
-        from streamrl.lora import uses_lora, write_initial_adapter
+        from streamrl.models.lora import uses_lora, write_initial_adapter
 
         cfg = self.config
         try:

@@ -15,7 +15,7 @@ import msgspec
 from streamrl.callables import blobs_for
 from streamrl.config import Config
 from streamrl.cores import role_threads
-from streamrl.lora import initial_adapter_dir, uses_lora
+from streamrl.models.lora import initial_adapter_dir, uses_lora
 from streamrl.role_specs import NODE, GeneratorSpec, LearnerSpec, RewardRoleSpec, ShardSpec
 
 

@@ -4,7 +4,7 @@ engine on CUDA. Skipped without CUDA; run on a lent GPU machine by ``scripts/gpu
 - LoRA (r = 16, all linear layers) on the SmolLM2-135M architecture in bf16: three rounds of
   sample -> train -> publish the adapters -> merge into the engine; each round's learner
   scores the engine's samples at staleness 0 to the bf16 noise level, only adapters move.
-- Every tiny architecture (``streamrl.tiny_models``): the learner's fp32 logprobs on the
+- Every tiny architecture (``streamrl.models.tiny``): the learner's fp32 logprobs on the
   engine's samples at staleness 0 to fp32 noise, and a training step with finite figures.
 """
 
@@ -18,9 +18,14 @@ import torch
 from test_cuda_path import _sampled_groups, nccl_group  # noqa: F401 (a fixture)
 
 from streamrl.config import load_config
-from streamrl.lora import LoraMerge, adapter_settings, load_adapter_image, write_initial_adapter
 from streamrl.models import resolve_model
-from streamrl.tiny_models import ARCHITECTURES
+from streamrl.models.lora import (
+    LoraMerge,
+    adapter_settings,
+    load_adapter_image,
+    write_initial_adapter,
+)
+from streamrl.models.tiny import ARCHITECTURES
 from streamrl.workers.engines.base import EngineArgs
 from streamrl.workers.engines.hf import HFEngine
 from streamrl.workers.learner import build_train_step

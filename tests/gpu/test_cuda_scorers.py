@@ -12,8 +12,9 @@ import torch
 
 from streamrl.config import JudgeSpec
 from streamrl.models import resolve_model
-from streamrl.reward_model import Pair, RewardModelScorer, train_reward_model
-from streamrl.scorer import ScoreItem
+from streamrl.rewards.model import RewardModelScorer
+from streamrl.rewards.model_training import Pair, train_reward_model
+from streamrl.rewards.scorer import ScoreItem
 from streamrl.workers.judge import JudgeScorer
 
 pytestmark = pytest.mark.gpu

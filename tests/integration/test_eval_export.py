@@ -14,7 +14,7 @@ import pytest
 from streamrl.config import load_config
 from streamrl.controller.run import Controller
 from streamrl.evaluation import eval_prompts
-from streamrl.tiny_models import ARCHITECTURES
+from streamrl.models.tiny import ARCHITECTURES
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

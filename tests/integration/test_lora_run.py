@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from streamrl.config import load_config
 from streamrl.controller.run import Controller
-from streamrl.lora import ADAPTER_FILE
 from streamrl.models import load_causal_lm, resolve_model
+from streamrl.models.lora import ADAPTER_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@
   loss on (fp32, relative error <= 1e-5);
 - the learner's logprobs equal the HF engine's behaviour logprobs on samples it generated,
   with pad-id tokens inside the prompts and two temperatures in one micro-batch, on every
-  architecture of ``streamrl.tiny_models`` too (Qwen2, Qwen3, Gemma3 with sliding-window
+  architecture of ``streamrl.models.tiny`` too (Qwen2, Qwen3, Gemma3 with sliding-window
   layers, Mistral, Phi-3, Qwen3-MoE), and on every policy token of multi-turn episodes (the
   environment's tokens in no figure);
 - the fp32 forward runs on the bf16 image while the masters stay fp32;
@@ -32,9 +32,9 @@ from torch.distributed.tensor import distribute_tensor
 from streamrl.config import Config, load_config
 from streamrl.envs import Environment, StepResult
 from streamrl.models import TINY, load_causal_lm, load_tokenizer, resolve_model, stop_token_ids
+from streamrl.models.tiny import ARCHITECTURES
 from streamrl.protocol import Trajectory, TrajectoryGroup
 from streamrl.tasks.base import Prompt
-from streamrl.tiny_models import ARCHITECTURES
 from streamrl.transport import free_port
 from streamrl.workers.batching import build_micro_batches, micro_batch_rows
 from streamrl.workers.engines.base import EngineArgs, SamplingParams

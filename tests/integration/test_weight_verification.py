@@ -5,7 +5,7 @@ repaired by an anchor; a checkpoint step (``publish(v, verify=True)``) verifies 
 
 The harness is ``test_weight_streaming.FakeRanks`` (two FSDP2 shards in this process), with
 steps that change only some tensors: ``embed`` never changes after version 0. The first case
-runs again on every architecture of ``streamrl.tiny_models`` (its embedding the tensor that
+runs again on every architecture of ``streamrl.models.tiny`` (its embedding the tensor that
 diverges).
 """
 
@@ -22,8 +22,8 @@ import torch
 from test_weight_streaming import FakeRanks, assert_bitwise_equal, poll_until
 
 from streamrl.config import WeightsConfig
+from streamrl.models.tiny import ARCHITECTURES
 from streamrl.protocol import GeneratorReport, WeightDiff
-from streamrl.tiny_models import ARCHITECTURES
 from streamrl.workers.weight_codec import shard_rows
 
 MOVING = ("up", "big", "norm")  # the tensors a step changes; `embed` stays at version 0

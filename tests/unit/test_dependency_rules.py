@@ -20,6 +20,10 @@ imports are resolved to the same names. The rules (the same words are in §2):
 4. Workers and buffers never import what sits above them: ``streamrl.controller``,
    ``streamrl.admin``, ``streamrl.bench``, ``streamrl.cli``.
 5. No two streamrl modules import each other, directly or around a longer cycle.
+6. What the TRL peer (``benchmarks/trl_peer.py``, in the light ``.venv-trl`` that
+   ``scripts/trl_venv.sh`` makes) imports, the default job's rewards, and ``streamrl validate``
+   need none of streamrl's dependencies that venv lacks (Ray, ZeroMQ, cloudpickle, wandb, ...;
+   ``validate`` not even torch): run in a fresh interpreter that refuses to import them.
 
 And every ``docs/design.md §<number>`` cited under ``streamrl/``, ``workers/``, ``buffers/``,
 ``tests/``, ``docs/``, ``benchmarks/``, ``configs/``, ``scripts/`` and in ``README.md`` (also
@@ -31,6 +35,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 import tomllib
 from collections import deque
 from collections.abc import Iterator
@@ -192,7 +198,7 @@ def test_resolves_every_spelling() -> None:
     assert "streamrl.buffers.durable_log" in targets  # ``from .durable_log import DurableLog``
     targets = {i.target for i in imports_of("streamrl.workers.learner")}
     assert "streamrl.workers.checkpoint" in targets  # ``from streamrl.workers import checkpoint``
-    local = {i.target for i in imports_of("streamrl.workers.generator")}
+    local = {i.target for i in imports_of("streamrl.workers.generator_evaluations")}
     assert "streamrl.workers.evaluator" in local  # a function-local import
     assert "torch" not in {i.target for i in imports_of("streamrl.algorithms")}  # TYPE_CHECKING
 
@@ -296,6 +302,111 @@ def test_no_import_cycles() -> None:
         "; ".join(str(imp) for m in cycle for w, imp in edges[m] if w in cycle) for cycle in cycles
     ]
     assert not cycles, "import cycles:\n" + "\n".join(described)
+
+
+# ----------------------------------------------------------------- light imports (rule 6)
+
+TRL_PEER = ROOT / "benchmarks" / "trl_peer.py"
+TRL_VENV = ROOT / "scripts" / "trl_venv.sh"
+# What .venv-trl holds of streamrl's dependencies: what scripts/trl_venv.sh installs (torch,
+# msgspec, pyyaml, safetensors, gguf) and what TRL brings (transformers, accelerate, datasets
+# with pyarrow and xxhash, huggingface_hub). Every other dependency, extra or engine is refused.
+PEER_VENV = {
+    "torch", "transformers", "accelerate", "datasets", "pyarrow", "xxhash", "huggingface_hub",
+    "msgspec", "yaml", "safetensors", "gguf",
+}  # fmt: skip
+IMPORT_NAMES = {"pyzmq": "zmq", "pyyaml": "yaml", "math-verify": "math_verify"}
+ENGINES = ("vllm", "sglang")
+# A fresh interpreter whose imports of the refused top-level packages fail, as in a venv
+# without them (sys.argv[1]: their names, comma-separated); then the code under test.
+REFUSING = """\
+import sys
+
+REFUSED = set(sys.argv[1].split(","))
+
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in REFUSED:
+            raise ModuleNotFoundError(f"No module named {name!r} (refused: not in the venv)")
+
+
+sys.meta_path.insert(0, Refuse())
+"""
+
+
+def _requirement_names() -> set[str]:
+    """The import names of streamrl's dependencies and optional extras (``pyproject.toml``)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = list(project["dependencies"])
+    specs += [s for extra in project["optional-dependencies"].values() for s in extra]
+    names = {re.match(r"[A-Za-z0-9_.-]+", s).group().lower() for s in specs}
+    return {IMPORT_NAMES.get(n, n.replace("-", "_")) for n in names}
+
+
+def _not_in_peer_venv() -> list[str]:
+    dev = {"pytest", "pytest_timeout", "ruff", "httpx", "psutil", "matplotlib"}
+    return sorted((_requirement_names() | set(ENGINES)) - PEER_VENV - dev)
+
+
+def _run_refusing(refused: list[str], code: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSING + code, ",".join(refused)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    assert done.returncode == 0, f"refusing {refused}: {last}\n{done.stderr[-3000:]}"
+
+
+def _peer_imports() -> list[tuple[str, list[str]]]:
+    """(module, names) of every streamrl import in the TRL peer (function-local ones too), and
+    the modules ``scripts/trl_venv.sh`` checks it can import."""
+    found = []
+    for node in ast.walk(ast.parse(TRL_PEER.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("streamrl"):
+            found.append((node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names if a.name.startswith("streamrl")]
+    checked = re.findall(r"^import (streamrl\..*)$", TRL_VENV.read_text(), re.MULTILINE)
+    found += [(m.strip(), []) for line in checked for m in line.split(",")]
+    return found
+
+
+def test_the_peer_venv_is_what_the_rule_refuses_around() -> None:
+    """The refused packages are real: the ones issue 53 met (cloudpickle) among them, and
+    none the peer venv installs; the peer's imports were read from both files."""
+    refused = _not_in_peer_venv()
+    assert {"cloudpickle", "ray", "zmq", "wandb", "vllm"} <= set(refused)
+    assert not set(refused) & PEER_VENV
+    modules = {m for m, _ in _peer_imports()}
+    assert {"streamrl.rewards", "streamrl.models", "streamrl.evaluation"} <= modules
+
+
+def test_the_trl_peer_and_its_rewards_import_without_what_its_venv_lacks() -> None:
+    """Every streamrl name the peer imports loads, and the default job's rule rewards resolve
+    and score a response, with streamrl's other dependencies refused (rule 6)."""
+    code = f"""
+import importlib
+for module, names in {_peer_imports()!r}:
+    loaded = importlib.import_module(module)
+    for name in names:
+        getattr(loaded, name)
+from streamrl.config import default_config_path, load_config
+from streamrl.rewards import CombinedReward, RewardInput, check_rewards
+config = load_config(default_config_path())
+check_rewards(config.rewards)
+assert CombinedReward(config.rewards)(RewardInput("12 + 8 = 20", [], "20", prompt_text="12 + 8"))
+"""
+    _run_refusing(_not_in_peer_venv(), code)
+
+
+def test_validate_runs_without_torch_or_what_the_peer_venv_lacks() -> None:
+    """``streamrl validate`` of a shipped job runs with torch refused too (rule 6)."""
+    code = "from streamrl.cli import main\nassert main(['validate', 'configs/tiny.yaml']) == 0\n"
+    _run_refusing([*_not_in_peer_venv(), "torch"], code)
 
 
 # ----------------------------------------------------------------- §N references

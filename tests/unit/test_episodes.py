@@ -3,7 +3,7 @@ sampled and what the environment said, turn after turn, and every way an episode
 an ending, never an exception. The engine here is mostly a test double that answers from a
 script (the real engines run episodes in tests/integration/test_train_step.py and the launch
 test); the tokenizer is the tiny model's real one. The contract's last test plays episodes
-on the HF engine over every architecture of ``streamrl.tiny_models`` (Gemma3's
+on the HF engine over every architecture of ``streamrl.models.tiny`` (Gemma3's
 sliding-window layers, Phi-3's fused qkv, Qwen3-MoE's experts), against the learner's
 forward."""
 
@@ -21,9 +21,9 @@ from support import learner_logprobs
 from streamrl.config import EnvConfig, load_config
 from streamrl.envs.base import Environment, StepResult
 from streamrl.models import TINY, load_causal_lm, load_tokenizer, resolve_model, stop_token_ids
+from streamrl.models.tiny import ARCHITECTURES
 from streamrl.protocol import Trajectory, TrajectoryGroup
 from streamrl.tasks.base import Prompt
-from streamrl.tiny_models import ARCHITECTURES
 from streamrl.workers.engines.base import Engine, EngineArgs, GenerationOutput, SamplingParams
 from streamrl.workers.engines.hf import HFEngine
 from streamrl.workers.episodes import EnvCalls, EpisodeRunner, TurnRenderer, play, start_episodes

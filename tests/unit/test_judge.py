@@ -14,7 +14,7 @@ import pytest
 
 from streamrl.config import JudgeSpec
 from streamrl.models import SMOLLM2, TINY, resolve_model
-from streamrl.scorer import ScoreItem
+from streamrl.rewards.scorer import ScoreItem
 from streamrl.workers.engines.registry import resolve_engine
 from streamrl.workers.judge import JudgeScorer, fill_template, parse_number
 
@@ -151,7 +151,7 @@ def test_number_judge_on_the_hf_engine() -> None:
 @pytest.mark.slow  # vLLM starts its process group
 def test_number_judge_on_the_vllm_engine() -> None:
     pytest.importorskip("vllm", reason="vLLM is not installed (./scripts/setup.sh --with-vllm)")
-    # Heads of 32: vLLM's CPU attention has no kernel below 32 (streamrl/tiny_models.py).
+    # Heads of 32: vLLM's CPU attention has no kernel below 32 (streamrl/models/tiny.py).
     scores = _number_judge_scores("vllm", TINY, tiny_hidden=128)
     assert len(scores) == len(ITEMS)
     assert all(s is None or (isinstance(s, float) and 0.0 <= s <= 1.0) for s in scores)

@@ -1,7 +1,7 @@
 """LoRA's pieces without a run: settings, the checks before any role starts, version 0 of the
-adapters, the generators' merge and the learner's merged forward (``streamrl.lora``,
+adapters, the generators' merge and the learner's merged forward (``streamrl.models.lora``,
 ``workers.lora_forward``), on the tiny random Llama; the merge and the checks on every
-architecture of ``streamrl.tiny_models`` too (Phi-3's fused qkv_proj/gate_up_proj, tied
+architecture of ``streamrl.models.tiny`` too (Phi-3's fused qkv_proj/gate_up_proj, tied
 heads of Qwen2 and Gemma3, Qwen3-MoE's fused experts)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from streamrl.config import ConfigError, load_config
-from streamrl.lora import (
+from streamrl.models import TINY, load_causal_lm, resolve_model
+from streamrl.models.lora import (
     ADAPTER_FILE,
     AdapterSettings,
     LoraMerge,
@@ -28,8 +29,7 @@ from streamrl.lora import (
     uses_lora,
     write_initial_adapter,
 )
-from streamrl.models import TINY, load_causal_lm, resolve_model
-from streamrl.tiny_models import ARCHITECTURES
+from streamrl.models.tiny import ARCHITECTURES
 from streamrl.workers.lora_forward import merge_in_forward
 
 SETTINGS = AdapterSettings(r=4, alpha=8.0, target_modules="all-linear")

@@ -1,4 +1,5 @@
-"""``streamrl.math_answers``: math-verify behind the math rewards, on and off the main thread."""
+"""``streamrl.rewards.math_answers``: math-verify behind the math rewards, on and off the main
+thread."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ from typing import Any
 import pytest
 
 from streamrl.config import ConfigError, RewardSpec
-from streamrl.math_answers import (
+from streamrl.rewards import CombinedReward, RewardInput, check_rewards, resolve_reward
+from streamrl.rewards.math_answers import (
     boxed_answer,
     gsm8k_answer,
     math_equal,
     math_exact,
     require_math_verify,
 )
-from streamrl.rewards import CombinedReward, RewardInput, check_rewards, resolve_reward
 
 needs_math_verify = pytest.mark.skipif(
     importlib.util.find_spec("math_verify") is None, reason="math-verify is not installed"

@@ -1,4 +1,4 @@
-"""How ``model.name`` resolves (streamrl/models.py) without a hub: the checks of a model
+"""How ``model.name`` resolves (streamrl/models/) without a hub: the checks of a model
 directory, which names are hub ids, which hub files are fetched, and a ``.gguf`` file's cache.
 The hub itself is tests/integration/test_hub_model.py's."""
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from streamrl import models
-from streamrl.models import ModelNotFoundError, check_model, check_model_dir, resolve_model
+from streamrl.models import ModelNotFoundError, check_model, check_model_dir, hub, resolve_model
+from streamrl.models import gguf as gguf_source
 
 
 def _model_dir(path: Path, config: dict, *tokenizer_files: str) -> Path:
@@ -131,18 +132,16 @@ def test_the_hub_files_a_causal_lm_needs() -> None:
         "vocab.json",
     ]
     shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
-    assert models._hub_files("o/m", files, None, weights=True) == sorted(
-        tokenizer_and_config + shards
-    )
-    assert models._hub_files("o/m", files, None, weights=False) == tokenizer_and_config
+    assert hub.hub_files("o/m", files, None, weights=True) == sorted(tokenizer_and_config + shards)
+    assert hub.hub_files("o/m", files, None, weights=False) == tokenizer_and_config
     # Safetensors under other names: all of the top level's.
-    assert models._hub_files("o/m", ["config.json", "weights.safetensors"], None, True) == [
+    assert hub.hub_files("o/m", ["config.json", "weights.safetensors"], None, True) == [
         "config.json",
         "weights.safetensors",
     ]
     message = _one_line(
         "has no safetensors weights",
-        models._hub_files,
+        hub.hub_files,
         "o/m",
         ["config.json", "pytorch_model.bin", "sub/model.safetensors"],
         "v1",
@@ -160,7 +159,7 @@ def test_a_gguf_file_converts_once_per_version(tmp_path: Path, monkeypatch) -> N
         (out / "config.json").write_text('{"model_type": "llama"}')
         (out / "tokenizer.json").write_text(gguf.read_text())
 
-    monkeypatch.setattr(models, "_convert_gguf", convert)
+    monkeypatch.setattr(gguf_source, "convert_gguf", convert)
     monkeypatch.setenv("STREAMRL_HOME", str(tmp_path / "home"))
     gguf = tmp_path / "My-Model.Q4_K_M.gguf"
     gguf.write_text("v1")
@@ -179,7 +178,7 @@ def test_a_gguf_file_converts_once_per_version(tmp_path: Path, monkeypatch) -> N
     def fail(gguf: Path, out: Path) -> None:
         raise ValueError("GGUF model with architecture\nfoo is not supported yet.")
 
-    monkeypatch.setattr(models, "_convert_gguf", fail)
+    monkeypatch.setattr(gguf_source, "convert_gguf", fail)
     gguf.write_text("v3, longer still")
     message = _one_line("transformers cannot convert this GGUF", resolve_model, str(gguf))
     assert message.endswith("GGUF model with architecture foo is not supported yet.")

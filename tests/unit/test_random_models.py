@@ -13,7 +13,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from streamrl import models
-from streamrl.models import RANDOM_MODELS, ModelNotFoundError, random_model_config, resolve_model
+from streamrl.models import (
+    RANDOM_MODELS,
+    ModelNotFoundError,
+    builtin,
+    random_model_config,
+    resolve_model,
+)
 
 
 def meta_params(name: str) -> int:
@@ -74,7 +80,7 @@ def test_names_resolve_to_their_own_directory(
         (out / "config.json").write_text("{}")
 
     monkeypatch.setenv("STREAMRL_HOME", str(tmp_path))
-    monkeypatch.setattr(models, "_build_random_llama", fake_build)
+    monkeypatch.setattr(builtin, "_build_random_llama", fake_build)
     for name in RANDOM_MODELS:
         assert resolve_model(name) == tmp_path / "models" / name
         assert resolve_model(name) == tmp_path / "models" / name  # cached: not rebuilt

@@ -1,4 +1,4 @@
-"""Several rewards into one (streamrl.reward_mix): weights and normalisation against hand
+"""Several rewards into one (streamrl.rewards.mix): weights and normalisation against hand
 computations."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from streamrl.config import load_config
-from streamrl.reward_mix import RewardMix, impute
+from streamrl.rewards.mix import RewardMix, impute
 
 
 def test_two_scorers_weighted_with_group_normalisation_match_the_hand_computation() -> None:

@@ -1,4 +1,5 @@
-"""Sequence-classification reward models (``streamrl.reward_model``) on ``tiny-random-reward``:
+"""Sequence-classification reward models (``streamrl.rewards.model``,
+``model_training``) on ``tiny-random-reward``:
 the one text a (question, response) is scored as, scores that do not depend on the batch,
 the weights' hash, refused inputs, Bradley-Terry training that learns a separable
 preference, pairs made from a logged run, and ``streamrl rm``."""
@@ -22,21 +23,23 @@ from streamrl.config import default_config_path, load_config, to_yaml
 from streamrl.data import prompt_stream
 from streamrl.models import load_tokenizer, resolve_model
 from streamrl.protocol import Trajectory, TrajectoryGroup
-from streamrl.reward_model import (
-    Pair,
+from streamrl.rewards import RewardInput, numeric_match
+from streamrl.rewards.model import (
     RewardModelScorer,
     load_reward_model,
-    pairs_from_run,
-    read_pairs,
     reward_ids,
     reward_text,
+    weights_hash,
+)
+from streamrl.rewards.model_training import (
+    Pair,
+    pairs_from_run,
+    read_pairs,
     split_by_question,
     train_reward_model,
-    weights_hash,
     write_pairs,
 )
-from streamrl.rewards import RewardInput, numeric_match
-from streamrl.scorer import ScoreItem
+from streamrl.rewards.scorer import ScoreItem
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_RM = "tiny-random-reward"

@@ -15,8 +15,8 @@ import zmq
 
 from streamrl.config import Config, RewardSpec, ScoringConfig
 from streamrl.protocol import RewardRoleReport, ScoreItemWire, ScoreReply, ScoreRequest
+from streamrl.rewards.scorer import ScoreItem
 from streamrl.role_specs import RewardRoleSpec
-from streamrl.scorer import ScoreItem
 from streamrl.workers import reward_role
 
 ENC = msgspec.msgpack.Encoder()

@@ -5,7 +5,7 @@ died on is refused, and an exception answers only the requests that raise."""
 from __future__ import annotations
 
 from streamrl.protocol import ScoreItemWire, ScoreRequest
-from streamrl.scorer import ScoreItem
+from streamrl.rewards.scorer import ScoreItem
 from streamrl.workers.score_queue import RequestQueue, score_batch
 
 

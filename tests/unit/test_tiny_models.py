@@ -1,4 +1,4 @@
-"""The small random models of ``streamrl.tiny_models``: each resolves by name to a directory
+"""The small random models of ``streamrl.models.tiny``: each resolves by name to a directory
 of its own architecture, keeps what sets that architecture apart from Llama, is built once,
 and an engine that cannot serve one says so at launch, in one line."""
 
@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from streamrl.config import GeneratorConfig
 from streamrl.models import TINY, ModelNotFoundError, build_char_tokenizer, resolve_model
-from streamrl.tiny_models import ARCHITECTURES, ENGINES_SERVING
+from streamrl.models.tiny import ARCHITECTURES, ENGINES_SERVING
 from streamrl.workers.engines import EngineUnavailable, check_engine
 from streamrl.workers.engines.vllm_engine import streamed_names_not_in_checkpoint
 
@@ -69,18 +69,18 @@ def test_each_keeps_what_sets_its_architecture_apart() -> None:
 
 
 def test_built_once_and_the_same_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
-    from streamrl import tiny_models
+    from streamrl.models import tiny
 
     first = resolve_model("tiny-random-qwen3")
     weights = (first / "model.safetensors").read_bytes()
-    monkeypatch.setattr(tiny_models, "_build", lambda *a: pytest.fail("rebuilt"))
+    monkeypatch.setattr(tiny, "_build", lambda *a: pytest.fail("rebuilt"))
     assert resolve_model("tiny-random-qwen3") == first
     assert (first / "model.safetensors").read_bytes() == weights
     assert resolve_model(TINY) != first  # the tiny Llama is its own
 
 
 def test_a_seeded_build_is_bit_identical(tmp_path: Path) -> None:
-    from streamrl.tiny_models import _build, tiny_config
+    from streamrl.models.tiny import _build, tiny_config
 
     model_type, fields = tiny_config("tiny-random-phi3")
     _build(tmp_path, model_type, fields)

@@ -13,10 +13,10 @@ identical weights. Each keeps what sets its architecture apart from Llama:
 - ``tiny-random-phi3``: fused ``qkv_proj`` and ``gate_up_proj`` in the checkpoint itself;
 - ``tiny-random-qwen3-moe``: sparse MoE layers (4 experts, top-2, a router per layer); LoRA
   adapts its attention only (``all-linear`` reaches the fused experts: refused at launch,
-  ``streamrl.lora.adapter_shapes``).
+  ``streamrl.models.lora.adapter_shapes``).
 
 ``tiny-random-reward`` is the odd one out: a reward model (``LlamaForSequenceClassification``
-with one label, ``pad_token_id`` set, float32) for ``streamrl.reward_model``'s tests. It is
+with one label, ``pad_token_id`` set, float32) for ``streamrl.rewards.model``'s tests. It is
 kept out of ``ARCHITECTURES``, the causal LMs that every engine and learner test runs.
 
 Every one has heads of 32 (vLLM's CPU attention has no kernel below 32), hidden size 64 and
@@ -32,6 +32,15 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Any
+
+from streamrl.models.store import (
+    TINY,
+    ModelNotFoundError,
+    build_char_tokenizer,
+    char_token_ids,
+    publish_atomically,
+    streamrl_home,
+)
 
 PREFIX = "tiny-random-"
 # The fields every architecture shares (the char tokenizer's 100 tokens, heads of 32).
@@ -104,8 +113,6 @@ def is_tiny(name: str) -> bool:
 
 def tiny_config(name: str) -> tuple[str, dict[str, Any]]:
     """The model_type and config fields of ``name`` (the char tokenizer's special ids in)."""
-    from streamrl.model_store import TINY, ModelNotFoundError, char_token_ids
-
     if name not in ARCHITECTURES:
         known = ", ".join([TINY, *ARCHITECTURES, REWARD_MODEL])
         raise ModelNotFoundError(f"model {name!r} is not a tiny random model ({known})")
@@ -115,8 +122,6 @@ def tiny_config(name: str) -> tuple[str, dict[str, Any]]:
 
 def tiny_dir(name: str) -> Path:
     """The model directory of ``name``, built on first use (atomically: safe under races)."""
-    from streamrl.model_store import char_token_ids, publish_atomically, streamrl_home
-
     if name == REWARD_MODEL:
         fields = {**_COMMON, **_REWARD_FIELDS, **char_token_ids()}
         spec: dict[str, Any] = {"type": "llama", "fields": fields, "head": "score", "v": 1}
@@ -134,8 +139,6 @@ def _build(out: Path, model_type: str, fields: dict[str, Any]) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from streamrl.model_store import build_char_tokenizer
-
     tokenizer = build_char_tokenizer()
     config = AutoConfig.for_model(model_type, **fields)
     torch.manual_seed(0)
@@ -151,8 +154,6 @@ def _build_reward(out: Path, fields: dict[str, Any]) -> None:
     sequence's last token in a right-padded batch."""
     import torch
     from transformers import AutoModelForSequenceClassification, LlamaConfig
-
-    from streamrl.model_store import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     torch.manual_seed(0)

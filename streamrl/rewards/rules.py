@@ -1,8 +1,4 @@
-"""Rule-based reward verifiers: a registry of named functions plus ``module:function`` plugins.
-
-A reward function takes a ``RewardInput`` and keyword arguments from the config and returns a
-float. Several rewards combine as a weighted sum (``rewards:`` in the config). Everything is
-resolved when the config loads, so a typo fails before any process starts.
+"""The built-in rule rewards, each registered by its name (``streamrl.rewards`` lists them).
 
 The answer a response states (``stated_number``) is the one the held-out check reads
 (``evaluation.first_line_answer``), in code of its own so that a bug here cannot inflate the
@@ -15,65 +11,16 @@ over one table. Where a reward reads more on purpose it says so (``numeric_match
 
 from __future__ import annotations
 
-import logging
 import re
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from streamrl.config import ConfigError, RewardSpec
-from streamrl.math_answers import boxed_answer, gsm8k_answer, math_equal, require_math_verify
-from streamrl.plugins import load_named
+from streamrl.rewards.base import RewardInput, register, resolve_reward
+from streamrl.rewards.math_answers import boxed_answer, gsm8k_answer, math_equal
 from streamrl.tasks import countdown as countdown_task
 from streamrl.tasks import expression
 from streamrl.tasks import reasoning_gym as gym_task
-
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RewardInput:
-    response_text: str
-    response_ids: list[int]
-    ground_truth: str
-    data_source: str = ""
-    # The question (the prompt's last user message); "" when the caller does not pass it.
-    prompt_text: str = ""
-    # "stop" (the model ended it), "length" (cut at the token limit) or "abort"; "" unknown.
-    finish_reason: str = ""
-    # The prompt's ``metadata`` (e.g. a reasoning-gym entry's, which its verifier reads).
-    metadata: dict[str, Any] | None = None
-
-    @classmethod
-    def of(
-        cls, prompt: Any, text: str, response_ids: list[int], finish_reason: str = ""
-    ) -> RewardInput:
-        """What a reward sees of one response to ``prompt`` (a ``data.Prompt``): training and
-        evaluation build it here alike, the question included (``equation_form`` reads it)."""
-        return cls(
-            text,
-            response_ids,
-            prompt.ground_truth,
-            prompt.data_source,
-            prompt.question,
-            finish_reason=finish_reason,
-            metadata=getattr(prompt, "metadata", None),
-        )
-
-
-RewardFn = Callable[..., float]
-REWARDS: dict[str, RewardFn] = {}
-
-
-def register(name: str) -> Callable[[RewardFn], RewardFn]:
-    def wrap(fn: RewardFn) -> RewardFn:
-        REWARDS[name] = fn
-        return fn
-
-    return wrap
-
 
 # "-7", "+42", "1,024", "2.5"; "4,2" is the number 4 (module doc).
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
@@ -351,86 +298,3 @@ def reasoning_gym(
     ``tasks.reasoning_gym.response_answer``); part credit where the task gives it; 0 for a
     prompt of another source."""
     return gym_task.score(sample.response_text, sample.metadata, answer, strip_equation)
-
-
-def resolve_reward(name: str) -> RewardFn:
-    if name in REWARDS:
-        return REWARDS[name]
-    if ":" in name:
-        fn = load_named(name, "reward")
-        if not callable(fn):
-            raise ConfigError(f"reward {name!r} is not callable")
-        return fn
-    raise ConfigError(f"unknown reward {name!r}: use one of {sorted(REWARDS)} or module:function")
-
-
-class RuleError(Exception):
-    """A rule reward raised scoring a response; its message is one line naming the rule."""
-
-
-class CombinedReward:
-    """The job's rule rewards (``rewards:`` entries with a ``name``; model rewards and judges
-    are served by reward roles, ``workers.scoring``): each one's score of a response.
-
-    Two readings of a failing rule. Training (``checked_scores``, run by the generator's rule
-    worker, ``workers.rule_worker``) raises ``RuleError``, and the group is refused and
-    counted as a served reward's error is: a 0 beside real scores would be a wrong reward
-    the learner trains on. The held-out check (``scores``, ``__call__``) scores the failure
-    0, a wrong answer, and counts it in ``errors`` (the first is logged)."""
-
-    def __init__(self, specs: list[RewardSpec]) -> None:
-        self.parts: list[tuple[str, RewardFn, float, dict[str, Any]]] = [
-            (s.name, resolve_reward(s.name), s.weight, dict(s.args)) for s in specs if not s.served
-        ]
-        self.errors = 0
-
-    def checked_scores(self, sample: RewardInput) -> list[float]:
-        """Each rule's score of ``sample``, unweighted, in config order; ``RuleError`` (one
-        line: the rule's name, the exception) for the first rule that raises."""
-        out = []
-        for name, fn, _, kwargs in self.parts:
-            try:
-                out.append(float(fn(sample, **kwargs)))
-            except Exception as exc:  # a user's rule: whatever it raises refuses its group
-                why = " ".join(f"{type(exc).__name__}: {exc}".split())
-                raise RuleError(f"reward {name!r} raised {why}") from exc
-        return out
-
-    def scores(self, sample: RewardInput) -> list[float]:
-        """``checked_scores``, with a rule that raises scored 0 and counted (class doc)."""
-        out = []
-        for name, fn, _, kwargs in self.parts:
-            try:
-                out.append(float(fn(sample, **kwargs)))
-            except Exception:  # a user plugin bug must not kill the evaluation
-                if not self.errors:  # once: the counts are on every report
-                    log.exception("reward %r raised; scored 0 (counted in reward_errors)", name)
-                self.errors += 1
-                out.append(0.0)
-        return out
-
-    def __call__(self, sample: RewardInput) -> float:
-        return sum(w * v for (_, _, w, _), v in zip(self.parts, self.scores(sample), strict=True))
-
-
-# Built-in rewards that compare by math-verify (the extra ``streamrl[math]``).
-_NEEDS_MATH_VERIFY = ("boxed_math", "gsm8k")
-
-
-def check_rewards(specs: list[RewardSpec]) -> None:
-    """Every reward resolves, and a built-in one accepts its ``args`` (probed on one sample,
-    so ``scale: 0`` or a misspelt argument fails at load, not as counted errors mid-run)."""
-    for spec in specs:
-        if spec.served:  # a reward model or a judge: its role checks it (workers.reward_role)
-            continue
-        fn = resolve_reward(spec.name)
-        if "after" in spec.args:  # a reward gated on another (``stopped``) names it
-            resolve_reward(str(spec.args["after"]))
-        for name in (spec.name, str(spec.args.get("after", ""))):
-            if name in _NEEDS_MATH_VERIFY:
-                require_math_verify(f"the reward {name!r}")
-        if spec.name in REWARDS:
-            try:
-                fn(RewardInput("1", [], "1", finish_reason="stop"), **spec.args)
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"reward {spec.name!r} args {dict(spec.args)}: {exc}") from None

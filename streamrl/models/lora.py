@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamrl.config import Config, ConfigError
+from streamrl.models.load import load_bf16_image
 
 if TYPE_CHECKING:
     import torch
@@ -358,8 +359,6 @@ class LoraMerge:
     def __init__(
         self, model_dir: Path, adapters: dict[str, torch.Tensor], settings: AdapterSettings
     ) -> None:
-        from streamrl.models import load_bf16_image
-
         self.scale = settings.scale
         self.layers = sorted({layer_of(name) for name in adapters})
         base = load_bf16_image(model_dir)
