@@ -13,15 +13,16 @@ memory bandwidth: a second decoder on the idle core slows the first). It also ru
 ``SCHED_IDLE`` on every core of the run, so it never takes a core another role wants. At the
 end of the run (the gate open, everything else idle) it has the machine to itself.
 
-Pipe messages, generator -> process: ``("clock", LearnerClockInfo)``, ``("eval", version,
-epoch, final, unseen)``, ``None`` (close). Process -> generator: ``("ready",)``,
-``("result", version, epoch, EvalResult, held_epoch)``, ``("abandoned", version, epoch)``.
+Pipe messages are msgspec Structs, one tagged union per direction, msgpack-encoded (no
+pickle on the pipe): generator -> process ``ToProcess`` (``ClockNews``, ``EvalAsk``,
+``Close``), process -> generator ``FromProcess`` (``Ready``, ``Evaluated``, ``Abandoned``).
 The process ends with its generator: an end of the pipe, or the parent's death (Linux's
 parent-death signal), ends it.
 
-Example: generator 0 told to evaluate v10 sends ``("eval", 10, 0, False, False)`` and goes
-on sampling; the process applies versions up to 10 from its own subscriber, evaluates, and
-sends the result, which generator 0 forwards to the controller as an ``EvalReport``.
+Example: generator 0 told to evaluate v10 sends ``EvalAsk(10, 0, final=False, unseen=False)``
+and goes on sampling; the process applies versions up to 10 from its own subscriber,
+evaluates, and sends ``Evaluated(10, 0, result, held_epoch=0)``, which generator 0 forwards
+to the controller as an ``EvalReport`` (``workers.generator_evaluations``).
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ import logging
 import multiprocessing
 import os
 import signal
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from streamrl.evaluation import EvalResult
 from streamrl.protocol import GeneratorActivity, LearnerClockInfo
 from streamrl.role_specs import GeneratorSpec
 
@@ -49,12 +50,50 @@ PR_SET_PDEATHSIG = 1
 EVAL_SUBSCRIBER_BASE = 1_000_000
 
 
-@dataclass
-class _Ask:
+class ClockNews(msgspec.Struct, tag="clock"):
+    """The learner clock as generator 0 last heard it (sent when it changes)."""
+
+    clock: LearnerClockInfo
+
+
+class EvalAsk(msgspec.Struct, tag="eval", frozen=True):
+    """Evaluate ``version`` of learner epoch ``epoch``; ``unseen``: also in the wording
+    training never uses. Asked twice while waiting: answered once."""
+
     version: int
     epoch: int
     final: bool
     unseen: bool
+
+
+class Close(msgspec.Struct, tag="close"):
+    """Generator 0 is leaving: the process ends."""
+
+
+class Ready(msgspec.Struct, tag="ready"):
+    """The process loaded its engine and the held-out set."""
+
+
+class Evaluated(msgspec.Struct, tag="result"):
+    """The answer to ``EvalAsk(version, epoch)``; ``held_epoch``: the epoch of the weights
+    evaluated."""
+
+    version: int
+    epoch: int
+    result: EvalResult
+    held_epoch: int
+
+
+class Abandoned(msgspec.Struct, tag="abandoned"):
+    """``EvalAsk(version, epoch)`` cannot be answered: that epoch's weights are gone (the
+    learner group restarted); the controller asks again."""
+
+    version: int
+    epoch: int
+
+
+ToProcess = ClockNews | EvalAsk | Close
+FromProcess = Ready | Evaluated | Abandoned
 
 
 def _idle_priority(cores: list[int] | None) -> str:
@@ -103,19 +142,25 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
     torch.set_num_threads(1)
     install_callables(spec.callables)
     config = spec.config
-    inline = msgspec.structs.replace(config.weights, apply_in_background=False)
-    config = msgspec.structs.replace(config, weights=inline)
-    spec = msgspec.structs.replace(spec, config=config)
     model_dir = Path(spec.model_dir)
     tokenizer = load_tokenizer(model_dir)
     engine = build_engine(config, model_dir, spec.generator_id, resolve_host(spec.bind_host))
     ctx = zmq.Context()
     sub_spec = msgspec.structs.replace(spec, generator_id=EVAL_SUBSCRIBER_BASE + spec.generator_id)
-    weights = GeneratorWeights(ctx, engine, sub_spec, GeneratorActivity(), lambda: None)
+    # Its own copy of the weights moves only when an evaluation asks, on its one core: on
+    # this thread between evaluations, not on a weight thread beside an engine.
+    weights = GeneratorWeights(
+        ctx, engine, sub_spec, GeneratorActivity(), lambda: None, background=False
+    )
     eval_set = eval_prompts(config)
     log.info("evaluation process %d ready (%s, cores %s)", os.getpid(), policy, spec.slack_cores)
-    conn.send(("ready",))
-    asked: list[_Ask] = []  # in the order asked: each is answered, none skipped
+    encoder, decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(ToProcess)
+
+    def send(message: FromProcess) -> None:
+        conn.send_bytes(encoder.encode(message))
+
+    send(Ready())
+    asked: list[EvalAsk] = []  # in the order asked: each is answered, none skipped
     every = max(config.eval.every, 1)
 
     def wait_for_slack(_engine: object = None) -> None:
@@ -128,14 +173,12 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
         while True:
             wait_for_slack()
             while conn.poll(0):
-                message = conn.recv()
-                if message is None:
-                    return
-                if message[0] == "clock":
-                    weights.follow_clock(message[1])
-                elif message[0] == "eval":
-                    ask = _Ask(*message[1:])
-                    if ask not in asked:  # asked again while waiting: answered once
+                match decoder.decode(conn.recv_bytes()):
+                    case Close():
+                        return
+                    case ClockNews(clock=clock):
+                        weights.follow_clock(clock)
+                    case EvalAsk() as ask if ask not in asked:  # asked again: answered once
                         asked.append(ask)
             # The exact weights of the next evaluation: the version asked, else the next one
             # the schedule will ask for (the ask comes after the learner published it). The
@@ -145,14 +188,14 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
             if asked:
                 ask = asked[0]
                 if ask.epoch < weights.weights_epoch:  # those weights are gone
-                    conn.send(("abandoned", ask.version, ask.epoch))
+                    send(Abandoned(ask.version, ask.epoch))
                     asked.pop(0)
                     continue
                 if weights.held_epoch == ask.epoch and engine.version >= ask.version:
                     result = evaluate_held_out(
                         engine, tokenizer, config, eval_set, ask.unseen, wait_for_slack
                     )
-                    conn.send(("result", ask.version, ask.epoch, result, weights.held_epoch))
+                    send(Evaluated(ask.version, ask.epoch, result, weights.held_epoch))
                     asked.pop(0)
                     continue
             weights.subscriber.wait(0.05)
@@ -165,7 +208,10 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
 
 
 class SlackEvaluator:
-    """Generator 0's handle on its evaluation process (module doc)."""
+    """Generator 0's handle on its evaluation process (module doc): an ``EvalProcess``
+    (``workers.generator_evaluations``) whose asks go to the process."""
+
+    in_process = True  # evaluations run out of generator 0's loop
 
     def __init__(self, spec: GeneratorSpec) -> None:
         mp = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked threads
@@ -179,10 +225,20 @@ class SlackEvaluator:
         child.close()
         self.ready = False
         self._clock: LearnerClockInfo | None = None
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(FromProcess)
         log.info("generator[%d]: evaluation process %d", spec.generator_id, self.process.pid)
 
     def alive(self) -> bool:
         return self.process.is_alive()
+
+    def exited(self) -> bool:
+        """The process is gone (it crashed or was killed): generator 0 evaluates inline."""
+        return not self.process.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
 
     def open(self) -> None:
         """Generator 0 stopped sampling (it waits, or the run ends): the process may work."""
@@ -195,38 +251,38 @@ class SlackEvaluator:
     def follow_clock(self, clock: LearnerClockInfo) -> None:
         if clock != self._clock and self.alive():
             self._clock = clock
-            self._send(("clock", clock))
+            self._send(ClockNews(clock))
 
     def ask(self, version: int, epoch: int, final: bool, unseen: bool) -> bool:
         """Ask for an evaluation (after those asked before); False if the process is gone."""
-        return self._send(("eval", version, epoch, final, unseen))
+        return self._send(EvalAsk(version, epoch, final, unseen))
 
-    def take(self, timeout_s: float = 0.0) -> list[tuple[Any, ...]]:
-        """The messages waiting (after up to ``timeout_s`` for the first)."""
-        out: list[tuple[Any, ...]] = []
+    def take(self, timeout_s: float = 0.0) -> list[Evaluated | Abandoned]:
+        """The answers waiting (after up to ``timeout_s`` for the first)."""
+        out: list[Evaluated | Abandoned] = []
         try:
             if not self._conn.poll(timeout_s):
                 return out
             while self._conn.poll(0):
-                message = self._conn.recv()
-                if message[0] == "ready":
+                message = self._decoder.decode(self._conn.recv_bytes())
+                if isinstance(message, Ready):
                     self.ready = True
                 else:
                     out.append(message)
         except (EOFError, OSError):
-            pass  # the process died: alive() says so
+            pass  # the process died: exited() says so
         return out
 
-    def _send(self, message: object) -> bool:
+    def _send(self, message: ToProcess) -> bool:
         try:
-            self._conn.send(message)
+            self._conn.send_bytes(self._encoder.encode(message))
             return True
         except (BrokenPipeError, OSError):
             return False
 
     def close(self, timeout_s: float = 10.0) -> None:
         self.gate.set()
-        self._send(None)
+        self._send(Close())
         self.process.join(timeout_s)
         if self.process.is_alive():
             self.process.kill()  # by its pid: ours

@@ -136,7 +136,7 @@ def generator_report(
     sampler: Sampler,
     groups_pushed: int,
     timers: GeneratorActivity,
-    scoring: ScoringFigures | None = None,
+    scoring: ScoringFigures,
 ) -> GeneratorReport:
     """The generator's figures now, read from the parts that own them."""
     sub, episodes = weights.subscriber, sampler.episodes
@@ -166,5 +166,5 @@ def generator_report(
         outcome_indices=[index for index, _ in sampler.outcomes],
         outcome_flat=[flat for _, flat in sampler.outcomes],
         outcomes_total=sampler.outcomes_total,
-        scoring=scoring if scoring is not None else ScoringFigures(),
+        scoring=scoring,  # the delivery part's (``NoScoring``: all zero)
     )

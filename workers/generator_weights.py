@@ -7,7 +7,7 @@ epoch of the weights the engine holds: behind ``weights_epoch`` from a learner r
 the new group's anchors land). The subscriber (``workers.subscriber``) assembles versions;
 ``poll`` hands each new one to the engine, between decode steps when in-flight updates are on.
 
-Off the decode path (``weights.apply_in_background``, docs/design.md §4): a weight thread
+Off the decode path (``background``, docs/design.md §4): a weight thread
 owns the subscriber. It receives, decodes and verifies each version into its own image, and
 has the engine prepare it (``Engine.prepare_weights``: for the HF engine new tensors and
 their packed copies); ``poll`` on the generator's thread only adopts what is prepared, a swap
@@ -41,8 +41,8 @@ from pathlib import Path
 import torch
 import zmq
 
-from streamrl.lora import LoraMerge, adapter_settings, is_base, load_adapter_image
 from streamrl.models import load_bf16_image
+from streamrl.models.lora import LoraMerge, adapter_settings, is_base, load_adapter_image
 from streamrl.protocol import GeneratorActivity, LearnerClockInfo
 from streamrl.role_specs import GeneratorSpec
 from streamrl.workers.engines import Engine
@@ -75,6 +75,7 @@ class GeneratorWeights:
         timers: GeneratorActivity,
         on_applied: Callable[[], None],
         progress: Progress | None = None,
+        background: bool = True,
     ) -> None:
         self.ctx, self.engine, self.generator_id = ctx, engine, spec.generator_id
         # Each version adopted is a step; a wait for a version the learner has published is
@@ -83,7 +84,7 @@ class GeneratorWeights:
         self._endpoints = (spec.publisher_endpoints, spec.anchor_endpoints)  # one per rank
         self._anchor_timeout_s = spec.config.weights.anchor_timeout_s
         self.timers, self.on_applied = timers, on_applied
-        self.background = spec.config.weights.apply_in_background
+        self.background = background
         self.learner_version = 0
         self.weights_epoch = 0
         # The evaluation process's target: the subscriber goes no further than this, and the
@@ -97,7 +98,7 @@ class GeneratorWeights:
         # learner restart until the new group's anchors land (``streamrl.clock``).
         self.held_epoch = 0
         # With LoRA the stream carries adapters only: the image is theirs, and each version
-        # reaches the engine as merged weights (``streamrl.lora.LoraMerge``).
+        # reaches the engine as merged weights (``streamrl.models.lora.LoraMerge``).
         self.lora: LoraMerge | None = None
         if spec.adapter_dir:
             image = load_adapter_image(Path(spec.adapter_dir))

@@ -25,8 +25,10 @@ twice), its group is refused (``refused``, logged with the reason): it is pushed
 ``unscored``, so the shard counts and drops it (``invalid: unscored``), which returns its
 admission budget and settles its prompt like any dropped group's; no learner sees it.
 
-An evaluation's responses are scored the same way without a group (``score_later``): the
-generator goes on, and the callback gets the scores that came in by ``scoring.timeout_s``.
+An evaluation's responses are scored the same way without a group (``score_responses``,
+``score_later``): the generator goes on, and the callback gets the scores that came in by
+``scoring.timeout_s``. A run whose rewards are all rules holds ``NoScoring``
+(``workers.generator_delivery``) instead: nothing waits.
 
 A generator that dies with groups waiting loses them with its process; their grants were
 never pushed, so the supervisor returns them to the budget (docs/design.md §3).
@@ -39,6 +41,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import zmq
@@ -158,10 +161,14 @@ class GroupScoring:
 
     # ------------------------------------------------------------------ requests
 
-    def submit(self, groups: list[TrajectoryGroup]) -> None:
-        """Send each group's responses to every served reward's role; they wait here."""
+    def submit(self, groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
+        """Send each group's responses to every served reward's role; they wait here.
+        Returns the groups with nothing to score (refused by their rules, ``unscored``):
+        the generator pushes those at once."""
         now = time.monotonic()
         for group in groups:
+            if group.unscored:
+                continue
             entry = _Waiting(group, now)
             question = self.question_of(group)
             items = [
@@ -175,6 +182,7 @@ class GroupScoring:
                 self.waiting[request_id] = entry
                 self._send(reward, frame)
             self.groups.append(entry)
+        return [group for group in groups if group.unscored]
 
     def _send(self, reward: int, frame: bytes) -> None:
         try:
@@ -249,6 +257,26 @@ class GroupScoring:
             self._send(reward, self._request(request_id, items))
         deadline = time.monotonic() + self.config.scoring.timeout_s
         self.evals.append(_Eval(ids, len(items), deadline, done))
+
+    def score_responses(
+        self,
+        samples: list[dict[str, Any]],
+        questions: Callable[[], dict[str, str]],
+        done: Callable[[Served], None],
+    ) -> None:
+        """An evaluation's responses (``EvalResult.samples``) to ``score_later``, each shown
+        with its question (``questions()``: prompt id -> question, read now: an evaluation
+        made in the evaluation process comes back to a generator that never loaded the
+        held-out set); with no response, ``done({})`` at once."""
+        asked = questions()
+        items = [
+            ScoreItemWire(asked.get(s["prompt_id"], ""), s["response"], s["ground_truth"])
+            for s in samples
+        ]
+        if items:
+            self.score_later(items, done)
+        else:
+            done({})
 
     def _finish_evals(self, now: float | None = None) -> None:
         """Hand each evaluation whose replies are all in (or whose time is up) its scores."""

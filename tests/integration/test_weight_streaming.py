@@ -9,7 +9,7 @@ of the learner's full weights.
   Fast, so it carries the recovery cases: uneven splits and empty ranks, PUB high-water mark
   overflow, late join, lost chunks, a corrupted diff, coalesced versions.
 - ``test_every_architecture_streams_bitwise``: ``FakeRanks`` over the real models of
-  ``streamrl.tiny_models`` (fused q/k/v and gate/up tensors, q/k norms, tied heads, 3-D
+  ``streamrl.models.tiny`` (fused q/k/v and gate/up tensors, q/k norms, tied heads, 3-D
   expert tensors), each sharded by FSDP2 along the blocks ``decoder_blocks`` finds.
 - ``test_two_gloo_learners_stream_to_subscribers``: two real gloo ranks training a tiny Llama
   (tied embeddings, odd sizes) with AdamW, publishers on each rank, subscribers in this
@@ -31,8 +31,8 @@ import torch.multiprocessing as mp
 
 from streamrl.config import WeightsConfig
 from streamrl.models import TINY
+from streamrl.models.tiny import ARCHITECTURES
 from streamrl.protocol import WeightDiff
-from streamrl.tiny_models import ARCHITECTURES
 from streamrl.transport import free_port
 from streamrl.workers.fsdp import shard_for_training
 from streamrl.workers.publisher import WeightPublisher
@@ -168,10 +168,9 @@ def generator_spec(config, model_dir, ranks: FakeRanks):
     )
 
 
-def tiny_engine_on_a_stream(background: bool):
-    """The tiny model's HF engine (bf16) and two ``FakeRanks`` streaming its fp32 weights, with
-    the config of ``weights.apply_in_background=background``: what ``GeneratorWeights`` tests
-    run on. Returns (model directory, ranks, config, engine)."""
+def tiny_engine_on_a_stream():
+    """The tiny model's HF engine (bf16) and two ``FakeRanks`` streaming its fp32 weights:
+    what ``GeneratorWeights`` tests run on. Returns (model directory, ranks, config, engine)."""
     from streamrl.config import load_config
     from streamrl.models import load_causal_lm, resolve_model
     from streamrl.workers.engines import make_engine
@@ -180,7 +179,7 @@ def tiny_engine_on_a_stream(background: bool):
     ranks = FakeRanks(
         2, WeightsConfig(chunk_bytes=8192), lambda: load_causal_lm(model_dir, "float32")
     )
-    config = load_config(None, [f"weights.apply_in_background={str(background).lower()}"])
+    config = load_config(None, [])
     engine = make_engine(config.generator, model_dir, 0, compute_dtype="bfloat16", max_model_len=64)
     return model_dir, ranks, config, engine
 
@@ -498,11 +497,13 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: 
     from streamrl.workers.engines.base import SamplingParams
     from streamrl.workers.generator_weights import GeneratorWeights
 
-    model_dir, ranks, config, engine = tiny_engine_on_a_stream(background=background)
+    model_dir, ranks, config, engine = tiny_engine_on_a_stream()
     spec = generator_spec(config, model_dir, ranks)
     timers, adopted = GeneratorActivity(), []
     ctx = zmq.Context()
-    weights = GeneratorWeights(ctx, engine, spec, timers, lambda: adopted.append(engine.version))
+    weights = GeneratorWeights(
+        ctx, engine, spec, timers, lambda: adopted.append(engine.version), background=background
+    )
     image = weights.subscriber.image
     # On the weight thread the tensors a forward reads are the image's own copies; inline
     # the image is the engine's parameters.
@@ -549,7 +550,7 @@ def test_the_weight_thread_never_parks_whatever_moment_the_generator_adopts() ->
     from streamrl.protocol import GeneratorActivity
     from streamrl.workers.generator_weights import GeneratorWeights
 
-    model_dir, ranks, config, engine = tiny_engine_on_a_stream(background=True)
+    model_dir, ranks, config, engine = tiny_engine_on_a_stream()
     spec = generator_spec(config, model_dir, ranks)
     filled, adopted = threading.Event(), threading.Event()
 
@@ -614,7 +615,7 @@ def test_a_published_version_that_never_comes_is_a_stall_and_an_unpublished_one_
     from streamrl.protocol import GeneratorActivity
     from streamrl.workers.generator_weights import GeneratorWeights
 
-    model_dir, ranks, config, engine = tiny_engine_on_a_stream(background=True)
+    model_dir, ranks, config, engine = tiny_engine_on_a_stream()
     ctx = zmq.Context()
     weights = GeneratorWeights(
         ctx, engine, generator_spec(config, model_dir, ranks), GeneratorActivity(), lambda: None
@@ -649,7 +650,7 @@ def test_the_evaluation_process_s_engine_takes_only_the_version_it_evaluates() -
     from streamrl.protocol import GeneratorActivity
     from streamrl.workers.generator_weights import GeneratorWeights
 
-    model_dir, ranks, config, engine = tiny_engine_on_a_stream(background=False)
+    model_dir, ranks, config, engine = tiny_engine_on_a_stream()
     spec = generator_spec(config, model_dir, ranks)
     prepared: list[tuple[int, set[str]]] = []
     prepare = engine.prepare_weights
@@ -660,7 +661,9 @@ def test_the_evaluation_process_s_engine_takes_only_the_version_it_evaluates() -
 
     engine.prepare_weights = recording_prepare
     ctx = zmq.Context()
-    weights = GeneratorWeights(ctx, engine, spec, GeneratorActivity(), lambda: None)
+    weights = GeneratorWeights(
+        ctx, engine, spec, GeneratorActivity(), lambda: None, background=False
+    )
     time.sleep(0.5)  # the SUB sockets connect before the first diff
     try:
         weights.learner_version, weights.up_to = 4, 4
