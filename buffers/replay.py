@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from streamrl.algorithms.group_filter import has_reward_variance
-from streamrl.key_rules import KEY_RULES, Overflow, Sampling
+from streamrl.config import key_rule
+from streamrl.key_rules import Overflow, Sampling
 
 # Every reason a group can leave the store (or be refused) other than being used up.
 # ``dead_timeline``: sampled from weights a learner restart took back (``streamrl.clock``).
@@ -107,14 +108,14 @@ class ReplayPolicy:
 def check_policy_value(name: str, value: Any) -> None:
     """Raise ``ValueError`` with a one-line reason naming ``name`` if ``value`` is invalid.
 
-    The rule is the config key ``buffer.<name>``'s row in ``streamrl.key_rules``, the row the
-    config and the admin API check too: a shard refuses exactly what they refuse (a policy
-    built by hand or a ``Reconfigure`` from another client included).
+    The rule is the type of the config key ``buffer.<name>`` (``streamrl.config.key_rule``),
+    which the config and the admin API check too: a shard refuses exactly what they refuse (a
+    policy built by hand or a ``Reconfigure`` from another client included).
     """
     fields = [f.name for f in dataclasses.fields(ReplayPolicy)]
     if name not in fields:
         raise ValueError(f"unknown buffer setting {name!r} (known: {', '.join(fields)})")
-    problem = KEY_RULES[f"buffer.{name}"].problem(value)
+    problem = key_rule(f"buffer.{name}").problem(value)
     if problem is not None:
         raise ValueError(f"buffer setting {name!r} {problem}")
 

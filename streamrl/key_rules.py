@@ -1,36 +1,41 @@
-"""The range rule of every config key that more than one reader checks, and the rules between keys.
+"""The rule of one config key, read from its type, and the rules between keys.
 
-A live key (``controller.knobs``) is checked three times: when the config loads
-(``config._finalize``), when an admin patch arrives (``admin.live.validate_patch``) and when a
-buffer shard applies it (``buffers.replay.check_policy_value``, which reads the shard's
-``buffer.capacity_tokens`` here too). Each such key's rule is one row of ``KEY_RULES`` and all
-three readers ask the row, so they cannot drift apart: the shard refuses exactly what the
-config and the admin API refuse, in the same words. Keys that only the config reads keep their
-rule in ``config._finalize``.
+A key's range or choices are part of its type in ``streamrl.config``
+(``Annotated[int, msgspec.Meta(ge=1)]``, ``Literal["fifo", "random"]``): msgspec checks them
+when the config loads, and ``KeyRule.of`` reads the same type back for the readers that check
+one value on its own: the admin API (``admin.live.validate_patch``, a live patch) and the
+buffer shard (``buffers.replay.check_policy_value``, a policy or a ``Reconfigure``). All three
+refuse a number out of its range in the same words, ``<key> must be >= 1, got 0``, because they
+read one fact, the field's type (``config.key_rule`` gives a key's rule).
 
 Rules between keys (a batch that must divide across learners, staleness that needs a
 correction) are one function, ``cross_key_problems``; the config and the admin API both call
 it, the admin API with the patch applied.
 
-This module is a leaf (stdlib only): the config module, which imports no more than msgspec and
-yaml, and the torch-free buffer shard both import it.
+This module is a leaf (stdlib and msgspec): the config module, which imports no more than
+msgspec and yaml, and the torch-free buffer shard both import it.
 
 Example::
 
-    KEY_RULES["buffer.capacity"].problem(0)      # "must be >= 1, got 0"
-    KEY_RULES["buffer.capacity"].problem(True)   # "must be an integer, got True"
-    KEY_RULES["buffer.capacity"].problem(8)      # None: allowed
+    rule = KeyRule.of(Annotated[int, Meta(ge=1)])
+    rule.problem(0)      # "must be >= 1, got 0"
+    rule.problem(True)   # "must be an integer, got True"
+    rule.problem(8)      # None: allowed
+    KeyRule.of(Annotated[int, Meta(ge=0, extra={"zero": "off"})]).wants   # ">= 0 (0 = off)"
 """
 
 from __future__ import annotations
 
+import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
+
+import msgspec
 
 # The choices of the choice keys, written once: the config Structs and the shard's policy
-# annotate their fields with these, and the rows below check against them.
+# annotate their fields with these.
 Sampling = Literal["fifo", "random", "freshest"]
 Overflow = Literal["drop-oldest", "block"]
 
@@ -51,6 +56,34 @@ class KeyRule:
     in_range: Callable[[Any], bool]
     nullable: bool = False
 
+    @classmethod
+    def of(cls, annotation: Any) -> KeyRule:
+        """The rule a field's type states: ``Annotated[int, Meta(ge=1)]`` (bounds ``ge``,
+        ``gt``, ``le``, ``lt``; ``extra={"zero": "off"}`` says what 0 means), a ``Literal``'s
+        choices, ``bool``, ``str``; ``X | None`` is X or null."""
+        members = _union_members(annotation)
+        nullable = type(None) in members
+        inner = [m for m in members if m is not type(None)]
+        if len(inner) != 1:
+            raise TypeError(f"no single-key rule in the type {annotation!r}")
+        base, meta = inner[0], msgspec.Meta()
+        if typing.get_origin(base) is Annotated:
+            base, *extras = typing.get_args(base)
+            meta = next((m for m in extras if isinstance(m, msgspec.Meta)), meta)
+        if typing.get_origin(base) is Literal:
+            allowed = typing.get_args(base)
+            return cls(str, "one of " + "|".join(allowed), lambda v: v in allowed, nullable)
+        if base is bool:
+            return cls(bool, "true or false", lambda v: True, nullable)
+        if base is str:
+            return cls(str, "text", lambda v: True, nullable)
+        if base not in (int, float):
+            raise TypeError(f"no single-key rule in the type {annotation!r}")
+        wants, in_range = _bounds(meta, "an integer" if base is int else "a number")
+        zero = (meta.extra or {}).get("zero")
+        wants += f" (0 = {zero})" if zero else ""
+        return cls(base, wants + (" (or null)" if nullable else ""), in_range, nullable)
+
     def problem(self, value: Any) -> str | None:
         """None if ``value`` is allowed, else one line: ``must be <what>, got <value>``."""
         if value is None and self.nullable:
@@ -59,8 +92,12 @@ class KeyRule:
             words = {int: "an integer", float: "a number"}.get(self.kind, self.wants)
             return f"must be {words}{' or null' if self.nullable else ''}, got {value!r}"
         if not self.in_range(value):
-            return f"must be {self.wants}, got {value!r}"
+            return self.refusal(value)
         return None
+
+    def refusal(self, value: Any) -> str:
+        """The words for a value outside the range (the config's, when msgspec refused it)."""
+        return f"must be {self.wants}, got {value!r}"
 
     def _has_kind(self, value: Any) -> bool:
         if isinstance(value, bool) or self.kind is bool:
@@ -70,30 +107,32 @@ class KeyRule:
         return isinstance(value, self.kind)
 
 
-def _at_least(low: int, *, nullable: bool = False) -> KeyRule:
-    wants = f">= {low}" + (" (or null)" if nullable else "")
-    return KeyRule(int, wants, lambda v: v >= low, nullable)
+def _union_members(annotation: Any) -> tuple[Any, ...]:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
 
 
-def _one_of(choices: Any) -> KeyRule:
-    allowed = typing.get_args(choices)
-    return KeyRule(str, "one of " + "|".join(allowed), lambda v: v in allowed)
+def _bounds(meta: msgspec.Meta, unbounded: str) -> tuple[str, Callable[[Any], bool]]:
+    """``meta``'s range in words (``>= 1``, ``in (0, 1]``) and as a test."""
+    low = f"[{meta.ge}" if meta.ge is not None else f"({meta.gt}" if meta.gt is not None else ""
+    high = f"{meta.le}]" if meta.le is not None else f"{meta.lt})" if meta.lt is not None else ""
 
+    def in_range(v: Any) -> bool:
+        return (
+            (meta.ge is None or v >= meta.ge)
+            and (meta.gt is None or v > meta.gt)
+            and (meta.le is None or v <= meta.le)
+            and (meta.lt is None or v < meta.lt)
+        )
 
-KEY_RULES: dict[str, KeyRule] = {
-    "buffer.capacity": _at_least(1),
-    "buffer.capacity_tokens": _at_least(1, nullable=True),
-    "buffer.max_staleness": _at_least(0),
-    "buffer.sampling": _one_of(Sampling),
-    "buffer.max_reuse": _at_least(1),
-    "buffer.overflow": _one_of(Overflow),
-    "buffer.drop_zero_variance": KeyRule(bool, "true or false", lambda v: True),
-    "generator.temperature": KeyRule(float, "> 0", lambda v: v > 0),
-    "generator.prompts_per_call": _at_least(1),
-    "generator.count": KeyRule(
-        int, f"in [1, {MAX_GENERATORS}]", lambda v: 1 <= v <= MAX_GENERATORS
-    ),
-}
+    if low and high:
+        return f"in {low}, {high}", in_range
+    if low:
+        return f"{'>=' if low[0] == '[' else '>'} {low[1:]}", in_range
+    if high:
+        return f"{'<=' if high[-1] == ']' else '<'} {high[:-1]}", in_range
+    return unbounded, in_range
 
 
 class Conflict(NamedTuple):

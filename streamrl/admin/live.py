@@ -8,8 +8,8 @@ A patch is a flat JSON object of dotted keys, ``{"buffer.capacity": 128, "buffer
   naming it; so is ``buffer.max_staleness`` in a ``run.mode=sync`` run, where it is fixed at 0.
 
 Types come from the config Structs themselves (``msgspec.convert`` against the field's
-annotation); ranges from each key's row in ``streamrl.key_rules`` and the rules between keys
-from ``key_rules.cross_key_problems``: the rules ``config._finalize`` checks, so a patch is held
+annotation); ranges from the same annotation (``config.key_rule``) and the rules between keys
+from ``key_rules.cross_key_problems``: the rules the config checks, so a patch is held
 to the rules the run's config was loaded under. Values are converted
 strictly: ``"128"`` is not an int (the CLI parses ``KEY=VALUE`` as YAML before sending, as
 ``streamrl launch`` overrides do).

@@ -1,9 +1,9 @@
 """The live knobs: one row per config key that may change while a run goes on.
 
-A row names the key and the roles it reaches. The key's rule (range) is its row in
-``streamrl.key_rules``, which the config and the torch-free buffer shard check as well
-(``LiveKey.rule`` returns it; a live key without one fails at import). How a change reaches
-each role is derived from the row, never written per key:
+A row names the key and the roles it reaches. The key's rule (range or choices) is its
+field's type in ``streamrl.config``, which the config and the torch-free buffer shard check as
+well (``LiveKey.rule`` reads it; a row naming no config key fails at import). How a change
+reaches each role is derived from the row, never written per key:
 
 | role         | how the new value gets there                                            |
 |--------------|-------------------------------------------------------------------------|
@@ -14,9 +14,10 @@ each role is derived from the row, never written per key:
 | `supervisor` | the run's config: ``GeneratorPool.check`` acts on it within a second     |
 
 ``<field>`` is the key's last part (``buffer.max_staleness`` -> ``max_staleness``). Adding a
-live knob is one row here and its rule in ``key_rules`` (plus the field where its roles read
-it); ``tests/unit/test_live_knobs.py`` proves each row reaches every role it names. Types come
-from the config Structs; ``admin.live.validate_patch`` checks a patch against this table.
+live knob is one row here (its range is in its config field's type; plus the field where its
+roles read it); ``tests/unit/test_live_knobs.py`` proves each row reaches every role it names.
+Types come from the config Structs; ``admin.live.validate_patch`` checks a patch against this
+table.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from streamrl.key_rules import KEY_RULES, KeyRule
+from streamrl.config import key_rule
+from streamrl.key_rules import KeyRule
 
 ROLES = ("admission", "shards", "learners", "generators", "supervisor")
 
@@ -36,13 +38,16 @@ class LiveKey:
     when: str  # when the change takes effect there, in words
 
     def __post_init__(self) -> None:
-        if self.key not in KEY_RULES:
-            raise ValueError(f"live key {self.key} has no rule row in streamrl.key_rules")
+        try:
+            self.rule  # noqa: B018 (a row naming no config key fails at import)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"live key {self.key}: no config field states its rule") from exc
 
     @property
     def rule(self) -> KeyRule:
-        """The key's range rule: the same row the config and the buffer shard check."""
-        return KEY_RULES[self.key]
+        """The key's rule, read from its config field's type: what the config and the buffer
+        shard check too."""
+        return key_rule(self.key)
 
     @property
     def field(self) -> str:

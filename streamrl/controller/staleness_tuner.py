@@ -7,15 +7,15 @@ does not wait for batches trains on the freshest data at full speed. Every
 decides, one step of the bound at a time, within ``[min, max]``:
 
 - **guard** (first): the trained tokens' importance weights say the generator's policy was
-  too far from the learner's (ESS fraction below ``guard_ess``, or KL(behaviour || proximal)
-  above ``guard_k3``): lower the bound; no raise while it holds, nor back to the bound it
+  too far from the learner's (ESS fraction below ``GUARD_ESS``, or KL(behaviour || proximal)
+  above ``GUARD_K3``): lower the bound; no raise while it holds, nor back to the bound it
   left for four windows.
 - **raise**: the learner waited for batches (``time/wait_batch_s``) at least
-  ``raise_when_learner_waits`` of the window, while the generators were held back by the bound
-  (waiting for admission or for the weights a grant needs) at least ``raise_when_held`` of
+  ``RAISE_WHEN_LEARNER_WAITS`` of the window, while the generators were held back by the bound
+  (waiting for admission or for the weights a grant needs) at least ``RAISE_WHEN_HELD`` of
   theirs and generated a batch in no more time than the learner trained one: the bound, not
   generation speed, is what the learner waits on.
-- **lower**: the learner waited less than ``lower_when_learner_waits``: it sets the pace, and
+- **lower**: the learner waited less than ``LOWER_WHEN_LEARNER_WAITS``: it sets the pace, and
   a smaller bound makes the data fresher at no cost as long as generation still overlaps
   training: a batch's generation time at most ``LOWER_MARGIN`` of the smaller bound's worth of
   training time (the generators' busy seconds over the learner's). Never to 0 for pace (that
@@ -41,6 +41,13 @@ from streamrl.config import StalenessTuning
 
 RETRY_WINDOWS = 4  # windows before a lower step that was undone is tried again
 LOWER_MARGIN = 0.8  # generation time per batch at most this share of the lower bound's training
+# The decisions' thresholds (module doc): shares of a window's time, and the quality guard's
+# limits on the trained tokens' importance weights. Constants: no job has needed others.
+RAISE_WHEN_LEARNER_WAITS = 0.05
+RAISE_WHEN_HELD = 0.05
+LOWER_WHEN_LEARNER_WAITS = 0.01
+GUARD_ESS = 0.8  # effective sample size fraction below this: too far off-policy
+GUARD_K3 = 0.05  # KL(behaviour || proximal) (k3) above this: too far off-policy
 
 
 @dataclass
@@ -143,18 +150,18 @@ class StalenessTuner:
         t = self.tuning
         figures = f.as_dict()
         guard = []
-        if f.ess is not None and f.ess < t.guard_ess:
-            guard.append(f"importance-weight ESS {f.ess:.3f} < {t.guard_ess}")
-        if f.k3 is not None and f.k3 > t.guard_k3:
-            guard.append(f"KL(behaviour || proximal) {f.k3:.4f} > {t.guard_k3}")
+        if f.ess is not None and f.ess < GUARD_ESS:
+            guard.append(f"importance-weight ESS {f.ess:.3f} < {GUARD_ESS}")
+        if f.k3 is not None and f.k3 > GUARD_K3:
+            guard.append(f"KL(behaviour || proximal) {f.k3:.4f} > {GUARD_K3}")
         if guard:
             if bound > t.min:
                 return Decision(bound, bound - 1, "quality guard: " + ", ".join(guard), figures)
             return None
         waits = f"learner waited {f.learner_wait:.1%}, generators held {f.generators_held:.1%}"
         if (
-            f.learner_wait >= t.raise_when_learner_waits
-            and f.generators_held >= t.raise_when_held
+            f.learner_wait >= RAISE_WHEN_LEARNER_WAITS
+            and f.generators_held >= RAISE_WHEN_HELD
             and (f.gen_over_train is None or f.gen_over_train <= 1.0)
             and bound < t.max
             and bound + 1 not in self.blocked
@@ -166,7 +173,7 @@ class StalenessTuner:
         lower = bound - 1
         ratio = f.gen_over_train
         overlaps = ratio is not None and ratio <= LOWER_MARGIN * lower
-        if f.learner_wait < t.lower_when_learner_waits and lower >= max(t.min, 1) and overlaps:
+        if f.learner_wait < LOWER_WHEN_LEARNER_WAITS and lower >= max(t.min, 1) and overlaps:
             if lower not in self.blocked:
                 return Decision(bound, lower, f"lower: {waits}, gen/train {ratio:.2f}", figures)
         return None

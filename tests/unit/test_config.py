@@ -64,7 +64,9 @@ def test_weights_verify_every_is_validated() -> None:
     assert load_config(None).weights.verify_every == 10
     assert load_config(None, ["weights.verify_every=0"]).weights.verify_every == 0  # off
     assert load_config(None, ["weights.verify_every=3"]).weights.verify_every == 3
-    with pytest.raises(ConfigError, match=r"^weights.verify_every must be >= 0 \(0 = off\)$"):
+    with pytest.raises(
+        ConfigError, match=r"^weights.verify_every must be >= 0 \(0 = off\), got -1$"
+    ):
         load_config(None, ["weights.verify_every=-1"])
     with pytest.raises(ConfigError, match=r"weights.verify_every") as info:
         load_config(None, ["weights.verify_every=often"])
@@ -92,6 +94,17 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("run: [1, 2\n")
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_config(bad)
+
+
+def test_a_removed_key_is_refused_by_name_unless_at_its_old_default() -> None:
+    """The staleness tuner's thresholds left the config; a run directory's config.yaml from
+    before holds them at their defaults, and still loads."""
+    removed = "`buffer.staleness_tuning.guard_ess` was removed"
+    with pytest.raises(ConfigError, match=removed) as info:
+        load_config(None, ["buffer.staleness_tuning.guard_ess=0.5"])
+    assert "\n" not in str(info.value)
+    old_default = load_config(None, ["run.name=r", "buffer.staleness_tuning.guard_ess=0.8"])
+    assert old_default == load_config(None, ["run.name=r"])
 
 
 def test_resolved_config_round_trips(tmp_path: Path) -> None:

@@ -92,7 +92,7 @@ def test_the_cli_validates_the_readmes_mapping_typed_as_overrides(
         # other types: YAML.
         ("learner.lr=1e-4", 1e-4),
         ("generator.count=3", 3),
-        ("weights.apply_in_background=false", False),
+        ("generator.in_flight_updates=false", False),
         ("eval.max_new_tokens=null", None),
         ("rewards=[{name: numeric_match, weight: 2}]", [{"name": "numeric_match", "weight": 2}]),
         # a value of any type (a task's args): YAML's scalars and bracketed collections,

@@ -92,7 +92,7 @@ def test_lowers_when_the_learner_sets_the_pace_and_remembers_a_lower_step_that_h
 
 
 def test_the_quality_guard_lowers_and_blocks_raises() -> None:
-    tuning = StalenessTuning(auto=True, window=2, min=0, guard_ess=0.8, guard_k3=0.05)
+    tuning = StalenessTuning(auto=True, window=2, min=0)
     tuner, steps = StalenessTuner(tuning), Steps()
     tuner.observe(steps.record(0.3, 0.3), 2)
     decision = run_window(tuner, steps, 2, 2, learner_wait=0.3, held=0.3, ess=0.6)
