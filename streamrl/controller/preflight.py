@@ -18,9 +18,10 @@ start and refuses what it would refuse, with the same one-line message.
 
 The checks read and write nothing in the run directory. ``resolve=False`` (``streamrl
 validate``) builds and downloads no weights: a local model directory and a hub model's config
-and tokenizer are checked (``models.check_model``); a built-in is not built, so where no
-model directory is at hand the two checks that need one (the engine serving it, an adapter
-fitting it) wait for the launch, and only the adapter's own settings are read.
+and tokenizer are checked (``models.check_model``), and a bare name must be a built-in's; a
+built-in is not built, so where no model directory is at hand the two checks that need one
+(the engine serving it, an adapter fitting it) wait for the launch, and only the adapter's
+own settings are read (``tests/unit/test_preflight.py`` lists what the launch alone refuses).
 
 Example::
 
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamrl.config import Config, ConfigError
-from streamrl.model_store import ModelNotFoundError
+from streamrl.models.store import ModelNotFoundError
 from streamrl.tasks.base import DataError
 
 # Bad input: ``streamrl validate``/``launch`` exit 2 on these; a ``RunError`` (a port or a
@@ -100,17 +101,39 @@ def preflight(
 
 
 def _model_dir(config: Config, resolve: bool) -> Path | None:
-    from streamrl.models import check_model, resolve_model
+    from streamrl.models import resolve_model
 
     model = config.model
     if not resolve:  # a hub id's repo, revision, config and tokenizer; no weights
-        return check_model(model.name, revision=model.revision)
+        return _look_at(model.name, revision=model.revision)
     return resolve_model(
         model.name,
         revision=model.revision,
         tiny_hidden=model.tiny_hidden,
         tiny_layers=model.tiny_layers,
     )
+
+
+def _look_at(name: str, *, revision: str | None = None) -> Path | None:
+    """``validate``'s check of a model name: ``check_model``, which leaves a bare name to the
+    launch, then for a bare name no built-in has ``resolve_model``, which builds nothing for
+    it and refuses it in the launch's own line. The checked directory, or None."""
+    from streamrl.models import check_model, resolve_model
+
+    checked = check_model(name, revision=revision)
+    if checked is None and not _builds_as_builtin(name):
+        resolve_model(name)
+    return checked
+
+
+def _builds_as_builtin(name: str) -> bool:
+    """``name`` is a built-in that ``resolve_model`` would build, or a ``.gguf`` file it would
+    convert: what ``validate`` does not do (module doc)."""
+    from streamrl.models import GEMMA3, RANDOM_MODELS, SMOLLM2, TINY
+    from streamrl.models.tiny import REWARD_MODEL, is_tiny
+
+    builtin = name in (SMOLLM2, GEMMA3, TINY, REWARD_MODEL, *RANDOM_MODELS) or is_tiny(name)
+    return builtin or Path(name).suffix == ".gguf"
 
 
 def _scorer_dirs(config: Config, resolve: bool) -> dict[int, str]:
@@ -120,11 +143,9 @@ def _scorer_dirs(config: Config, resolve: bool) -> dict[int, str]:
         from streamrl.controller.reward_roles import resolve_scorer_models
 
         return resolve_scorer_models(config)
-    from streamrl.models import check_model
-
     for reward in config.rewards:
         if reward.served:
-            check_model(reward.served_model)
+            _look_at(reward.served_model)
     return {}
 
 
@@ -140,7 +161,7 @@ def _check_engine(config: Config, model_dir: Path) -> None:
 def _check_adapter(config: Config, model_dir: Path | None) -> None:
     """The adapter fits the model (its architecture on the meta device); without the model's
     directory (``validate`` of a built-in), the adapter's own settings only."""
-    from streamrl.lora import adapter_settings, check_adapter, uses_lora
+    from streamrl.models.lora import adapter_settings, check_adapter, uses_lora
 
     if not uses_lora(config):
         return

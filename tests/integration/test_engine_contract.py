@@ -19,11 +19,17 @@ embeddings), in the compute dtype the run would pick on this machine.
   out is logged and raised.
 
 The architecture-dependent tests (``ARCH_TESTS``: staleness-0 logprobs, an update
-mid-generation, a partial update against a fresh engine) also run on the small random models
-of ``streamrl.tiny_models`` (Qwen2's q/k/v biases, Qwen3's q/k norms, Gemma3's scaled
-embeddings and sliding-window layers, Mistral, Phi-3's fused qkv/gate_up tensors, Qwen3-MoE's
-experts), on the HF and vLLM engines; an engine that refuses an architecture at launch
-(``unusable_reason``: vLLM and the MoE's fused expert names) is skipped with its reason.
+mid-generation, a partial update against a fresh engine, a prepared update) also run on the
+small random models of ``streamrl.models.tiny`` (Qwen2's q/k/v biases, Qwen3's q/k norms,
+Gemma3's scaled embeddings and sliding-window layers, Mistral, Phi-3's fused qkv/gate_up
+tensors, Qwen3-MoE's experts), on each engine ``ENGINES_SERVING`` lists for the model (vLLM
+refuses the MoE at launch: that refusal is ``test_tiny_models``' to check, not a case here).
+
+Only the cases that apply are generated (``cases``): every test on every engine on SmolLM2,
+the vLLM internals on vLLM only, the architecture tests on the pairs above. A case skips for
+one reason only: its engine cannot run on this machine at all (``absent_here``): vLLM not
+installed, or SGLang not installed or no CUDA GPU (SGLang runs on CUDA only; CI has neither).
+Any other refusal of a generated case (``unusable_reason``) fails it: the tables are wrong.
 
 References are the learner's own scoring (``losses.token_logprobs`` on a full-sequence forward of
 the bf16 image) and a second engine of the same kind built from a checkpoint on disk.
@@ -31,6 +37,7 @@ the bf16 image) and a second engine of the same kind built from a checkpoint on 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import shutil
@@ -44,7 +51,7 @@ from support import learner_logprobs
 from streamrl.config import GeneratorConfig
 from streamrl.hardware import resolve_compute_dtype
 from streamrl.models import SMOLLM2, load_causal_lm, load_tokenizer, resolve_model
-from streamrl.tiny_models import ARCHITECTURES
+from streamrl.models.tiny import ARCHITECTURES, ENGINES_SERVING
 from streamrl.workers.engines import ENGINES, make_engine
 from streamrl.workers.engines.base import Engine, SamplingParams
 from streamrl.workers.engines.registry import resolve_engine
@@ -60,8 +67,6 @@ KINDS = [*ENGINES, "engines_for_tests:RenamedHF"]
 # Options of the contract's engines (max_model_len is 512: a KV cache of 128 MiB holds it;
 # the test module's engine decodes its own keys, which the HF engine's schema would refuse).
 OPTIONS = {"vllm": {"kv_cache_mb": 128}, "engines_for_tests:RenamedHF": {"rows": 8}}
-# The default model, then one small random model per architecture (streamrl.tiny_models).
-MODELS = [SMOLLM2, *ARCHITECTURES]
 # The tests that depend on the architecture; the rest (engine mechanics) run on SmolLM2 only,
 # and so does the renamed HF engine (the HF engine under another name).
 ARCH_TESTS = {
@@ -71,6 +76,50 @@ ARCH_TESTS = {
     "test_a_prepared_update_changes_nothing_until_adopted",
 }
 ARCH_KINDS = ("hf", "vllm")
+# The tests of vLLM's own engine core (in-process): vLLM only.
+VLLM_TESTS = {
+    "test_a_refused_call_leaves_no_request_in_the_engine",
+    "test_a_reload_vllm_does_not_carry_out_is_logged_and_raised",
+}
+
+
+def cases(test: str) -> list[tuple[str, str]]:
+    """The (model, engine) pairs ``test`` holds to the contract: SmolLM2 on every engine the
+    test concerns, then for an architecture test each small random model on each engine of
+    ``ARCH_KINDS`` that serves it (``ENGINES_SERVING``)."""
+    kinds = ["vllm"] if test in VLLM_TESTS else KINDS
+    pairs = [(SMOLLM2, kind) for kind in kinds]
+    if test in ARCH_TESTS:
+        pairs += [
+            (model, kind)
+            for model in ARCHITECTURES
+            for kind in ARCH_KINDS
+            if kind in ENGINES_SERVING[model]
+        ]
+    return pairs
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each test's cases, as module-scoped parameters: pytest groups the tests by their
+    values, so each (model, engine) is built once for the tests that share it."""
+    pairs = cases(metafunc.definition.originalname)
+    metafunc.parametrize(
+        ("model_name", "kind"),
+        pairs,
+        indirect=True,
+        scope="module",
+        ids=[f"{kind}-{model}" for model, kind in pairs],
+    )
+
+
+def absent_here(kind: str) -> str | None:
+    """Why ``kind`` cannot run on this machine at all, whatever the model: its package is not
+    installed, or (SGLang) there is no CUDA GPU. The one reason a case skips."""
+    if kind in ("vllm", "sglang") and importlib.util.find_spec(kind) is None:
+        return f"{kind} is not installed here"
+    if kind == "sglang" and DEVICE != "cuda":
+        return "SGLang runs on a CUDA GPU only"
+    return None
 
 
 def build(kind: str, model_dir: Path, dtype: str, seed: int = 0) -> Engine:
@@ -79,18 +128,9 @@ def build(kind: str, model_dir: Path, dtype: str, seed: int = 0) -> Engine:
     return make_engine(config, model_dir, seed, compute_dtype=dtype, max_model_len=512)
 
 
-@pytest.fixture(scope="module", params=MODELS)
+@pytest.fixture(scope="module")
 def model_name(request) -> str:
     return request.param
-
-
-@pytest.fixture(autouse=True)
-def _architectures_for_arch_tests(request) -> None:
-    """Skip the small random models outside ``ARCH_TESTS`` (see the module docstring)."""
-    callspec = getattr(request.node, "callspec", None)
-    name = callspec.params.get("model_name", SMOLLM2) if callspec else SMOLLM2
-    if name != SMOLLM2 and request.node.originalname not in ARCH_TESTS:
-        pytest.skip("engine mechanics: run on the default model only")
 
 
 @pytest.fixture(scope="module")
@@ -130,13 +170,13 @@ def prompts(model_dir) -> list[list[int]]:
     ]
 
 
-@pytest.fixture(scope="module", params=KINDS)
+@pytest.fixture(scope="module")
 def kind(request, model_name, model_dir) -> str:
-    if model_name != SMOLLM2 and request.param not in ARCH_KINDS:
-        pytest.skip("the HF engine under another name: the default model only")
+    absent = absent_here(request.param)
+    if absent:
+        pytest.skip(absent)
     reason = resolve_engine(request.param).unusable_reason(model_dir, DEVICE)
-    if reason:
-        pytest.skip(reason)
+    assert reason is None, f"{request.param} refuses {model_name}, a case of this suite: {reason}"
     return request.param
 
 
@@ -350,11 +390,6 @@ def test_episodes_match_the_learner_on_every_policy_token(engine, kind, model_di
     assert diff.mean() < mean_bound and diff.max() < max_bound, (kind, diff.mean(), diff.max())
 
 
-def _vllm_only(kind: str) -> None:
-    if kind != "vllm":
-        pytest.skip("vLLM's own engine core (in-process)")
-
-
 def _read_vllm_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """vLLM's parameters as its kernels compute with them. On CPU a linear layer's (and the LM
     head's) only copy is the kernel's prepacked one, so those are read through the kernel:
@@ -404,10 +439,9 @@ def assert_vllm_computes_with(engine: Engine, image: dict[str, torch.Tensor]) ->
     assert not wrong, wrong
 
 
-def test_a_refused_call_leaves_no_request_in_the_engine(engine, kind, prompts):
+def test_a_refused_call_leaves_no_request_in_the_engine(engine, prompts):
     """vLLM refuses a prompt longer than its max_model_len when it is added; the rows added
     before it must not stay in the engine (the next call would step them)."""
-    _vllm_only(kind)
     too_long = [prompts[0][0]] * 600  # the contract's engines are built with max_model_len=512
     with pytest.raises(Exception, match="maximum context length"):
         engine.generate([prompts[0], prompts[1], too_long], SamplingParams(max_new_tokens=4))
@@ -425,11 +459,10 @@ class _Records(logging.Handler):
         self.records.append(record)
 
 
-def test_a_reload_vllm_does_not_carry_out_is_logged_and_raised(engine, kind, model_dir, caplog):
+def test_a_reload_vllm_does_not_carry_out_is_logged_and_raised(engine, model_dir, caplog):
     """vLLM warns "Failed to load weights" for every layer a partial reload leaves alone; the
     engine keeps those lines out and reports, by name, a layer it sent that vLLM did not load
     (here: a model whose weight loader skips one name, as a renamed tensor would be)."""
-    _vllm_only(kind)
     from safetensors.torch import load_file
 
     original = load_file(str(model_dir / "model.safetensors"))
@@ -470,21 +503,21 @@ def test_lora_adapters_merged_in_flight_match_the_learner(
     engine, kind, model_dir, dtype, prompts, tmp_path
 ):
     """LoRA reaches every engine as merged weights through ``update_weights``
-    (``streamrl.lora.LoraMerge``): an adapter version applied mid-generation tags the tokens as
-    any update does, and at staleness 0 the engine's logprobs equal those of the learner's
-    peft model (computing with the merged weight, ``merge_in_forward``) to the dtype's noise
-    level, while they differ from the base model's by far more (the adapter is not lost in
-    the merge)."""
+    (``streamrl.models.lora.LoraMerge``): an adapter version applied mid-generation tags the
+    tokens as any update does, and at staleness 0 the engine's logprobs equal those of the
+    learner's peft model (computing with the merged weight, ``merge_in_forward``) to the
+    dtype's noise level, while they differ from the base model's by far more (the adapter is
+    not lost in the merge)."""
     from safetensors.torch import load_file
 
-    from streamrl.lora import (
+    from streamrl.models.lora import (
         AdapterSettings,
         LoraMerge,
         adapter_shapes,
         fresh_adapter,
         save_adapter,
     )
-    from streamrl.lora import attach_adapter as peft_wrap
+    from streamrl.models.lora import attach_adapter as peft_wrap
     from streamrl.workers.lora_forward import merge_in_forward
 
     settings = AdapterSettings(r=8, alpha=16.0, target_modules="all-linear")

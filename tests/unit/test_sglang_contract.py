@@ -1,11 +1,13 @@
 """The SGLang engine's contract with SGLang, checked without SGLang installed.
 
-SGLang runs only on CUDA machines, so CI cannot import it. Instead these tests download the
-pinned wheel (``SGLANG_VERSION`` in ``sglang_engine``; cached under
-``~/.cache/streamrl/sglang-wheel/``), parse its source with ``ast`` and assert that every
-class, method, parameter and field the engine uses exists there. The keyword arguments are
-taken from the engine's own pure helpers, so a new argument is checked as soon as it is
-passed. Without network the download fails and the wheel tests skip; the others run.
+SGLang runs only on CUDA machines, so CI cannot import it. Instead these tests parse SGLang's
+source with ``ast`` and assert that every class, method, parameter and field the engine uses
+exists there. The source is the installed package's where ``import sglang`` works (a GPU
+machine with the ``sglang`` extra: the tests run there with no flag), else the pinned wheel's
+(``SGLANG_VERSION`` in ``sglang_engine``; downloaded with ``--network``, cached under
+``~/.cache/streamrl/sglang-wheel/``). The keyword arguments are taken from the engine's own
+pure helpers, so a new argument is checked as soon as it is passed. Without SGLang and
+without ``--network`` the source tests skip; the others run.
 
 The last tests drive the real ``SGLangEngine`` against a fake ``sglang`` (a tokenizer manager
 that decodes on a timer and records version changes as SGLang's scheduler does), to check the
@@ -16,12 +18,15 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import importlib.metadata
+import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
 import types
 import zipfile
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
@@ -47,6 +52,20 @@ from streamrl.workers.engines.sglang_engine import (
 WHEEL_CACHE = Path.home() / ".cache" / "streamrl" / "sglang-wheel"
 # Pinned so the download is the same wheel from any host (SGLang ships binary wheels only).
 WHEEL_PLATFORM = ("manylinux_2_34_x86_64", "3.11")
+
+
+def _installed_package() -> Path | None:
+    """The installed ``sglang`` package's folder, found without importing it; None without."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+INSTALLED = _installed_package()
+# The tests that read SGLang's source: where it is installed they run as any test does; else
+# they need the package index for the wheel (``network``: skipped unless --network).
+reads_sglang = pytest.mark.usefixtures("src") if INSTALLED else pytest.mark.network
 
 
 # ── reading the wheel ────────────────────────────────────────────────────────────────────────
@@ -79,15 +98,36 @@ def _download_wheel() -> Path:
 
 
 class Source:
-    """Python files of the sglang wheel, parsed on demand."""
+    """Files of one SGLang release by their paths in its wheel (``sglang/srt/...``), Python
+    files parsed on demand: the installed package's or the pinned wheel's, read alike."""
 
-    def __init__(self, wheel: Path) -> None:
-        self._zip = zipfile.ZipFile(wheel)
-        self._names = set(self._zip.namelist())
+    def __init__(self, label: str, names: set[str], read: Callable[[str], bytes]) -> None:
+        self.label = label  # "the sglang 0.5.23 wheel", named in every failure
+        self._names = names
+        self._read = read
+
+    @classmethod
+    def wheel(cls, path: Path) -> Source:
+        archive = zipfile.ZipFile(path)
+        return cls(f"the sglang {SGLANG_VERSION} wheel", set(archive.namelist()), archive.read)
+
+    @classmethod
+    def installed(cls, package: Path) -> Source:
+        root = package.parent  # site-packages: paths below it are the wheel's paths
+        try:
+            version = importlib.metadata.version("sglang")
+        except importlib.metadata.PackageNotFoundError:
+            version = "(version unknown)"
+        names = {f.relative_to(root).as_posix() for f in package.rglob("*") if f.is_file()}
+        return cls(
+            f"the installed sglang {version} ({package})",
+            names,
+            lambda name: (root / name).read_bytes(),
+        )
 
     def text(self, path: str) -> str:
-        assert path in self._names, f"{path} is not in the sglang {SGLANG_VERSION} wheel"
-        return self._zip.read(path).decode()
+        assert path in self._names, f"{path} is not in {self.label}"
+        return self._read(path).decode()
 
     @cache  # noqa: B019 - one Source per session
     def tree(self, path: str) -> ast.Module:
@@ -105,7 +145,7 @@ class Source:
 
 @pytest.fixture(scope="module")
 def src() -> Source:
-    return Source(_download_wheel())
+    return Source.installed(INSTALLED) if INSTALLED else Source.wheel(_download_wheel())
 
 
 def fields(cls: ast.ClassDef) -> set[str]:
@@ -139,7 +179,7 @@ def assert_callable_with(fn: ast.FunctionDef | ast.AsyncFunctionDef, *names: str
 # ── the entry point and server args ──────────────────────────────────────────────────────────
 
 
-@pytest.mark.network
+@reads_sglang
 def test_engine_class(src: Source) -> None:
     init = src.tree("sglang/__init__.py")
     exported = {t.id for n in ast.walk(init) if isinstance(n, ast.Assign) for t in n.targets
@@ -180,13 +220,13 @@ def server_args_fields(src: Source) -> set[str]:
     return names
 
 
-@pytest.mark.network
+@reads_sglang
 def test_server_args_we_pass_and_read(src: Source) -> None:
     passed = server_kwargs("m", dtype="bfloat16", mem_fraction_static=0.5, seed=1, version=0,
                            extra={"disable_overlap_schedule": True})  # fmt: skip
     read = {"tp_size", "sampling_mask_max_tokens"}  # engine.server_args.<name>
     missing = (passed.keys() | read) - server_args_fields(src)
-    assert not missing, f"not ServerArgs fields in sglang {SGLANG_VERSION}: {sorted(missing)}"
+    assert not missing, f"not ServerArgs fields in {src.label}: {sorted(missing)}"
 
 
 # ── requests ─────────────────────────────────────────────────────────────────────────────────
@@ -194,7 +234,7 @@ def test_server_args_we_pass_and_read(src: Source) -> None:
 IO_STRUCT = "sglang/srt/managers/io_struct.py"
 
 
-@pytest.mark.network
+@reads_sglang
 @pytest.mark.parametrize(
     "params",
     [SamplingParams(), SamplingParams(temperature=0.7, top_k=20, top_p=0.9, stop_token_ids=(2,))],
@@ -209,7 +249,7 @@ def test_generate_request_fields(src: Source, params: SamplingParams) -> None:
         assert 'SamplingLogprobsMode = Literal["selected", "support"]' in literal
 
 
-@pytest.mark.network
+@reads_sglang
 def test_weight_update_requests(src: Source) -> None:
     update = update_request_kwargs([b"payload"], version=3)
     assert update.keys() <= fields(src.cls(IO_STRUCT, "UpdateWeightsFromTensorReqInput"))
@@ -225,7 +265,7 @@ def test_weight_update_requests(src: Source) -> None:
         assert not no_default, f"{name}() needs {no_default}"
 
 
-@pytest.mark.network
+@reads_sglang
 def test_tokenizer_manager_coroutines(src: Source) -> None:
     classes: dict[str, ast.ClassDef] = {}
     for path in src.files_under("sglang/srt/managers/"):
@@ -255,7 +295,7 @@ def test_tokenizer_manager_coroutines(src: Source) -> None:
         assert_callable_with(fn, "obj")
 
 
-@pytest.mark.network
+@reads_sglang
 def test_serializer(src: Source) -> None:
     common = src.cls("sglang/srt/utils/common.py", "MultiprocessingSerializer")
     assert_callable_with(methods(common)["serialize"], "obj")
@@ -267,7 +307,7 @@ def test_serializer(src: Source) -> None:
 # ── outputs and their meaning ────────────────────────────────────────────────────────────────
 
 
-@pytest.mark.network
+@reads_sglang
 def test_meta_info_keys(src: Source) -> None:
     manager = src.text("sglang/srt/managers/tokenizer_manager.py")
     for key in ("output_token_logprobs", "output_token_sampling_logprobs", "finish_reason"):
@@ -279,7 +319,7 @@ def test_meta_info_keys(src: Source) -> None:
     assert all(f'"type": "{k}"' in reasons for k in ("stop", "length", "abort"))
 
 
-@pytest.mark.network
+@reads_sglang
 def test_logprob_semantics_canary(src: Source) -> None:
     """The lines the module docstring's logprob claims rest on; if one moves, re-read them."""
     sampler = src.text("sglang/srt/layers/sampler.py")
