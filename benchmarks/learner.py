@@ -7,8 +7,9 @@ Both sides train the same model on the same synthetic batch (``--batch`` sequenc
   the response tokens, backward, AdamW step; no FSDP, no process group. Two variants when
   computing in bf16: weights held in bf16 (``plain bf16``), and fp32 master weights under
   ``torch.autocast`` (``plain amp``), which is what streamrl keeps (``model.learner_dtype``).
-- ``streamrl``: ``workers.train_step.TrainStep`` as the learner runs it, on FSDP2 ranks
-  (gloo on CPU, NCCL on CUDA) or, with one rank, on its compute image (``workers/fsdp.py``):
+- ``streamrl``: ``workers.learning.train_step.TrainStep`` as the learner runs it, on FSDP2 ranks
+  (gloo on CPU, NCCL on CUDA) or, with one rank, on its compute image
+  (``workers/learning/fsdp.py``):
   logits only at response positions, global-denominator losses, one gradient reduce-scatter
   per update, the bf16 weight image in the forward.
 
@@ -65,7 +66,7 @@ def response_lengths(args: argparse.Namespace, seed: int) -> list[int]:
 def synthetic_groups(args: argparse.Namespace, vocab: int, seed: int) -> list[TrajectoryGroup]:
     """``args.batch`` trajectories in groups of ``--group-size``, random tokens, random
     rewards; with ``--share-prompts`` a group's trajectories share one prompt, as a group's
-    samples do in a run (the learner then encodes it once: ``workers/batching.py``)."""
+    samples do in a run (the learner then encodes it once: ``workers/learning/batching.py``)."""
     rng = random.Random(seed)
     lengths = iter(response_lengths(args, seed))
     groups = []
@@ -173,7 +174,7 @@ def time_adamw(args: argparse.Namespace, model_dir: Path) -> dict[str, float]:
 def _streamrl_rank(rank: int, ranks: int, master: str, args: argparse.Namespace, out: str) -> None:
     import torch.distributed as dist
 
-    from streamrl.workers.learner import build_train_step, rendezvous
+    from streamrl.workers.learning.learner import build_train_step, rendezvous
 
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as every role process does (streamrl.controller.actors)

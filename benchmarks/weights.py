@@ -87,7 +87,7 @@ def subscriber_main(sid, pub_ep, anchor_ep, model_dir, final, learner_version, o
     import torch
 
     from streamrl.models import load_bf16_image
-    from streamrl.workers.subscriber import WeightSubscriber
+    from streamrl.workers.generation.subscriber import WeightSubscriber
 
     torch.set_num_threads(1)
     image = load_bf16_image(Path(model_dir))
@@ -131,7 +131,7 @@ def run_config(
 
     from streamrl.config import WeightsConfig
     from streamrl.models import load_causal_lm
-    from streamrl.workers.publisher import WeightPublisher, local_bf16_shards
+    from streamrl.workers.learning.publisher import WeightPublisher, local_bf16_shards
 
     model = load_causal_lm(model_dir, "float32", device=device)
     model.config.use_cache = False
@@ -268,7 +268,7 @@ def compare_index_encodings(
 
     from streamrl.config import WeightsConfig
     from streamrl.models import load_causal_lm
-    from streamrl.workers.publisher import local_bf16_shards
+    from streamrl.workers.learning.publisher import local_bf16_shards
     from streamrl.workers.weight_codec import row_blocks
 
     model = load_causal_lm(model_dir, "float32", device=device)

@@ -110,7 +110,7 @@ class GroupDecoder:
 def refusal(group: TrajectoryGroup, vocab_size: int = 0) -> str | None:
     """Why a well-formed group must not reach a learner (a counted reason), or ``None``.
     Call after ``TrajectoryGroup.check`` passed (whole 4-byte elements)."""
-    if group.unscored:  # its generator could not get its served scores (workers.scoring)
+    if group.unscored:  # its generator could not get its served scores (workers.generation.scoring)
         return "unscored"
     if not group.trajectories:
         return "no_trajectories"

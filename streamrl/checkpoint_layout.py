@@ -1,6 +1,6 @@
 """How a run's checkpoints lie on disk, and which one is the newest (docs/design.md §9).
 
-The one owner of the layout; the learner saves into it (``workers.checkpoint``), the
+The one owner of the layout; the learner saves into it (``workers.learning.checkpoint``), the
 controller resumes from it (``controller.rundir``) and ``streamrl export`` reads it
 (``streamrl.export``)::
 

@@ -228,7 +228,7 @@ def _buffer_export(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from streamrl.evaluation import EvalError
-    from streamrl.workers.evaluator import run_cli_eval
+    from streamrl.workers.generation.evaluator import run_cli_eval
 
     try:
         return run_cli_eval(args.models, args.data, args.max_prompts, args.device, args.out)

@@ -176,7 +176,8 @@ class DataConfig(_Section):
 
 
 class JudgeSpec(_Section):
-    """A generative judge (``rewards: - judge: {...}``, workers/judge.py): a causal LM asked
+    """A generative judge (``rewards: - judge: {...}``, workers/reward_roles/judge.py): a causal LM
+    asked
     about each response with ``template``, served by a reward role of its own. Set by the job
     author."""
 
@@ -258,7 +259,8 @@ class RewardSpec(_Section):
 
 class ScoringConfig(_Section):
     """Reward roles (docs/design.md §7c): how model rewards and judges are served; and the
-    time bound of the rules, scored in each generator's rule worker (workers/rule_worker.py).
+    time bound of the rules, scored in each generator's rule worker
+    (workers/generation/rule_worker.py).
     Set by the operator."""
 
     # A group whose rules have not scored it in this long (a rule that hangs: a user's
@@ -404,7 +406,8 @@ class LearnerConfig(_Section):
     # trajectory goes alone), as many on every rank. Less padding when lengths vary.
     micro_batch_tokens: Annotated[int, msgspec.Meta(ge=0, extra={"zero": "off"})] = 0
     # operator: a group's samples share their prompt: encode it once per micro-batch, with each
-    # response attending to it through a 4-D mask, where that costs less (workers/batching).
+    # response attending to it through a 4-D mask, where that costs less
+    # (workers/learning/batching).
     share_prompts: bool = True
     # Optimizer steps per batch (PPO mini-batches; each rank splits its groups evenly) and
     # passes over the batch. More than one update makes the clip act: proximal logprobs are

@@ -37,7 +37,7 @@ generation calls on the version the controller names (or newer: ``eval/version``
 the responses never reach the buffer.
 
 This module says what is evaluated and how it is scored, without torch; running it on an
-engine (the generator's, or ``streamrl eval``'s) is ``workers.evaluator``'s.
+engine (the generator's, or ``streamrl eval``'s) is ``workers.generation.evaluator``'s.
 
 Example: ground truth ``"7"``; ``"7"``, ``" 7.\\nbecause 3 + 4"`` and ``"3 + 4 = 7"`` are
 exact; ``"7 + 0 = 8"`` and ``"3 + 4 ="`` are not.
@@ -335,6 +335,7 @@ def resolve_target(target: str, overrides: list[str]) -> tuple[str, Config, Any]
 
 def evaluates_in_slack(config: Config) -> bool:
     """Whether ``eval.runs_on`` puts the run's evaluations in generator 0's evaluation
-    process (``workers.eval_process``) rather than its loop: ``auto`` does on CPU generators."""
+    process (``workers.generation.eval_process``) rather than its loop: ``auto`` does on CPU
+    generators."""
     runs_on = config.eval.runs_on
     return runs_on == "slack" or (runs_on == "auto" and config.generator.device == "cpu")

@@ -690,7 +690,7 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     images_verified: int = 0
     image_mismatches: int = 0
     # Groups refused because a rule reward raised on one of their responses, or the rule
-    # worker died scoring them (``workers.rule_worker``; each logged with the reason).
+    # worker died scoring them (``workers.generation.rule_worker``; each logged with the reason).
     reward_errors: int = 0
     # The learner epoch of ``applied_version`` (``streamrl.clock``).
     weights_epoch: int = 0
@@ -718,7 +718,8 @@ class ShardReport(msgspec.Struct, tag="shard_report"):
 
 
 class EvalReport(msgspec.Struct, tag="eval_report"):
-    """Held-out evaluation figures (``workers.evaluator.evaluate``) of weights ``version`` of
+    """Held-out evaluation figures (``workers.generation.evaluator.evaluate``) of weights
+    ``version`` of
     learner epoch ``weights_epoch``, asked for at ``requested`` (the generator may hold a newer
     version by then)."""
 
@@ -763,7 +764,8 @@ class ScoreReply(msgspec.Struct, tag="score_reply"):
 
 
 class RewardRoleReport(msgspec.Struct, tag="reward_report"):
-    """A reward role's totals (``workers.reward_role``), sent every second: the controller's
+    """A reward role's totals (``workers.reward_roles.reward_role``), sent every second: the
+    controller's
     ``/status``, ``summary.json`` and the bench read them."""
 
     index: int  # the reward's position in ``rewards:``
@@ -795,7 +797,7 @@ class RewardRoleReport(msgspec.Struct, tag="reward_report"):
 
 
 class ScoringFigures(msgspec.Struct):
-    """A generator's side of scoring (``workers.scoring``), totals of this process."""
+    """A generator's side of scoring (``workers.generation.scoring``), totals of this process."""
 
     waiting: int = 0  # groups sampled and waiting for their scores, now
     sent: int = 0  # requests sent (first tries and retries)

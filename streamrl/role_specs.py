@@ -93,7 +93,8 @@ class GeneratorSpec(RoleSpec):
 
 
 class RewardRoleSpec(RoleSpec):
-    """A reward role (``workers.reward_role``): serves one ``rewards:`` entry's reward model
+    """A reward role (``workers.reward_roles.reward_role``): serves one ``rewards:`` entry's reward
+    model
     or judge on its ROUTER."""
 
     config: Config  # scoring.threads resolved for this role

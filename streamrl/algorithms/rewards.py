@@ -1,7 +1,8 @@
 """Algorithm-side reward shaping: the DAPO overlong penalty and token-level rewards for GAE.
 
 These act on scores a verifier already produced (the verifier registry is ``streamrl.rewards``);
-the learner applies them (``workers.train_step``). All functions are pure and sync-free. The
+the learner applies them (``workers.learning.train_step``). All functions are pure and sync-free.
+The
 zero-variance group filter lives in the buffer (``group_filter``).
 """
 

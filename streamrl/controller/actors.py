@@ -76,7 +76,7 @@ class LearnerActor:
         return f"{host}:{free_port(host)}"
 
     def setup(self, master: str) -> tuple[str, str]:
-        from streamrl.workers.learner import Learner
+        from streamrl.workers.learning.learner import Learner
 
         self.learner = Learner(self.spec, master)
         return self.learner.endpoints()
@@ -118,7 +118,7 @@ class LearnerActor:
 class GeneratorActor:
     def __init__(self, spec: GeneratorSpec) -> None:
         _setup_process(spec.log_file, spec.cores)
-        from streamrl.workers.generator import Generator
+        from streamrl.workers.generation.generator import Generator
 
         self.generator = Generator(spec)
 
@@ -134,11 +134,12 @@ class GeneratorActor:
 
 @ray.remote(num_cpus=0, max_concurrency=2)
 class RewardRoleActor:
-    """A reward role (``workers.reward_role``); ``endpoint`` answers once its scorer loaded."""
+    """A reward role (``workers.reward_roles.reward_role``); ``endpoint`` answers once its scorer
+    loaded."""
 
     def __init__(self, spec: RewardRoleSpec) -> None:
         _setup_process(spec.log_file, spec.cores)
-        from streamrl.workers.reward_role import RewardRole
+        from streamrl.workers.reward_roles.reward_role import RewardRole
 
         self.role = RewardRole(spec)
 

@@ -2,7 +2,7 @@
 
 An episode starts from a prompt record (``reset``); each policy turn's text goes to ``step``,
 which answers with the next observation (a user turn the chat template renders), the reward
-of that step and whether the episode is over. ``streamrl.workers.episodes`` drives many
+of that step and whether the episode is over. ``streamrl.workers.generation.episodes`` drives many
 episodes at once over an engine and keeps the exact tokens of both sides.
 
 A new environment instance serves each episode, so an environment keeps its episode's state

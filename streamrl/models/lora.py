@@ -3,7 +3,7 @@
 With ``model.lora`` or ``model.adapter`` set the learner trains only low-rank adapters over a
 frozen base, the weight stream carries only the adapters, and each generator merges them into
 its engine's weights (``LoraMerge``), and the learner computes with the same merged weights
-(``workers.lora_forward``).
+(``workers.learning.lora_forward``).
 
 Version 0 of the adapters is one PEFT adapter directory that every role loads, so that the
 learner's image and every generator's are bit-identical from the start, as for full weights:
@@ -172,7 +172,7 @@ def _unmergeable(model, base, targets: list[str] | str) -> str:
     - peft's ``all-linear`` also wraps tensors that are not linear layers (transformers 5
       fuses a MoE block's experts into 3-D tensors; its router is a bare parameter) in a
       ``ParamWrapper``: no checkpoint tensor is ``<layer>.weight``, and the learner's merged
-      forward (``workers.lora_forward``) takes linear layers only;
+      forward (``workers.learning.lora_forward``) takes linear layers only;
     - an output head tied to the input embeddings shares their tensor in every engine:
       merging B A into it would change the embeddings too, which the learner leaves as
       they are;
@@ -389,7 +389,7 @@ def merged_weight(
     base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """``W0 + scale * B @ A`` in float32: the one merge formula of the generators, the export
-    and the learner's forward (``workers.lora_forward``), before the rounding to bf16."""
+    and the learner's forward (``workers.learning.lora_forward``), before the rounding to bf16."""
     return base.float() + scale * (b.float() @ a.float())
 
 

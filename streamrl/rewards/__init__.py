@@ -1,6 +1,7 @@
 """Rewards by name (``rewards:`` in the config; docs/design.md §7): a rule is a function of a
 ``RewardInput`` that returns a float; a reward model or an LLM judge is served by a reward role
-(``workers.reward_role``) behind the ``Scorer`` interface. The built-in rules (``REWARDS``,
+(``workers.reward_roles.reward_role``) behind the ``Scorer`` interface. The built-in rules
+(``REWARDS``,
 ``streamrl.rewards.rules``):
 
 - ``numeric_match``: the number the response states is the ground truth (``partial`` for it
@@ -81,10 +82,10 @@ class RuleError(Exception):
 
 class CombinedReward:
     """The job's rule rewards (``rewards:`` entries with a ``name``; model rewards and judges
-    are served by reward roles, ``workers.scoring``): each one's score of a response.
+    are served by reward roles, ``workers.generation.scoring``): each one's score of a response.
 
     Two readings of a failing rule. Training (``checked_scores``, run by the generator's rule
-    worker, ``workers.rule_worker``) raises ``RuleError``, and the group is refused and
+    worker, ``workers.generation.rule_worker``) raises ``RuleError``, and the group is refused and
     counted as a served reward's error is: a 0 beside real scores would be a wrong reward
     the learner trains on. The held-out check (``scores``, ``__call__``) scores the failure
     0, a wrong answer, and counts it in ``errors`` (the first is logged)."""
@@ -132,7 +133,9 @@ def check_rewards(specs: list[RewardSpec]) -> None:
     """Every reward resolves, and a built-in one accepts its ``args`` (probed on one sample,
     so ``scale: 0`` or a misspelt argument fails at load, not as counted errors mid-run)."""
     for spec in specs:
-        if spec.served:  # a reward model or a judge: its role checks it (workers.reward_role)
+        if (
+            spec.served
+        ):  # a reward model or a judge: its role checks it (workers.reward_roles.reward_role)
             continue
         fn = resolve_reward(spec.name)
         if "after" in spec.args:  # a reward gated on another (``stopped``) names it

@@ -1,4 +1,5 @@
-"""Fuzzing a learner rank's anchor service (``workers.publisher.WeightPublisher``'s ROUTER).
+"""Fuzzing a learner rank's anchor service (``workers.learning.publisher.WeightPublisher``'s
+ROUTER).
 
 10,000 seeded inputs from one DEALER against a publisher around a tiny model: malformed
 requests are counted by kind (``_codec.malformed``), every request that decodes is answered
@@ -30,7 +31,7 @@ from streamrl.protocol import (
     WeightAnchor,
 )
 from streamrl.transport import make_socket
-from streamrl.workers.publisher import WeightPublisher, local_bf16_shards
+from streamrl.workers.learning.publisher import WeightPublisher, local_bf16_shards
 
 N_INPUTS = 10_000
 

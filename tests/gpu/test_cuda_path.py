@@ -20,7 +20,7 @@ from streamrl.protocol import Trajectory, TrajectoryGroup
 from streamrl.transport import free_port
 from streamrl.workers.engines.base import EngineArgs, SamplingParams
 from streamrl.workers.engines.hf import HFEngine
-from streamrl.workers.learner import build_train_step, rendezvous
+from streamrl.workers.learning.learner import build_train_step, rendezvous
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda", 0)

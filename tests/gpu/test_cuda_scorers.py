@@ -15,7 +15,7 @@ from streamrl.models import resolve_model
 from streamrl.rewards.model import RewardModelScorer
 from streamrl.rewards.model_training import Pair, train_reward_model
 from streamrl.rewards.scorer import ScoreItem
-from streamrl.workers.judge import JudgeScorer
+from streamrl.workers.reward_roles.judge import JudgeScorer
 
 pytestmark = pytest.mark.gpu
 

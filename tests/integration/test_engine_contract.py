@@ -361,7 +361,7 @@ def test_episodes_match_the_learner_on_every_policy_token(engine, kind, model_di
     from streamrl.config import load_config
     from streamrl.models import stop_token_ids
     from streamrl.tasks import TASKS
-    from streamrl.workers.episodes import EpisodeRunner
+    from streamrl.workers.generation.episodes import EpisodeRunner
 
     config = load_config(
         None, ["data.source=guess", "env.name=guess", "rewards=[]", "env.max_turns=3"]
@@ -518,7 +518,7 @@ def test_lora_adapters_merged_in_flight_match_the_learner(
         save_adapter,
     )
     from streamrl.models.lora import attach_adapter as peft_wrap
-    from streamrl.workers.lora_forward import merge_in_forward
+    from streamrl.workers.learning.lora_forward import merge_in_forward
 
     settings = AdapterSettings(r=8, alpha=16.0, target_modules="all-linear")
     adapters = fresh_adapter(adapter_shapes(model_dir, settings), seed=0)

@@ -135,9 +135,9 @@ def test_every_architecture_checkpoints_resumes_and_exports(arch: str, tmp_path:
     from streamrl.export import export_checkpoint
     from streamrl.models import load_causal_lm, resolve_model
     from streamrl.transport import free_port
-    from streamrl.workers import checkpoint
-    from streamrl.workers.fsdp import adamw, clip_and_step, shard_for_training
-    from streamrl.workers.learner import rendezvous
+    from streamrl.workers.learning import checkpoint
+    from streamrl.workers.learning.fsdp import adamw, clip_and_step, shard_for_training
+    from streamrl.workers.learning.learner import rendezvous
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

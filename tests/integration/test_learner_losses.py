@@ -17,8 +17,8 @@ from streamrl.config import Config, load_config
 from streamrl.models import TINY, resolve_model
 from streamrl.role_specs import LearnerSpec
 from streamrl.transport import free_port
-from streamrl.workers.batching import build_micro_batches
-from streamrl.workers.learner import Learner
+from streamrl.workers.learning.batching import build_micro_batches
+from streamrl.workers.learning.learner import Learner
 
 
 def one_rank(config: Config, model_dir: str, checkpoint_dir: str = "checkpoints") -> Learner:

@@ -36,12 +36,12 @@ from streamrl.models.tiny import ARCHITECTURES
 from streamrl.protocol import Trajectory, TrajectoryGroup
 from streamrl.tasks.base import Prompt
 from streamrl.transport import free_port
-from streamrl.workers.batching import build_micro_batches, micro_batch_rows
 from streamrl.workers.engines.base import EngineArgs, SamplingParams
 from streamrl.workers.engines.hf import HFEngine
-from streamrl.workers.episodes import EpisodeRunner
-from streamrl.workers.learner import build_train_step, rendezvous
-from streamrl.workers.train_step import TrainStep
+from streamrl.workers.generation.episodes import EpisodeRunner
+from streamrl.workers.learning.batching import build_micro_batches, micro_batch_rows
+from streamrl.workers.learning.learner import build_train_step, rendezvous
+from streamrl.workers.learning.train_step import TrainStep
 
 AGGREGATIONS = [
     "token-mean",

@@ -34,9 +34,9 @@ from streamrl.models import TINY
 from streamrl.models.tiny import ARCHITECTURES
 from streamrl.protocol import WeightDiff
 from streamrl.transport import free_port
-from streamrl.workers.fsdp import shard_for_training
-from streamrl.workers.publisher import WeightPublisher
-from streamrl.workers.subscriber import WeightSubscriber
+from streamrl.workers.generation.subscriber import WeightSubscriber
+from streamrl.workers.learning.fsdp import shard_for_training
+from streamrl.workers.learning.publisher import WeightPublisher
 from streamrl.workers.weight_codec import shard_rows
 
 
@@ -309,7 +309,7 @@ def test_every_architecture_streams_bitwise(arch: str) -> None:
     from torch.distributed.fsdp import FSDPModule
 
     from streamrl.models import load_causal_lm, resolve_model
-    from streamrl.workers.fsdp import decoder_blocks
+    from streamrl.workers.learning.fsdp import decoder_blocks
 
     model_dir = resolve_model(arch)
     ranks = FakeRanks(
@@ -366,7 +366,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out: str, to_test, go, done
     from streamrl.models import load_causal_lm
 
     torch.set_num_threads(1)
-    from streamrl.workers.learner import rendezvous
+    from streamrl.workers.learning.learner import rendezvous
 
     # The product's rendezvous: the store and gloo stay on loopback.
     dist.init_process_group(
@@ -495,7 +495,7 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: 
 
     from streamrl.protocol import GeneratorActivity
     from streamrl.workers.engines.base import SamplingParams
-    from streamrl.workers.generator_weights import GeneratorWeights
+    from streamrl.workers.generation.generator_weights import GeneratorWeights
 
     model_dir, ranks, config, engine = tiny_engine_on_a_stream()
     spec = generator_spec(config, model_dir, ranks)
@@ -548,7 +548,7 @@ def test_the_weight_thread_never_parks_whatever_moment_the_generator_adopts() ->
     import zmq
 
     from streamrl.protocol import GeneratorActivity
-    from streamrl.workers.generator_weights import GeneratorWeights
+    from streamrl.workers.generation.generator_weights import GeneratorWeights
 
     model_dir, ranks, config, engine = tiny_engine_on_a_stream()
     spec = generator_spec(config, model_dir, ranks)
@@ -613,7 +613,7 @@ def test_a_published_version_that_never_comes_is_a_stall_and_an_unpublished_one_
     import zmq
 
     from streamrl.protocol import GeneratorActivity
-    from streamrl.workers.generator_weights import GeneratorWeights
+    from streamrl.workers.generation.generator_weights import GeneratorWeights
 
     model_dir, ranks, config, engine = tiny_engine_on_a_stream()
     ctx = zmq.Context()
@@ -648,7 +648,7 @@ def test_the_evaluation_process_s_engine_takes_only_the_version_it_evaluates() -
     import zmq
 
     from streamrl.protocol import GeneratorActivity
-    from streamrl.workers.generator_weights import GeneratorWeights
+    from streamrl.workers.generation.generator_weights import GeneratorWeights
 
     model_dir, ranks, config, engine = tiny_engine_on_a_stream()
     spec = generator_spec(config, model_dir, ranks)

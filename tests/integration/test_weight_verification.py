@@ -77,7 +77,7 @@ def test_every_architecture_catches_and_repairs_a_silent_divergence(
     element that diverged."""
     from streamrl.models import load_causal_lm, resolve_model
 
-    caplog.set_level(logging.WARNING, logger="streamrl.workers.subscriber")
+    caplog.set_level(logging.WARNING, logger="streamrl.workers.generation.subscriber")
     model_dir = resolve_model(arch)
     config = WeightsConfig(chunk_bytes=8192, verify_every=2)
     ranks = FakeRanks(2, config, lambda: load_causal_lm(model_dir, "float32"))
@@ -109,7 +109,7 @@ def test_every_architecture_catches_and_repairs_a_silent_divergence(
 def test_silent_divergence_is_caught_at_the_next_verified_version_and_repaired(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="streamrl.workers.subscriber")
+    caplog.set_level(logging.WARNING, logger="streamrl.workers.generation.subscriber")
     ranks = FakeRanks(2, WeightsConfig(chunk_bytes=4096, verify_every=4))
     sub = ranks.subscriber(0)
     time.sleep(0.5)  # let the SUB socket connect before the first diff

@@ -12,7 +12,7 @@ from streamrl.export import ExportError, checkpoint_dir
 
 
 def _save(root, version: int, extra: dict | None = None):
-    """What ``workers.checkpoint.save`` does around the DCP files, in its order."""
+    """What ``workers.learning.checkpoint.save`` does around the DCP files, in its order."""
     path = layout.path_for(root, version)
     path.mkdir(parents=True)
     layout.write_meta(path, version, extra)

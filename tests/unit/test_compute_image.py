@@ -1,4 +1,5 @@
-"""One learner rank trains on a ``ComputeImage`` instead of FSDP2 (``workers/fsdp.py``): the
+"""One learner rank trains on a ``ComputeImage`` instead of FSDP2 (``workers/learning/fsdp.py``):
+the
 same forward, the same gradients on the fp32 masters, and the masters untouched until the
 optimizer steps. FSDP2 on the same one-rank mesh is the reference."""
 
@@ -11,14 +12,14 @@ from support import whole
 
 from streamrl.models import TINY, load_causal_lm, resolve_model
 from streamrl.transport import free_port
-from streamrl.workers.fsdp import (
+from streamrl.workers.learning.fsdp import (
     ComputeImage,
     fully_shard_model,
     release_compute_image,
     set_gradient_sync,
     shard_for_training,
 )
-from streamrl.workers.learner import rendezvous
+from streamrl.workers.learning.learner import rendezvous
 
 pytestmark = pytest.mark.slow  # a process group and a model per test
 

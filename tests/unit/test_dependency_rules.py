@@ -184,9 +184,11 @@ def third_party(target: str, *names: str) -> bool:
 def test_the_package_map_is_read() -> None:
     """The rules below see every module under its importable name."""
     names = modules()
-    assert {"streamrl.config", "streamrl.workers.generator", "streamrl.buffers.server"} <= set(
-        names
-    )
+    assert {
+        "streamrl.config",
+        "streamrl.workers.generation.generator",
+        "streamrl.buffers.server",
+    } <= set(names)
     assert "streamrl.workers.engines.hf" in names
     assert not any(n.startswith(("workers", "buffers")) for n in names)
 
@@ -196,10 +198,11 @@ def test_resolves_every_spelling() -> None:
     assert _canonical("buffers.delivery") == "streamrl.buffers.delivery"
     targets = {i.target for i in imports_of("streamrl.buffers.server")}
     assert "streamrl.buffers.durable_log" in targets  # ``from .durable_log import DurableLog``
-    targets = {i.target for i in imports_of("streamrl.workers.learner")}
-    assert "streamrl.workers.checkpoint" in targets  # ``from streamrl.workers import checkpoint``
-    local = {i.target for i in imports_of("streamrl.workers.generator_evaluations")}
-    assert "streamrl.workers.evaluator" in local  # a function-local import
+    targets = {i.target for i in imports_of("streamrl.workers.learning.learner")}
+    # ``from streamrl.workers.learning import checkpoint``
+    assert "streamrl.workers.learning.checkpoint" in targets
+    local = {i.target for i in imports_of("streamrl.workers.generation.generator_evaluations")}
+    assert "streamrl.workers.generation.evaluator" in local  # a function-local import
     assert "torch" not in {i.target for i in imports_of("streamrl.algorithms")}  # TYPE_CHECKING
 
 
@@ -442,3 +445,34 @@ def test_design_sections_cited_exist() -> None:
         f"docs/design.md has sections {sorted(sections)}; these cite others:\n"
         + "\n".join(dangling)
     )
+
+
+def _layout_section() -> str:
+    text = DESIGN.read_text()
+    start = text.index("## 2. Layout")
+    return text[start : SECTION_HEADING.search(text, start + 1).start()]
+
+
+def test_the_layout_names_every_module() -> None:
+    """design.md §2 names every module of ``streamrl/``, ``workers/`` and ``buffers/`` on the
+    line of its package (or a line the package's entry continues on), so a new module lands
+    with its place in the map."""
+    layout = _layout_section()
+    entries: dict[str, str] = {}  # a package's directory -> the text of its entry
+    current = None
+    for line in layout.splitlines():
+        head = re.match(r"^(\S+/)\s", line)
+        if head:
+            current = head.group(1)
+            entries[current] = ""
+        if current is not None:
+            entries[current] += " " + line
+    missing = []
+    for name, (path, _) in modules().items():
+        if path.name == "__init__.py":
+            continue
+        directory = path.parent.relative_to(ROOT).as_posix() + "/"
+        entry = entries.get(directory, "")
+        if not re.search(rf"\b{re.escape(path.stem)}\b", entry):
+            missing.append(f"{name} ({directory} entry)")
+    assert not missing, "docs/design.md §2 does not name:\n" + "\n".join(sorted(missing))

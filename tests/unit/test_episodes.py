@@ -1,4 +1,4 @@
-"""Multi-turn episodes (``workers.episodes``): what the learner gets is exactly what was
+"""Multi-turn episodes (``workers.generation.episodes``): what the learner gets is exactly what was
 sampled and what the environment said, turn after turn, and every way an episode can end is
 an ending, never an exception. The engine here is mostly a test double that answers from a
 script (the real engines run episodes in tests/integration/test_train_step.py and the launch
@@ -26,7 +26,13 @@ from streamrl.protocol import Trajectory, TrajectoryGroup
 from streamrl.tasks.base import Prompt
 from streamrl.workers.engines.base import Engine, EngineArgs, GenerationOutput, SamplingParams
 from streamrl.workers.engines.hf import HFEngine
-from streamrl.workers.episodes import EnvCalls, EpisodeRunner, TurnRenderer, play, start_episodes
+from streamrl.workers.generation.episodes import (
+    EnvCalls,
+    EpisodeRunner,
+    TurnRenderer,
+    play,
+    start_episodes,
+)
 
 TOKENIZER = load_tokenizer(resolve_model(TINY))
 STOP = stop_token_ids(TOKENIZER)

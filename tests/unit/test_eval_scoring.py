@@ -13,10 +13,10 @@ from test_scoring_client import _group, _pump_until, _Role
 
 from streamrl.config import Config, RewardSpec, ScoringConfig
 from streamrl.evaluation import EvalResult
-from streamrl.workers.generator_delivery import Delivery
-from streamrl.workers.generator_evaluations import HeldOutEvaluations, NoProcess
-from streamrl.workers.generator_sockets import ShardPushers
-from streamrl.workers.scoring import GroupScoring
+from streamrl.workers.generation.generator_delivery import Delivery
+from streamrl.workers.generation.generator_evaluations import HeldOutEvaluations, NoProcess
+from streamrl.workers.generation.generator_sockets import ShardPushers
+from streamrl.workers.generation.scoring import GroupScoring
 
 
 def _evaluations(ctx: zmq.Context, role: _Role, sent: list) -> HeldOutEvaluations:

@@ -1,11 +1,12 @@
-"""``workers.evaluator.evaluate``: an engine's responses, scored by ``streamrl.evaluation``."""
+"""``workers.generation.evaluator.evaluate``: an engine's responses, scored by
+``streamrl.evaluation``."""
 
 from __future__ import annotations
 
 from streamrl.config import load_config
 from streamrl.evaluation import eval_prompts
 from streamrl.workers.engines.base import GenerationOutput, SamplingParams
-from streamrl.workers.evaluator import evaluate
+from streamrl.workers.generation.evaluator import evaluate
 
 
 class _Tokenizer:

@@ -1,7 +1,8 @@
 """The generator's optional parts, each alone: ``Delivery`` with and without served scoring
-(``workers.generator_delivery``), ``HeldOutEvaluations`` with an evaluation process that
-answers, abandons and dies (``workers.generator_evaluations``), and the evaluation process's
-typed pipe messages (``workers.eval_process``)."""
+(``workers.generation.generator_delivery``), ``HeldOutEvaluations`` with an evaluation process that
+answers, abandons and dies (``workers.generation.generator_evaluations``), and the evaluation
+process's
+typed pipe messages (``workers.generation.eval_process``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from test_scoring_client import _group, _Role
 from streamrl.config import Config, RewardSpec, ScoringConfig
 from streamrl.evaluation import EvalResult
 from streamrl.protocol import Directives, LearnerClockInfo, Receipts, ScoringFigures
-from streamrl.workers.eval_process import (
+from streamrl.workers.generation.eval_process import (
     Abandoned,
     ClockNews,
     Close,
@@ -26,10 +27,10 @@ from streamrl.workers.eval_process import (
     Ready,
     ToProcess,
 )
-from streamrl.workers.generator_delivery import Delivery, NoScoring
-from streamrl.workers.generator_evaluations import HeldOutEvaluations, NoProcess
-from streamrl.workers.generator_sockets import ShardPushers
-from streamrl.workers.scoring import GroupScoring
+from streamrl.workers.generation.generator_delivery import Delivery, NoScoring
+from streamrl.workers.generation.generator_evaluations import HeldOutEvaluations, NoProcess
+from streamrl.workers.generation.generator_sockets import ShardPushers
+from streamrl.workers.generation.scoring import GroupScoring
 
 
 class _Pusher:

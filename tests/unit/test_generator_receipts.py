@@ -10,7 +10,7 @@ from streamrl.protocol import (
     Receipts,
     TrajectoryGroup,
 )
-from streamrl.workers.generator_sockets import ShardPushers
+from streamrl.workers.generation.generator_sockets import ShardPushers
 
 
 class Admission:

@@ -6,7 +6,7 @@ import pytest
 
 from streamrl import hardware
 from streamrl.config import ConfigError, load_config
-from streamrl.workers.train_step import lr_multiplier
+from streamrl.workers.learning.train_step import lr_multiplier
 
 
 def test_auto_is_float32_where_bf16_is_reported_unsupported(monkeypatch) -> None:
@@ -64,7 +64,7 @@ def test_config_refuses(overrides: list[str], message: str) -> None:
 def test_adamw_is_fused_on_cuda_and_cpu_and_multi_tensor_elsewhere() -> None:
     import torch
 
-    from streamrl.workers.fsdp import adamw
+    from streamrl.workers.learning.fsdp import adamw
 
     params = [torch.nn.Parameter(torch.randn(3))]
     for device in ("cuda", "cpu"):

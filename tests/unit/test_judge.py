@@ -1,4 +1,5 @@
-"""The generative judge (workers/judge.py): verdicts from one batched forward, numbers from
+"""The generative judge (workers/reward_roles/judge.py): verdicts from one batched forward, numbers
+from
 greedy generation on the hf and vllm engines, and what it refuses.
 
 The random tiny model's verdicts mean nothing; what is checked on it is the mechanics (range,
@@ -16,7 +17,7 @@ from streamrl.config import JudgeSpec
 from streamrl.models import SMOLLM2, TINY, resolve_model
 from streamrl.rewards.scorer import ScoreItem
 from streamrl.workers.engines.registry import resolve_engine
-from streamrl.workers.judge import JudgeScorer, fill_template, parse_number
+from streamrl.workers.reward_roles.judge import JudgeScorer, fill_template, parse_number
 
 ITEMS = [
     ScoreItem("What is 2 + 2?", "4", "4"),

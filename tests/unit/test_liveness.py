@@ -15,7 +15,7 @@ from streamrl.controller.roles import FIRST_BEAT_GRACE_S, RoleSlot
 from streamrl.controller.state import GeneratorHealth, RunState
 from streamrl.protocol import Heartbeat
 from streamrl.transport import bind_random, make_socket
-from streamrl.workers.generator_reports import HeartbeatThread
+from streamrl.workers.generation.generator_reports import HeartbeatThread
 from streamrl.workers.progress import Progress
 
 

@@ -1,6 +1,6 @@
 """LoRA's pieces without a run: settings, the checks before any role starts, version 0 of the
 adapters, the generators' merge and the learner's merged forward (``streamrl.models.lora``,
-``workers.lora_forward``), on the tiny random Llama; the merge and the checks on every
+``workers.learning.lora_forward``), on the tiny random Llama; the merge and the checks on every
 architecture of ``streamrl.models.tiny`` too (Phi-3's fused qkv_proj/gate_up_proj, tied
 heads of Qwen2 and Gemma3, Qwen3-MoE's fused experts)."""
 
@@ -30,7 +30,7 @@ from streamrl.models.lora import (
     write_initial_adapter,
 )
 from streamrl.models.tiny import ARCHITECTURES
-from streamrl.workers.lora_forward import merge_in_forward
+from streamrl.workers.learning.lora_forward import merge_in_forward
 
 SETTINGS = AdapterSettings(r=4, alpha=8.0, target_modules="all-linear")
 # Qwen3-MoE: all-linear reaches its fused experts, refused (test below); its linear layers.
@@ -214,7 +214,7 @@ def test_the_merged_forward_trains_a_and_b_only(model_dir: Path, tmp_path: Path)
 def test_merged_linear_gradients_are_lora_s() -> None:
     """For a loss linear in y (gY fixed), A's and B's gradients through the merged forward
     equal those of ``x (W + s B A)^T`` by autograd: the rounding is passed straight through."""
-    from streamrl.workers.lora_forward import _MergedLinear
+    from streamrl.workers.learning.lora_forward import _MergedLinear
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(3, 5, 16, generator=gen)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from support import random_groups
 
-from streamrl.workers.batching import (
+from streamrl.workers.learning.batching import (
     build_micro_batches,
     in_step_order,
     micro_batch_rows,

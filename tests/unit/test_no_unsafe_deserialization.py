@@ -43,7 +43,7 @@ SAFE_YAML_LOADERS = {"SafeLoader", "CSafeLoader", "BaseLoader", "CBaseLoader"}
 
 # (file relative to the repository, dotted call) -> why it is not on an input path.
 ALLOWED = {
-    ("workers/checkpoint.py", "torch.distributed.checkpoint.load"): (
+    ("workers/learning/checkpoint.py", "torch.distributed.checkpoint.load"): (
         "loads the run's own checkpoint directory (resume), written by this run's learners"
     ),
     ("streamrl/export.py", "torch.distributed.checkpoint.load"): (
@@ -166,10 +166,10 @@ def test_the_package_is_all_checked() -> None:
         "buffers/server.py",
         "buffers/frames.py",
         "buffers/durable_log.py",
-        "workers/publisher.py",
-        "workers/subscriber.py",
-        "workers/generator.py",
-        "workers/checkpoint.py",
+        "workers/learning/publisher.py",
+        "workers/generation/subscriber.py",
+        "workers/generation/generator.py",
+        "workers/learning/checkpoint.py",
     ):
         assert must in files, must
     assert len(files) > 50

@@ -13,8 +13,8 @@ from streamrl.buffers.delivery import Delivered
 from streamrl.config import Config, RewardSpec, ScoringConfig
 from streamrl.controller.state import GeneratorHealth, PromptLedger, RunState
 from streamrl.protocol import ShardStats, TrajectoryGroup
-from streamrl.workers.generator_sockets import ShardPushers
-from streamrl.workers.scoring import GroupScoring
+from streamrl.workers.generation.generator_sockets import ShardPushers
+from streamrl.workers.generation.scoring import GroupScoring
 
 SENDER = "0123456789ab"
 

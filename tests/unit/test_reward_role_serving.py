@@ -1,4 +1,5 @@
-"""A real reward role's loop (workers.reward_role) with a stand-in scorer, in this process: one
+"""A real reward role's loop (workers.reward_roles.reward_role) with a stand-in scorer, in this
+process: one
 bad request refuses only its own group, a resend is answered once, expired requests are
 never scored, a request two incarnations died on is refused, and the controller hears which
 requests a batch holds before it is scored."""
@@ -17,7 +18,7 @@ from streamrl.config import Config, RewardSpec, ScoringConfig
 from streamrl.protocol import RewardRoleReport, ScoreItemWire, ScoreReply, ScoreRequest
 from streamrl.rewards.scorer import ScoreItem
 from streamrl.role_specs import RewardRoleSpec
-from streamrl.workers import reward_role
+from streamrl.workers.reward_roles import reward_role
 
 ENC = msgspec.msgpack.Encoder()
 

@@ -61,7 +61,7 @@ def test_cluster_specs_bind_the_nodes_address(tmp_path: Path, monkeypatch) -> No
 def test_publisher_binds_the_host_it_is_given() -> None:
     torch = pytest.importorskip("torch")
     from streamrl.config import WeightsConfig
-    from streamrl.workers.publisher import WeightPublisher
+    from streamrl.workers.learning.publisher import WeightPublisher
 
     ctx = zmq.Context()
     publisher = WeightPublisher(torch.nn.Linear(4, 4), 0, 1, WeightsConfig(), ctx, NODE_IP)
@@ -102,7 +102,7 @@ def test_the_publishers_encoder_thread_runs_on_the_cores_it_is_given() -> None:
     """Affinity is per thread: the encoder widens its own, the learner's thread keeps one core."""
     torch = pytest.importorskip("torch")
     from streamrl.config import WeightsConfig
-    from streamrl.workers.publisher import WeightPublisher
+    from streamrl.workers.learning.publisher import WeightPublisher
 
     everything = sorted(os.sched_getaffinity(0))
     ctx = zmq.Context()

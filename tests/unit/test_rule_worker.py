@@ -1,4 +1,5 @@
-"""Rule rewards under a time bound (``workers.rule_worker``, issue 52): a rule that hangs,
+"""Rule rewards under a time bound (``workers.generation.rule_worker``, issue 52): a rule that
+hangs,
 raises or kills its process refuses its own group, counted, and the next group is scored;
 the Python API's callables reach the worker; the generator's sampling pushes the refused
 group marked ``unscored``. Real child processes, ended by the worker by pid."""
@@ -18,8 +19,8 @@ from streamrl.data import prompt_stream
 from streamrl.models import TINY, load_tokenizer, resolve_model
 from streamrl.rewards import CombinedReward, RewardInput
 from streamrl.workers.engines.base import Engine, GenerationOutput
-from streamrl.workers.rule_worker import RuleWorker
-from streamrl.workers.sampling import Sampler
+from streamrl.workers.generation.rule_worker import RuleWorker
+from streamrl.workers.generation.sampling import Sampler
 
 BOUND_S = 1.0
 

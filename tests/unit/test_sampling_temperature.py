@@ -14,8 +14,8 @@ import torch
 
 from streamrl.config import load_config
 from streamrl.protocol import Trajectory, TrajectoryGroup
-from streamrl.workers.batching import build_micro_batches
-from streamrl.workers.train_step import TrainStep
+from streamrl.workers.learning.batching import build_micro_batches
+from streamrl.workers.learning.train_step import TrainStep
 
 VOCAB = 128
 

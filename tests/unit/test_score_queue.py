@@ -1,4 +1,5 @@
-"""A reward role's queue and batch rules (workers.score_queue): a resend replaces its queued
+"""A reward role's queue and batch rules (workers.reward_roles.score_queue): a resend replaces its
+queued
 copy, expired requests are dropped, a suspect is scored alone, a request two incarnations
 died on is refused, and an exception answers only the requests that raise."""
 
@@ -6,7 +7,7 @@ from __future__ import annotations
 
 from streamrl.protocol import ScoreItemWire, ScoreRequest
 from streamrl.rewards.scorer import ScoreItem
-from streamrl.workers.score_queue import RequestQueue, score_batch
+from streamrl.workers.reward_roles.score_queue import RequestQueue, score_batch
 
 
 def _request(request_id: str, n: int = 1, expires_in_s: float = 0.0) -> ScoreRequest:

@@ -1,4 +1,5 @@
-"""The generator's scoring client (workers.scoring) against a ROUTER the test answers by hand:
+"""The generator's scoring client (workers.generation.scoring) against a ROUTER the test answers by
+hand:
 each group settled exactly once whatever is retried or answered twice, overdue requests sent
 again, a restarted role's requests resent, refusals pushed marked ``unscored``."""
 
@@ -12,7 +13,7 @@ import zmq
 
 from streamrl.config import Config, RewardSpec, ScoringConfig
 from streamrl.protocol import ScoreReply, ScoreRequest, Trajectory, TrajectoryGroup
-from streamrl.workers.scoring import GroupScoring
+from streamrl.workers.generation.scoring import GroupScoring
 
 ENC, DEC = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(ScoreRequest)
 

@@ -102,7 +102,7 @@ def test_the_lr_schedule_warms_up_as_streamrl_and_decays_one_step_ahead(peer) ->
     from functools import partial
 
     optimization = pytest.importorskip("transformers.optimization")
-    from streamrl.workers.train_step import lr_multiplier
+    from streamrl.workers.learning.train_step import lr_multiplier
 
     config = _default()
     kwargs = peer.grpo_kwargs(config, bf16=True, output_dir="/tmp/x", seed=0)

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from streamrl.workers.fsdp import shard_for_training
-from streamrl.workers.publisher import chunk_parts, encode_shard, local_bf16_shards
+from streamrl.workers.learning.fsdp import shard_for_training
+from streamrl.workers.learning.publisher import chunk_parts, encode_shard, local_bf16_shards
 from streamrl.workers.weight_codec import (
     EncodedPart,
     apply_part,

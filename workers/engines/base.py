@@ -7,7 +7,7 @@ Concurrency rule: ``update_weights`` is only ever called from inside ``on_step``
 decode steps) or between ``generate`` calls, never concurrently with a forward pass.
 ``prepare_weights`` runs on the generator's weight thread while the engine decodes: it does the
 slow part of an update (copies, repacking) without touching what a forward reads, and returns
-the short adoption that ``on_step`` then calls (``workers.generator_weights``).
+the short adoption that ``on_step`` then calls (``workers.generation.generator_weights``).
 
 Example: a sequence that decodes tokens t0..t2 at version 3, then sees ``update_weights(...,
 version=4)`` from ``on_step``, decodes t3.. at version 4: ``token_versions == [3, 3, 3, 4, ...]``.

@@ -22,7 +22,7 @@ parent-death signal), ends it.
 Example: generator 0 told to evaluate v10 sends ``EvalAsk(10, 0, final=False, unseen=False)``
 and goes on sampling; the process applies versions up to 10 from its own subscriber,
 evaluates, and sends ``Evaluated(10, 0, result, held_epoch=0)``, which generator 0 forwards
-to the controller as an ``EvalReport`` (``workers.generator_evaluations``).
+to the controller as an ``EvalReport`` (``workers.generation.generator_evaluations``).
 """
 
 from __future__ import annotations
@@ -134,8 +134,8 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
     from streamrl.models import load_tokenizer
     from streamrl.transport import resolve_host
     from streamrl.workers.engines import build_engine
-    from streamrl.workers.evaluator import evaluate_held_out
-    from streamrl.workers.generator_weights import GeneratorWeights
+    from streamrl.workers.generation.evaluator import evaluate_held_out
+    from streamrl.workers.generation.generator_weights import GeneratorWeights
 
     # One thread: a second one of an OpenMP team under SCHED_IDLE would spin at each barrier
     # while the kernel holds its partner back.
@@ -209,7 +209,7 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
 
 class SlackEvaluator:
     """Generator 0's handle on its evaluation process (module doc): an ``EvalProcess``
-    (``workers.generator_evaluations``) whose asks go to the process."""
+    (``workers.generation.generator_evaluations``) whose asks go to the process."""
 
     in_process = True  # evaluations run out of generator 0's loop
 

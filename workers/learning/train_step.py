@@ -41,7 +41,7 @@ from streamrl.algorithms import losses
 from streamrl.algorithms import rewards as shaping
 from streamrl.config import Config
 from streamrl.protocol import TrajectoryGroup
-from streamrl.workers.batching import (
+from streamrl.workers.learning.batching import (
     MicroBatch,
     build_micro_batches,
     in_step_order,
@@ -49,7 +49,7 @@ from streamrl.workers.batching import (
     resize_plan,
     split_groups,
 )
-from streamrl.workers.fsdp import clip_and_step, reshard, set_gradient_sync
+from streamrl.workers.learning.fsdp import clip_and_step, reshard, set_gradient_sync
 
 log = logging.getLogger(__name__)
 

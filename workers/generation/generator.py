@@ -42,12 +42,12 @@ from streamrl.protocol import Directives, GeneratorReport, Grant
 from streamrl.role_specs import GeneratorSpec
 from streamrl.transport import resolve_host
 from streamrl.workers.engines import Engine, build_engine
-from streamrl.workers.generator_delivery import Delivery
-from streamrl.workers.generator_evaluations import evaluations_for
-from streamrl.workers.generator_reports import Reporting, generator_report
-from streamrl.workers.generator_sockets import AdmissionClient
-from streamrl.workers.generator_weights import GeneratorWeights
-from streamrl.workers.sampling import Sampler
+from streamrl.workers.generation.generator_delivery import Delivery
+from streamrl.workers.generation.generator_evaluations import evaluations_for
+from streamrl.workers.generation.generator_reports import Reporting, generator_report
+from streamrl.workers.generation.generator_sockets import AdmissionClient
+from streamrl.workers.generation.generator_weights import GeneratorWeights
+from streamrl.workers.generation.sampling import Sampler
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 One group per prompt of ``generator.group_size`` samples: a response each, scored by the job's
 rewards (``streamrl.rewards``, which see the question: ``RewardInput.of``; the rules in a
-child process under a time bound, ``workers.rule_worker``), or with an environment
-(``env.name``) an episode each (``workers.episodes``), scored by it. A group whose rule
+child process under a time bound, ``workers.generation.rule_worker``), or with an environment
+(``env.name``) an episode each (``workers.generation.episodes``), scored by it. A group whose rule
 raised or outran ``scoring.rule_timeout_s`` comes back refused (``TrajectoryGroup.unscored``,
 its rewards NaN): pushed as it is, the shard drops and counts it (docs/design.md §7c). The
 sampling parameters are the generator's, with the live ``temperature`` (docs/design.md §8);
@@ -31,8 +31,8 @@ from streamrl.rewards import RewardInput
 from streamrl.rewards.mix import RewardMix
 from streamrl.workers.engines import Engine, SamplingParams
 from streamrl.workers.engines.base import StepHook
-from streamrl.workers.episodes import EpisodeRunner
-from streamrl.workers.rule_worker import RuleWorker
+from streamrl.workers.generation.episodes import EpisodeRunner
+from streamrl.workers.generation.rule_worker import RuleWorker
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,8 @@ class Sampler:
             config.rewards, blobs_for(config), config.scoring.rule_timeout_s, on_rule_group
         )
         # Every reward's weight and normalisation (streamrl.rewards.mix); rules are scored
-        # here, served rewards by their roles (workers.scoring), then ``settle`` sums them.
+        # here, served rewards by their roles (workers.generation.scoring), then ``settle`` sums
+        # them.
         self.mix = RewardMix(
             [r.weight for r in config.rewards], [r.normalize for r in config.rewards]
         )

@@ -21,7 +21,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from streamrl.config import Config
-from streamrl.workers.fsdp import adamw, clip_and_step, shard_for_training
+from streamrl.workers.learning.fsdp import adamw, clip_and_step, shard_for_training
 
 
 class ValueModel(torch.nn.Module):

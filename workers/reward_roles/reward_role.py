@@ -4,7 +4,8 @@ Its ROUTER takes ``ScoreRequest``s (one group's responses each) from any number 
 generators; ``serve`` reads what has arrived, waits ``scoring.batch_wait_ms`` for more once
 it has some, scores up to ``scoring.max_batch`` responses in one forward pass whatever group
 or generator they came from, and answers each request with its scores and the scorer's
-identity (``"<label>@<weights hash>"``). Queue and batch rules are ``workers.score_queue``:
+identity (``"<label>@<weights hash>"``). Queue and batch rules are
+``workers.reward_roles.score_queue``:
 a resend replaces its queued copy, a request its sender gave up on is dropped unscored
 (``expired``), and a batch whose scoring raises is split until only the requests that raise
 are answered with the error (the generator refuses those groups with the reason); a frame
@@ -38,9 +39,14 @@ from streamrl.protocol import RewardRoleReport, ScoreReply, ScoreRequest
 from streamrl.rewards.scorer import ScoreItem, Scorer
 from streamrl.role_specs import RewardRoleSpec
 from streamrl.transport import Codec, bind_random, make_socket, resolve_host
-from streamrl.workers.generator_reports import HeartbeatThread
+from streamrl.workers.generation.generator_reports import HeartbeatThread
 from streamrl.workers.progress import Progress
-from streamrl.workers.score_queue import QUARANTINE_AFTER, Pending, RequestQueue, score_batch
+from streamrl.workers.reward_roles.score_queue import (
+    QUARANTINE_AFTER,
+    Pending,
+    RequestQueue,
+    score_batch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +64,7 @@ def make_scorer(config: Config, reward: RewardSpec, model_dir: Path, seed: int =
 
         return RewardModelScorer(model_dir, label, device=device, dtype=dtype)
     if reward.kind == "judge":
-        from streamrl.workers.judge import JudgeScorer
+        from streamrl.workers.reward_roles.judge import JudgeScorer
 
         assert reward.judge is not None
         return JudgeScorer(

@@ -4,7 +4,8 @@ The controller asks (``Directives.eval_version`` of learner epoch ``eval_epoch``
 only); this part answers, by one interface whoever evaluates:
 
 - ``HeldOutEvaluations`` with ``NoProcess``: inline, in generator 0's loop between calls.
-- ``HeldOutEvaluations`` with a ``SlackEvaluator`` (``eval.runs_on``, ``workers.eval_process``):
+- ``HeldOutEvaluations`` with a ``SlackEvaluator`` (``eval.runs_on``,
+``workers.generation.eval_process``):
   the ask goes to the evaluation process, which works only while generator 0 does not sample
   (``shut``/``open`` around each engine call), and its answers are forwarded from the loop. A
   process that dies is replaced by ``NoProcess``: what it had pending is asked again by the
@@ -35,17 +36,17 @@ from typing import TYPE_CHECKING, Protocol
 
 from streamrl.evaluation import EvalResult, evaluates_in_slack
 from streamrl.protocol import Directives, EvalReport, LearnerClockInfo
-from streamrl.workers.eval_process import Abandoned, Evaluated, SlackEvaluator
+from streamrl.workers.generation.eval_process import Abandoned, Evaluated, SlackEvaluator
 
 if TYPE_CHECKING:
     from streamrl.config import Config
     from streamrl.data import Prompt
     from streamrl.role_specs import GeneratorSpec
-    from streamrl.workers.generator_delivery import Delivery
-    from streamrl.workers.generator_reports import Reporting
-    from streamrl.workers.generator_sockets import Admission
-    from streamrl.workers.generator_weights import GeneratorWeights
-    from streamrl.workers.scoring import Served
+    from streamrl.workers.generation.generator_delivery import Delivery
+    from streamrl.workers.generation.generator_reports import Reporting
+    from streamrl.workers.generation.generator_sockets import Admission
+    from streamrl.workers.generation.generator_weights import GeneratorWeights
+    from streamrl.workers.generation.scoring import Served
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +267,7 @@ class HeldOutEvaluations:
         wording training never uses (``eval.unseen_phrasing``). Not run if those weights
         cannot come (the run stopped, or the learners restarted meanwhile: the controller
         asks again)."""
-        from streamrl.workers.evaluator import evaluate_held_out
+        from streamrl.workers.generation.evaluator import evaluate_held_out
 
         eval_set = self.held_out()
         stop_at = time.monotonic() + self.config.run.drain_timeout_s

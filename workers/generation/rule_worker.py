@@ -11,7 +11,7 @@ kills when a group takes longer than ``scoring.rule_timeout_s`` and starts again
 
 Per group, one of three outcomes (``Scored``): every response's rule scores; or the group is
 refused with the reason, counted, and pushed ``unscored`` (the shard drops and counts it,
-its admission budget returns, as a served reward's refused group, ``workers.scoring``):
+its admission budget returns, as a served reward's refused group, ``workers.generation.scoring``):
 ``errors`` when a rule raised (``rewards.RuleError``, the rule's name and exception) or the
 worker died scoring it, ``timeouts`` when the group was not scored within the bound (the
 worker is killed; the call's later groups go to a fresh one). Each group has the bound
@@ -191,7 +191,7 @@ class RuleWorker:
 
     def _start(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "streamrl.workers.rule_worker"],
+            [sys.executable, "-m", "streamrl.workers.generation.rule_worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=os.getcwd(),
@@ -304,7 +304,8 @@ def _watch_parent(parent: int) -> None:
 
 
 def _serve() -> int:
-    """``python -m streamrl.workers.rule_worker``: read the setup, then score each request's
+    """``python -m streamrl.workers.generation.rule_worker``: read the setup, then score each
+    request's
     groups one by one, a reply frame per group, until stdin ends."""
     # The pipe to the parent is a copy of fd 1; fd 1 itself (a rule's print) goes to stderr.
     out = os.fdopen(os.dup(1), "wb")

@@ -4,7 +4,8 @@ One owner for the generator's side of the learner clock (``streamrl.clock``, doc
 and §4): ``learner_version`` (the newest version the controller says the learners have),
 ``weights_epoch`` (the learner group's epoch, from the same reply) and ``held_epoch`` (the
 epoch of the weights the engine holds: behind ``weights_epoch`` from a learner restart until
-the new group's anchors land). The subscriber (``workers.subscriber``) assembles versions;
+the new group's anchors land). The subscriber (``workers.generation.subscriber``) assembles
+versions;
 ``poll`` hands each new one to the engine, between decode steps when in-flight updates are on.
 
 Off the decode path (``background``, docs/design.md §4): a weight thread
@@ -46,8 +47,8 @@ from streamrl.models.lora import LoraMerge, adapter_settings, is_base, load_adap
 from streamrl.protocol import GeneratorActivity, LearnerClockInfo
 from streamrl.role_specs import GeneratorSpec
 from streamrl.workers.engines import Engine
+from streamrl.workers.generation.subscriber import WeightSubscriber
 from streamrl.workers.progress import Progress
-from streamrl.workers.subscriber import WeightSubscriber
 
 log = logging.getLogger(__name__)
 

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import zmq
 
 from streamrl.protocol import Receipts, ScoringFigures, TrajectoryGroup
-from streamrl.workers.generator_sockets import Admission, ShardPushers
-from streamrl.workers.scoring import GroupScoring, Served
+from streamrl.workers.generation.generator_sockets import Admission, ShardPushers
+from streamrl.workers.generation.scoring import GroupScoring, Served
 
 if TYPE_CHECKING:
     from streamrl.role_specs import GeneratorSpec
-    from streamrl.workers.sampling import Sampler
+    from streamrl.workers.generation.sampling import Sampler
 
 
 class Scoring(Protocol):
@@ -136,7 +136,7 @@ class Delivery:
         self.pump()
 
     def pump(self, wait_ms: int = 0) -> None:
-        """Push the groups whose served scores are all in (``workers.scoring``)."""
+        """Push the groups whose served scores are all in (``workers.generation.scoring``)."""
         scored = self.scoring.pump(wait_ms)
         if scored:
             self.pushers.push(scored)

@@ -34,11 +34,11 @@ from streamrl.models.lora import adapter_settings, attach_adapter
 from streamrl.protocol import BatchTaken, LearnerStep, TrajectoryGroup
 from streamrl.role_specs import LearnerSpec
 from streamrl.transport import interface_holding, make_socket, resolve_host
-from streamrl.workers import checkpoint
-from streamrl.workers.fsdp import adamw, shard_for_training
-from streamrl.workers.lora_forward import merge_in_forward
-from streamrl.workers.publisher import WeightPublisher
-from streamrl.workers.train_step import TrainStep
+from streamrl.workers.learning import checkpoint
+from streamrl.workers.learning.fsdp import adamw, shard_for_training
+from streamrl.workers.learning.lora_forward import merge_in_forward
+from streamrl.workers.learning.publisher import WeightPublisher
+from streamrl.workers.learning.train_step import TrainStep
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def build_train_step(
         shard_for_training(ref_model, mesh, compute, round_to_bf16=False)
     critic = None
     if config.algorithm.advantage == "gae":
-        from streamrl.workers.critic import Critic
+        from streamrl.workers.learning.critic import Critic
 
         critic = Critic(config, model_dir, mesh, device, compute)
     kl = config.algorithm.kl

@@ -98,7 +98,7 @@ def evaluate_episodes(
     episode (``eval/<count>``, e.g. ``eval/tool_calls``). ``eval/exact_match`` is the success
     rate and ``eval/completed`` the share solved that ended normally, so that the console,
     the bench and ``streamrl eval`` read an episode job's figures as any other's."""
-    from streamrl.workers.episodes import EpisodeRunner
+    from streamrl.workers.generation.episodes import EpisodeRunner
 
     runner = EpisodeRunner(config, tokenizer)
     try:

@@ -11,7 +11,7 @@ from streamrl.models.lora import merged_weight
 class _MergedLinear(torch.autograd.Function):
     """``y = x round(W0 + s B A)^T + bias``: the forward with the merged bf16 weight, the
     backward as unmerged LoRA's. The gradients of A and B through the rounding are taken as
-    if it were not there (straight-through, as ``workers.fsdp`` rounds full weights), which
+    if it were not there (straight-through, as ``workers.learning.fsdp`` rounds full weights), which
     is ``dB = s gY^T (x A^T)`` and ``dA = s (gY B)^T x``: never the [out, in] weight
     gradient that full fine-tuning forms, so LoRA keeps its cheap backward."""
 

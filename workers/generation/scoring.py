@@ -28,7 +28,7 @@ admission budget and settles its prompt like any dropped group's; no learner see
 An evaluation's responses are scored the same way without a group (``score_responses``,
 ``score_later``): the generator goes on, and the callback gets the scores that came in by
 ``scoring.timeout_s``. A run whose rewards are all rules holds ``NoScoring``
-(``workers.generator_delivery``) instead: nothing waits.
+(``workers.generation.generator_delivery``) instead: nothing waits.
 
 A generator that dies with groups waiting loses them with its process; their grants were
 never pushed, so the supervisor returns them to the budget (docs/design.md §3).

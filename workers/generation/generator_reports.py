@@ -30,8 +30,8 @@ from streamrl.transport import make_socket
 from streamrl.workers.progress import Progress
 
 if TYPE_CHECKING:  # the parts a report reads; they never import this module's users
-    from streamrl.workers.generator_weights import GeneratorWeights
-    from streamrl.workers.sampling import Sampler
+    from streamrl.workers.generation.generator_weights import GeneratorWeights
+    from streamrl.workers.generation.sampling import Sampler
 
 
 class HeartbeatThread:
