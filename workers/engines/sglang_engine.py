@@ -65,12 +65,16 @@ from typing import Any
 
 import torch
 
-from streamrl.workers.engines.base import Engine, GenerationOutput, SamplingParams, StepHook
+from streamrl.workers.engines.base import (
+    SGLANG_INSTALL_HINT,
+    Engine,
+    GenerationOutput,
+    SamplingParams,
+    StepHook,
+)
 
 SGLANG_VERSION = "0.5.23"
-INSTALL_HINT = (
-    "engine=sglang needs the `sglang` extra on a GPU machine: pip install 'streamrl[sglang]'"
-)
+INSTALL_HINT = SGLANG_INSTALL_HINT
 ON_STEP_INTERVAL_S = 0.02
 GREEDY_TEMPERATURE = 1e-6  # SGLang's _SAMPLING_EPS
 # Server args this module sets itself; passing them through **server_args is an error.

