@@ -4,9 +4,8 @@ The controller asks (``Directives.eval_version`` of learner epoch ``eval_epoch``
 only); this part answers, by one interface whoever evaluates:
 
 - ``HeldOutEvaluations`` with ``NoProcess``: inline, in generator 0's loop between calls.
-- ``HeldOutEvaluations`` with a ``SlackEvaluator`` (``eval.runs_on``,
-``workers.generation.eval_process``):
-  the ask goes to the evaluation process, which works only while generator 0 does not sample
+- ``HeldOutEvaluations`` with a ``SlackEvaluator`` (``eval.runs_on``, ``eval_process``): the
+  ask goes to the evaluation process, which works only while generator 0 does not sample
   (``shut``/``open`` around each engine call), and its answers are forwarded from the loop. A
   process that dies is replaced by ``NoProcess``: what it had pending is asked again by the
   controller and evaluated inline.
@@ -177,11 +176,7 @@ class HeldOutEvaluations:
         """Run the evaluation asked for (or hand it to the process), unless it is answered
         or in flight."""
         asked = (directives.eval_epoch, directives.eval_version)
-        if directives.eval_version < 0 or asked <= max(self.evaluated, self.dispatched):
-            return
-        first = self.evaluated[1] < 0
-        if self.process.ask(asked[1], asked[0], final=False, unseen=first):
-            self.dispatched = asked
+        if directives.eval_version < 0 or not self._new(asked) or self._hand_over(asked):
             return
         # Work: a held-out rule that hangs stalls this generator, seen and replaced.
         with self.reporting.timing("eval_s"), self.reporting.progress.working():
@@ -241,12 +236,22 @@ class HeldOutEvaluations:
             asked = (directives.eval_epoch, directives.eval_version)
             if directives.eval_version < 0:
                 return
-            if asked > max(self.evaluated, self.dispatched):
-                first = self.evaluated[1] < 0
-                if not self.process.ask(asked[1], asked[0], final=False, unseen=first):
-                    return
-                self.dispatched = asked
+            if self._new(asked) and not self._hand_over(asked):
+                return
             self.forward(wait_s=0.5)
+
+    def _new(self, asked: tuple[int, int]) -> bool:
+        """``asked`` (epoch, version) is neither answered nor in flight."""
+        return asked > max(self.evaluated, self.dispatched)
+
+    def _hand_over(self, asked: tuple[int, int]) -> bool:
+        """Ask the process for ``asked`` (the first evaluation also in the unseen wording);
+        False if there is none to take it (inline)."""
+        first = self.evaluated[1] < 0
+        if not self.process.ask(asked[1], asked[0], final=False, unseen=first):
+            return False
+        self.dispatched = asked
+        return True
 
     def _final_in_process(self, final: tuple[int, int], stop_at: float) -> bool:
         """The final evaluation by the evaluation process (the run's other roles are done: it
