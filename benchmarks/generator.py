@@ -185,10 +185,9 @@ def job_call_ms(
 
 
 def eval_call_s(engine: Engine, model_dir: Path, job: str, repeats: int) -> float:
-    """s per held-out evaluation of a shipped job (``workers.generation.evaluator.evaluate``: its
-    held-out
-    prompts, greedy, as generator 0 runs it between calls), best of ``repeats`` after one
-    warm-up."""
+    """s per held-out evaluation of a shipped job (``workers.generation.evaluator.evaluate``:
+    its held-out prompts, greedy, as generator 0 runs it between calls), best of ``repeats``
+    after one warm-up."""
     from transformers import AutoTokenizer
 
     from streamrl.config import load_config

@@ -9,9 +9,8 @@ Both sides train the same model on the same synthetic batch (``--batch`` sequenc
   ``torch.autocast`` (``plain amp``), which is what streamrl keeps (``model.learner_dtype``).
 - ``streamrl``: ``workers.learning.train_step.TrainStep`` as the learner runs it, on FSDP2 ranks
   (gloo on CPU, NCCL on CUDA) or, with one rank, on its compute image
-  (``workers/learning/fsdp.py``):
-  logits only at response positions, global-denominator losses, one gradient reduce-scatter
-  per update, the bf16 weight image in the forward.
+  (``workers/learning/fsdp.py``): logits only at response positions, global-denominator
+  losses, one gradient reduce-scatter per update, the bf16 weight image in the forward.
 
 With ``--spread`` response lengths vary (uniform in 1..``--response-tokens``): the plain
 loop pads each micro-batch to its longest row, streamrl too unless ``--micro-batch-tokens``

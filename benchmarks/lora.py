@@ -1,16 +1,14 @@
 """LoRA against full fine-tuning on the learner: step time, peak memory, weight bytes per update.
 
-Each mode runs in a fresh process (so its peak memory is its own) with one learner rank
-(gloo on CPU, NCCL on CUDA) building ``workers.learning.train_step.TrainStep`` exactly as the
-learner
-does (``build_train_step``; LoRA: version 0 of the adapters written by ``streamrl.models.lora``),
-on the default job's step shape by default: 4 groups of 8 sharing 29-token prompts, 1-4
-token answers, one micro-batch (``benchmarks/learner.py`` makes the synthetic groups). Each
-step is followed by what the weight publisher does: a bf16 snapshot of the trained
-parameters and its diff against the previous one (``workers.learning.publisher``), whose encoded
-size
-is the bytes a generator receives per update. For LoRA, the generator's merge of a whole
-adapter version into full weights (``streamrl.models.lora.LoraMerge``) is timed too.
+Each mode runs in a fresh process (so its peak memory is its own) with one learner rank (gloo on
+CPU, NCCL on CUDA) building ``workers.learning.train_step.TrainStep`` exactly as the learner does
+(``build_train_step``; LoRA: version 0 of the adapters written by ``streamrl.models.lora``), on the
+default job's step shape by default: 4 groups of 8 sharing 29-token prompts, 1-4 token answers, one
+micro-batch (``benchmarks/learner.py`` makes the synthetic groups). Each step is followed by what
+the weight publisher does: a bf16 snapshot of the trained parameters and its diff against the
+previous one (``workers.learning.publisher``), whose encoded size is the bytes a generator receives
+per update. For LoRA, the generator's merge of a whole adapter version into full weights
+(``streamrl.models.lora.LoraMerge``) is timed too.
 
 Figures: step time (median of ``--steps`` after one warm-up), peak RSS of the process (CPU)
 or peak CUDA memory allocated, trained parameters, bytes per update (median), merge time.

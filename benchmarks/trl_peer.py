@@ -280,8 +280,7 @@ def stop_and_cut(ids: list[int], stops: tuple[int, ...]) -> tuple[list[int], str
 
 def evaluate(model, tokenizer, config: Config, prompts, stops, bf16: bool, version: int):
     """streamrl's held-out eval with HF ``generate`` on ``model`` (workers.generation.evaluator's
-    recipe:
-    the same prompts, encoding, token limit, stop tokens and scoring)."""
+    recipe: the same prompts, encoding, token limit, stop tokens and scoring)."""
     import torch
 
     from streamrl.evaluation import score

@@ -177,8 +177,7 @@ class DataConfig(_Section):
 
 class JudgeSpec(_Section):
     """A generative judge (``rewards: - judge: {...}``, workers/reward_roles/judge.py): a causal LM
-    asked
-    about each response with ``template``, served by a reward role of its own. Set by the job
+    asked about each response with ``template``, served by a reward role of its own. Set by the job
     author."""
 
     # A built-in, a local HF directory, a .gguf file or a hub id (streamrl.models).

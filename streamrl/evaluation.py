@@ -335,7 +335,7 @@ def resolve_target(target: str, overrides: list[str]) -> tuple[str, Config, Any]
 
 def evaluates_in_slack(config: Config) -> bool:
     """Whether ``eval.runs_on`` puts the run's evaluations in generator 0's evaluation
-    process (``workers.generation.eval_process``) rather than its loop: ``auto`` does on CPU
-    generators."""
+    process (``workers.generation.eval_process``) rather than its loop: ``auto`` does on
+    CPU generators."""
     runs_on = config.eval.runs_on
     return runs_on == "slack" or (runs_on == "auto" and config.generator.device == "cpu")

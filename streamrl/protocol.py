@@ -764,9 +764,8 @@ class ScoreReply(msgspec.Struct, tag="score_reply"):
 
 
 class RewardRoleReport(msgspec.Struct, tag="reward_report"):
-    """A reward role's totals (``workers.reward_roles.reward_role``), sent every second: the
-    controller's
-    ``/status``, ``summary.json`` and the bench read them."""
+    """A reward role's totals (``workers.reward_roles.reward_role``), sent every second:
+    the controller's ``/status``, ``summary.json`` and the bench read them."""
 
     index: int  # the reward's position in ``rewards:``
     incarnation: int

@@ -94,8 +94,7 @@ class GeneratorSpec(RoleSpec):
 
 class RewardRoleSpec(RoleSpec):
     """A reward role (``workers.reward_roles.reward_role``): serves one ``rewards:`` entry's reward
-    model
-    or judge on its ROUTER."""
+    model or judge on its ROUTER."""
 
     config: Config  # scoring.threads resolved for this role
     index: int  # the reward's position in ``rewards:``

@@ -2,8 +2,7 @@
 
 These act on scores a verifier already produced (the verifier registry is ``streamrl.rewards``);
 the learner applies them (``workers.learning.train_step``). All functions are pure and sync-free.
-The
-zero-variance group filter lives in the buffer (``group_filter``).
+The zero-variance group filter lives in the buffer (``group_filter``).
 """
 
 from __future__ import annotations

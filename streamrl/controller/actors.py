@@ -134,8 +134,8 @@ class GeneratorActor:
 
 @ray.remote(num_cpus=0, max_concurrency=2)
 class RewardRoleActor:
-    """A reward role (``workers.reward_roles.reward_role``); ``endpoint`` answers once its scorer
-    loaded."""
+    """A reward role (``workers.reward_roles.reward_role``); ``endpoint`` answers once its
+    scorer loaded."""
 
     def __init__(self, spec: RewardRoleSpec) -> None:
         _setup_process(spec.log_file, spec.cores)

@@ -1,8 +1,7 @@
 """Rewards by name (``rewards:`` in the config; docs/design.md §7): a rule is a function of a
 ``RewardInput`` that returns a float; a reward model or an LLM judge is served by a reward role
-(``workers.reward_roles.reward_role``) behind the ``Scorer`` interface. The built-in rules
-(``REWARDS``,
-``streamrl.rewards.rules``):
+(``workers.reward_roles.reward_role``) behind the ``Scorer`` interface. The built-in
+rules (``REWARDS``, ``streamrl.rewards.rules``):
 
 - ``numeric_match``: the number the response states is the ground truth (``partial`` for it
   anywhere else); ``numeric_close``: credit for a near miss; ``number_only``: a bare number;
@@ -133,9 +132,8 @@ def check_rewards(specs: list[RewardSpec]) -> None:
     """Every reward resolves, and a built-in one accepts its ``args`` (probed on one sample,
     so ``scale: 0`` or a misspelt argument fails at load, not as counted errors mid-run)."""
     for spec in specs:
-        if (
-            spec.served
-        ):  # a reward model or a judge: its role checks it (workers.reward_roles.reward_role)
+        # A reward model or a judge: its role checks it (workers.reward_roles.reward_role).
+        if spec.served:
             continue
         fn = resolve_reward(spec.name)
         if "after" in spec.args:  # a reward gated on another (``stopped``) names it

@@ -112,9 +112,9 @@ def is_reward_model(config: Any) -> bool:
 def weights_hash(model_dir: Path) -> str:
     """12 hex digits naming the weights: xxh3-64 over the bytes of the directory's
     ``*.safetensors`` files in name order, read in chunks (the judge's rule,
-    workers/reward_roles/judge.py,
-    so one directory has one identity in both). blake2b where xxhash is missing (it is a
-    dependency): other digits, never mixed with xxhash's within one install."""
+    workers/reward_roles/judge.py, so one directory has one identity in both). blake2b where
+    xxhash is missing (it is a dependency): other digits, never mixed with xxhash's within one
+    install."""
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{model_dir} has no *.safetensors weights")

@@ -1,5 +1,5 @@
-"""Fuzzing a learner rank's anchor service (``workers.learning.publisher.WeightPublisher``'s
-ROUTER).
+"""Fuzzing a learner rank's anchor service (the ROUTER of
+``workers.learning.publisher.WeightPublisher``).
 
 10,000 seeded inputs from one DEALER against a publisher around a tiny model: malformed
 requests are counted by kind (``_codec.malformed``), every request that decodes is answered

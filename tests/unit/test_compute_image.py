@@ -1,6 +1,5 @@
 """One learner rank trains on a ``ComputeImage`` instead of FSDP2 (``workers/learning/fsdp.py``):
-the
-same forward, the same gradients on the fp32 masters, and the masters untouched until the
+the same forward, the same gradients on the fp32 masters, and the masters untouched until the
 optimizer steps. FSDP2 on the same one-rank mesh is the reference."""
 
 from __future__ import annotations

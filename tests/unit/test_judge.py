@@ -1,6 +1,5 @@
 """The generative judge (workers/reward_roles/judge.py): verdicts from one batched forward, numbers
-from
-greedy generation on the hf and vllm engines, and what it refuses.
+from greedy generation on the hf and vllm engines, and what it refuses.
 
 The random tiny model's verdicts mean nothing; what is checked on it is the mechanics (range,
 batch invariance, unparsable items, template filling). One test asks the real SmolLM2 judge

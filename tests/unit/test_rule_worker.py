@@ -1,6 +1,5 @@
 """Rule rewards under a time bound (``workers.generation.rule_worker``, issue 52): a rule that
-hangs,
-raises or kills its process refuses its own group, counted, and the next group is scored;
+hangs, raises or kills its process refuses its own group, counted, and the next group is scored;
 the Python API's callables reach the worker; the generator's sampling pushes the refused
 group marked ``unscored``. Real child processes, ended by the worker by pid."""
 

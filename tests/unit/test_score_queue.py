@@ -1,6 +1,5 @@
 """A reward role's queue and batch rules (workers.reward_roles.score_queue): a resend replaces its
-queued
-copy, expired requests are dropped, a suspect is scored alone, a request two incarnations
+queued copy, expired requests are dropped, a suspect is scored alone, a request two incarnations
 died on is refused, and an exception answers only the requests that raise."""
 
 from __future__ import annotations
