@@ -79,6 +79,31 @@ def _parser() -> argparse.ArgumentParser:
         "--merge", action="store_true", help="LoRA runs: the base with the adapters merged in"
     )
 
+    replay = sub.add_parser(
+        "replay",
+        help="retrain a run's learner from its training record: bitwise, or with --set changes",
+        description="Replays every recorded step (or up to --until) and checks that the weights "
+        "equal the run's after each; exits 1 naming the first step that differs. With --set, "
+        "also trains a counterfactual arm on the same batches and writes its figures under "
+        "RUN_DIR/replays/.",
+    )
+    replay.add_argument("run_dir")
+    replay.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config change for the counterfactual arm (repeatable)",
+    )
+    replay.add_argument("--until", type=int, help="the last step to replay")
+    replay.add_argument(
+        "--from-checkpoint", type=int, help="start from the run's checkpoint of this version"
+    )
+    replay.add_argument(
+        "--compare", action="store_true", help="print the arms replayed so far, side by side"
+    )
+
     # Listed for --help only: main() hands `bench ...` to streamrl.bench.cli's own parser.
     bench = sub.add_parser(
         "bench",
@@ -251,6 +276,38 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from streamrl.config import parse_overrides
+    from streamrl.replay_compare import compare_table
+
+    run_dir = Path(args.run_dir)
+    if args.compare:
+        print(compare_table(run_dir))
+        return 0
+    from streamrl.workers.learning.replay import ReplayError, ReplayRequest, replay
+    from streamrl.workers.learning.training_record import RecordError
+
+    request = ReplayRequest(
+        run_dir, parse_overrides(args.assignments), args.until, args.from_checkpoint
+    )
+    try:
+        result = replay(request)
+    except (ReplayError, RecordError) as exc:
+        print(f"streamrl replay: {exc}", file=sys.stderr)
+        return 2
+    for problem in result.problems:
+        print(f"streamrl replay: {problem}", file=sys.stderr)
+    span = f"steps {result.replayed[0]}-{result.replayed[-1]}" if result.replayed else "no step"
+    if not result.bitwise:
+        print(f"replay: step {result.first_mismatch} differs from the run ({span} replayed)")
+        return 1
+    figures = ", ".join(map(str, result.outputs))
+    print(f"replay: {span} bitwise equal to the run; figures in {figures}")
+    return 0
+
+
 def _rm(args: argparse.Namespace) -> int:
     """``streamrl rm train|pairs``: bad input (a missing or malformed file, a model that
     cannot be used, a used --out) is one line on stderr and exit 2."""
@@ -371,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval": _eval,
         "export": _export,
         "rm": _rm,
+        "replay": _replay,
     }
     from streamrl.controller.preflight import BAD_INPUT
     from streamrl.controller.rundir import RunError

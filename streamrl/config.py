@@ -83,6 +83,10 @@ class RunConfig(_Section):
     # many seconds groups kept coming and every one was dropped (e.g. all zero-variance once
     # every prompt is solved): nothing is left to learn from them. 0 = never.
     stop_when_starved_s: Annotated[float, msgspec.Meta(ge=0, extra={"zero": "never"})] = 0.0
+    # Keep the training record (record/ in the run directory: every step's groups, weights digest
+    # and RNG state) that `streamrl replay` retrains from, bit for bit. It costs a few hundred
+    # KB and milliseconds per step (benchmarks/README.md); off: nothing to replay.
+    training_record: bool = True
 
 
 class LoraConfig(_Section):

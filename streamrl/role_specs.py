@@ -65,6 +65,8 @@ class LearnerSpec(RoleSpec):
     # rank is pinned, so that encoding a version overlaps the next step on idle cores instead
     # of taking turns with it on the rank's own. None: the rank's cores.
     encoder_cores: list[int] | None = None
+    # The run directory the training record goes under (``training_record``); "": none kept.
+    record_run_dir: str = ""
 
 
 class GeneratorSpec(RoleSpec):

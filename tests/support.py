@@ -49,6 +49,17 @@ def launch_tiny(
     )
 
 
+def replay_cli(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """``streamrl replay RUN_DIR ARGS...`` to its end (output captured as text)."""
+    return subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", "replay", str(run_dir), *args],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=600,
+    )
+
+
 def wait_until(
     predicate: Callable[[], T], timeout: float = 20.0, what: str = "", every: float = 0.05
 ) -> T:

@@ -94,6 +94,7 @@ class SpecFactory:
             incarnation=incarnation,
             encoder_cores=self.available_cores if self.cores else None,
             forks=list(forks or []),
+            record_run_dir=str(self.run_dir.resolve()) if config.run.training_record else "",
         )
 
     def generator(self, generator_id: int, incarnation: int) -> GeneratorSpec:

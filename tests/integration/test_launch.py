@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support import alive
+from support import alive, replay_cli
 
 from streamrl.config import load_config
 from streamrl.controller.run import Controller
@@ -140,6 +140,9 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path: Path) -> None:
     indices = [g.prompt_index for d in shard_dirs(run_dir / "buffer") for g, _ in scan_shard(d)]
     assert indices and min(indices) >= 0 and len(indices) == len(set(indices))
     assert resumed["groups_rolled_back"] >= 0
+    # Its training record joins the two epochs into one timeline that replays bit for bit.
+    replayed = replay_cli(run_dir)
+    assert "steps 1-5 bitwise equal to the run" in replayed.stdout, replayed.stderr
 
 
 def test_wandb_offline_logs_every_step(tmp_path: Path) -> None:
@@ -207,6 +210,9 @@ def test_a_multi_turn_run_trains_on_episodes_and_counts_how_they_ended(tmp_path:
     lines = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
     evals = [r for r in map(json.loads, lines) if "eval/success" in r]
     assert evals and all(1 <= r["eval/turns"] <= 2 for r in evals)
+    # Episodes (environment tokens masked out of the loss) replay bit for bit too.
+    replayed = replay_cli(Path(summary["run_dir"]))
+    assert "steps 1-3 bitwise equal to the run" in replayed.stdout, replayed.stderr
 
 
 def test_a_run_whose_groups_are_all_dropped_ends_itself_with_its_reason(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,13 @@ def test_resume_goes_on_from_the_adapters(run_dir: Path) -> None:
 def test_full_weights_export_refuses_merge(tmp_path: Path) -> None:
     done = _cli("export", str(ROOT / "no-such-run"), "--merge", "--out", str(tmp_path / "x"))
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_lora_run_replays_bitwise_from_a_checkpoint(run_dir: Path) -> None:
+    """Adapters only, started from the step-2 checkpoint (its optimizer state): every later
+    step (the resume test above may have added some) retrains to the run's exact adapters."""
+    from support import replay_cli
+
+    result = replay_cli(run_dir, "--from-checkpoint", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"steps 3-\d+ bitwise equal to the run", result.stdout), result.stdout

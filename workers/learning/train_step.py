@@ -238,7 +238,7 @@ class TrainStep:
             for mini, denominator in zip(minis, denominators, strict=True):
                 for i, batch in enumerate(mini):
                     # Reduce-scatter gradients once per update, not per micro-batch.
-                    set_gradient_sync(self._trained(), i == len(mini) - 1)
+                    set_gradient_sync(self.trained_modules, i == len(mini) - 1)
                     self._micro_step(batch, denominator, version, updates == 1, metrics)
                 self._optimizer_step(version, metrics)
         out = metrics.reduce()
@@ -256,6 +256,24 @@ class TrainStep:
                 out[name] /= updates  # summed over updates: report the mean update
         out.update(self._step_figures(groups, out, updates, start))
         return out
+
+    @torch.no_grad()
+    def response_tokens(self, groups: list[TrajectoryGroup]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every trained response token's logprob and entropy under the current weights, at its
+        sampling temperature: two flat float32 tensors in the groups' order, the same for any
+        micro-batching (``streamrl replay`` compares arms token by token). Collective."""
+        batches = self._micro_batches([groups])[0]
+        rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for batch in batches:
+            batch.to(self.device)
+            logits, logprobs = self._logprobs(self.policy, batch)
+            entropy = at_sampling_temperature(losses.token_entropy, batch, logits)
+            keep = batch.mask.bool().to(self.device)
+            for i, row in enumerate(batch.rows.tolist()):
+                rows[row] = (logprobs[i][keep[i]].float().cpu(), entropy[i][keep[i]].float().cpu())
+        reshard(self.policy)  # no backward follows this forward
+        ordered = [rows[r] for r in sorted(rows)]
+        return torch.cat([lp for lp, _ in ordered]), torch.cat([e for _, e in ordered])
 
     # ------------------------------------------------------------------ before the updates
 
@@ -530,7 +548,9 @@ class TrainStep:
 
     # ------------------------------------------------------------------ updates
 
-    def _trained(self) -> list[torch.nn.Module]:
+    @property
+    def trained_modules(self) -> list[torch.nn.Module]:
+        """The modules an update changes: the policy, and the critic with GAE."""
         return [self.policy] + ([self.critic.model] if self.critic is not None else [])
 
     def _set_lr(self, version: int) -> None:
