@@ -101,6 +101,12 @@ def _parser() -> argparse.ArgumentParser:
         "--from-checkpoint", type=int, help="start from the run's checkpoint of this version"
     )
     replay.add_argument(
+        "--eval-at",
+        default="",
+        metavar="STEPS",
+        help="held-out accuracy of every arm after these steps, e.g. 0,20,40 (0: before)",
+    )
+    replay.add_argument(
         "--compare", action="store_true", help="print the arms replayed so far, side by side"
     )
 
@@ -289,8 +295,16 @@ def _replay(args: argparse.Namespace) -> int:
     from streamrl.workers.learning.replay import ReplayError, ReplayRequest, replay
     from streamrl.workers.learning.training_record import RecordError
 
+    try:
+        eval_at = [int(x) for x in args.eval_at.split(",") if x.strip()]
+    except ValueError:
+        print(
+            f"streamrl replay: --eval-at takes steps (0,20,40), not {args.eval_at!r}",
+            file=sys.stderr,
+        )
+        return 2
     request = ReplayRequest(
-        run_dir, parse_overrides(args.assignments), args.until, args.from_checkpoint
+        run_dir, parse_overrides(args.assignments), args.until, args.from_checkpoint, eval_at
     )
     try:
         result = replay(request)

@@ -30,6 +30,8 @@ COLUMNS = (
     ("entropy", "replay/entropy", "mean"),
     ("|dlogp|_orig", "replay/logprob_abs_from_original", "last"),
     ("k3_orig", "replay/k3_from_original", "last"),
+    ("held_out", "eval/completed", "last"),  # the last evaluation's (--eval-at)
+    ("success", "eval/success", "last"),  # multi-turn jobs'
 )
 
 
@@ -61,10 +63,15 @@ def compare_table(run_dir: Path) -> str:
     arms = read_arms(run_dir)
     if not arms:
         return f"{run_dir}: no replays yet (run `streamrl replay {run_dir}` first)"
-    table = [["arm", "steps"] + [c for c, _, _ in COLUMNS]]
+    # A column no arm has (held-out figures without --eval-at) is left out.
+    shown = [
+        c for c in COLUMNS if any(_figure(rows, c[1], c[2]) is not None for rows in arms.values())
+    ]
+    table = [["arm", "steps"] + [c for c, _, _ in shown]]
     for arm, rows in arms.items():
-        figures = [_cell(_figure(rows, metric, how)) for _, metric, how in COLUMNS]
-        table.append([arm, str(len(rows)), *figures])
+        figures = [_cell(_figure(rows, metric, how)) for _, metric, how in shown]
+        steps = sum(1 for r in rows if r.get("step", 0) > 0)  # row 0: an evaluation only
+        table.append([arm, str(steps), *figures])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()

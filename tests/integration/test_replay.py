@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -55,18 +57,28 @@ def test_every_step_replays_bitwise(run_dir: Path) -> None:
 
 
 def test_a_counterfactual_arm_trains_the_same_batches_another_way(run_dir: Path) -> None:
-    result = replay_cli(run_dir, "--set", "learner.lr=0.01", "--set", "algorithm.clip_high=0.28")
+    result = replay_cli(
+        run_dir, "--set", "learner.lr=0.01", "--set", "algorithm.clip_high=0.28", "--eval-at", "0,3"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     arm = run_dir / "replays" / "learner.lr=0.01,algorithm.clip_high=0.28.jsonl"
     rows = [json.loads(x) for x in arm.read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in rows] == list(range(0, STEPS + 1))  # 0: evaluated before step 1
+    # Held-out figures of both arms before step 1 and after step 3, at those versions.
+    original = [
+        json.loads(x) for x in (run_dir / "replays" / "original.jsonl").read_text().splitlines()
+    ]
+    for arm_rows in (rows, original):
+        evaluated = [(r["step"], r["eval/version"]) for r in arm_rows if "eval/completed" in r]
+        assert evaluated == [(0, 0.0), (3, 3.0)]
+    rows = rows[1:]
     # Step 1 starts from the same weights; from step 2 on the arm has moved away.
     assert rows[0]["replay/logprob_abs_from_original"] == 0.0
     assert all(r["replay/logprob_abs_from_original"] > 0 for r in rows[1:])
     assert rows[-1]["train/lr"] > 0 and "policy/is_ess" in rows[-1]
     table = replay_cli(run_dir, "--compare")
     lines = table.stdout.splitlines()
-    assert lines[0].startswith("arm") and "k3_orig" in lines[0]
+    assert lines[0].startswith("arm") and "k3_orig" in lines[0] and "held_out" in lines[0]
     assert lines[1].startswith("original") and lines[2].startswith("learner.lr=0.01")
 
 
@@ -101,3 +113,15 @@ def test_a_run_without_a_record_is_refused_in_one_line(tmp_path: Path) -> None:
     result = replay_cli(tmp_path)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "no training record" in result.stderr
+
+
+def test_the_replay_benchmark_prints_the_record_s_cost(run_dir: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "replay.py"), str(run_dir), "--until", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"record: {STEPS} steps x 2 rank(s)" in result.stdout
+    assert "replay: 2 steps in" in result.stdout and "bitwise" in result.stdout

@@ -30,7 +30,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import msgspec
 import torch
@@ -64,6 +64,8 @@ class ReplayRequest:
     until_step: int | None = None
     # Start from the run's checkpoint of this version instead of the base model.
     from_checkpoint: int | None = None
+    # Greedy held-out accuracy of every arm after these steps (0: before the first).
+    eval_at: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -101,6 +103,8 @@ def replay(request: ReplayRequest) -> ReplayResult:
         )
     if record.header.get("device", "cpu") != "cpu" and not torch.cuda.is_available():
         raise ReplayError(f"the run trained on {record.header['device']}, which is not here")
+    if request.eval_at and record.header.get("adapter_dir"):
+        raise ReplayError("--eval-at evaluates full-weight runs only (this one trained LoRA)")
     for rank in range(world):
         _steps_to_replay(record, rank, request)  # refused here, not in a rank's process
     start, checkpoints = request.from_checkpoint, request.run_dir / "checkpoints"
@@ -144,7 +148,8 @@ def _replay_rank(rank: int, world: int, master: str, request: ReplayRequest, bac
         if request.from_checkpoint is not None:
             for step in arms.values():
                 _load_checkpoint(step, request.run_dir, request.from_checkpoint)
-        _run_steps(rank, arms, _steps_to_replay(record, rank, request), request)
+        held_out = HeldOut(request, header) if request.eval_at else None
+        _run_steps(rank, arms, _steps_to_replay(record, rank, request), request, held_out)
     finally:
         dist.destroy_process_group()
 
@@ -189,7 +194,11 @@ def _steps_to_replay(record: RecordedRun, rank: int, request: ReplayRequest) -> 
 
 
 def _run_steps(
-    rank: int, arms: dict[str, TrainStep], steps: list[RecordedStep], request: ReplayRequest
+    rank: int,
+    arms: dict[str, TrainStep],
+    steps: list[RecordedStep],
+    request: ReplayRequest,
+    held_out: HeldOut | None,
 ) -> None:
     out_dir = request.run_dir / REPLAYS_DIR
     name = arm_name(request.arm_overrides)
@@ -197,6 +206,9 @@ def _run_steps(
     original = arms[ORIGINAL]
     replayed: list[int] = []
     first_mismatch = None
+    if held_out is not None and 0 in request.eval_at and steps[0].step == 1:
+        for arm, step in arms.items():  # before the first step: its own row, step 0
+            _write_row(files[arm], {"step": 0, **held_out(step, 0)})
     try:
         for recorded in steps:
             figures: dict[str, dict[str, float]] = {arm: {} for arm in arms}
@@ -208,12 +220,12 @@ def _run_steps(
             same = weights_digest(original.trained_modules) == recorded.digest
             same = _everywhere(same, original.device)
             figures[ORIGINAL]["replay/bitwise"] = float(same)
+            if held_out is not None and recorded.step in request.eval_at:
+                for arm, step in arms.items():
+                    figures[arm].update(held_out(step, recorded.step))
             replayed.append(recorded.step)
             for arm, handle in files.items():
-                if handle is not None:
-                    row = {"step": recorded.step, **_without_timings(figures[arm])}
-                    handle.write(json.dumps(row) + "\n")
-                    handle.flush()
+                _write_row(handle, {"step": recorded.step, **_without_timings(figures[arm])})
             if not same:
                 first_mismatch = recorded.step
                 break
@@ -224,6 +236,45 @@ def _run_steps(
     if rank == 0:
         summary = {"replayed": replayed, "first_mismatch": first_mismatch, "pid": os.getpid()}
         (out_dir / f"{name}.summary.json").write_text(json.dumps(summary))
+
+
+class HeldOut:
+    """Greedy held-out evaluation of an arm's weights, as the run evaluated (its eval section,
+    prompts and checks), on an HF engine that rank 0 holds. Collective: every rank gathers."""
+
+    def __init__(self, request: ReplayRequest, header: dict[str, Any]) -> None:
+        from streamrl.evaluation import eval_prompts
+        from streamrl.models import load_tokenizer
+        from streamrl.workers.engines.base import EngineArgs
+        from streamrl.workers.engines.hf import HFEngine
+
+        self.config = _config(request.run_dir, [])
+        model_dir = Path(header["model_dir"])
+        self.prompts = eval_prompts(self.config)
+        self.tokenizer = load_tokenizer(model_dir)
+        args = EngineArgs(model_dir, dtype=header["compute_dtype"], seed=self.config.run.seed)
+        self.engine = HFEngine(args) if dist.get_rank() == 0 else None
+
+    def __call__(self, step: TrainStep, version: int) -> dict[str, float]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from streamrl.workers.generation.evaluator import evaluate
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(step.policy, options=options)
+        if self.engine is None:
+            return {}
+        names = self.engine.params.keys()
+        image = [(k, v.to(torch.bfloat16)) for k, v in state.items() if k in names]
+        self.engine.update_weights(image, version)  # the bf16 image the generators would run
+        result = evaluate(self.engine, self.tokenizer, self.config, self.prompts)
+        return {k: v for k, v in result.metrics.items() if k.startswith("eval/")}
+
+
+def _write_row(handle: TextIO | None, row: dict[str, float]) -> None:
+    if handle is not None:  # rank 0's
+        handle.write(json.dumps(row) + "\n")
+        handle.flush()
 
 
 def _divergence(original: TrainStep, arm: TrainStep, recorded: RecordedStep) -> dict[str, float]:
