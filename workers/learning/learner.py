@@ -39,7 +39,7 @@ from streamrl.workers.learning.fsdp import adamw, shard_for_training
 from streamrl.workers.learning.lora_forward import merge_in_forward
 from streamrl.workers.learning.publisher import WeightPublisher
 from streamrl.workers.learning.train_step import TrainStep
-from streamrl.workers.learning.training_record import TrainingRecord, weights_digest
+from streamrl.workers.learning.training_record import NoRecord, TrainingRecord
 
 log = logging.getLogger(__name__)
 
@@ -219,10 +219,10 @@ class Learner:
         self.record = self._open_record(spec)
         self._stop = False
 
-    def _open_record(self, spec: LearnerSpec) -> TrainingRecord | None:
-        """This rank's training record for this epoch (``training_record``), or None."""
+    def _open_record(self, spec: LearnerSpec) -> TrainingRecord | NoRecord:
+        """This rank's training record for this epoch (``training_record``)."""
         if not spec.record_run_dir:
-            return None
+            return NoRecord()
         header = {
             "rank": self.rank,
             "world_size": self.world_size,
@@ -267,8 +267,9 @@ class Learner:
             rng_state = torch.get_rng_state()  # what LoRA dropout draws from: replayed too
             metrics = self.train_step(groups, self.version)
             self.version += 1
-            if self.record is not None:  # before publishing: every sampled version has a row
-                metrics.update(self._record_step(groups, rng_state, eta))
+            # Before publishing: every version a generator samples with has its row.
+            trained = self.train_step.trained_modules
+            metrics.update(self.record.record_step(self.version, groups, rng_state, trained, eta))
             # A checkpoint step's weights are verified whole by every generator (/checkpoint).
             every = self.config.run.checkpoint_every
             due = every > 0 and self.version % every == 0
@@ -285,14 +286,6 @@ class Learner:
                 step = LearnerStep(self.version, metrics, time.time(), self.incarnation)
                 self.reporter.send(self.encoder.encode(step))
         return self.version
-
-    def _record_step(
-        self, groups: list[TrajectoryGroup], rng_state: torch.Tensor, eta: int
-    ) -> dict[str, float]:
-        start = time.perf_counter()
-        digest = weights_digest(self.train_step.trained_modules)
-        size = self.record.write(self.version, groups, rng_state, digest, eta, time.time())
-        return {"record/bytes": float(size), "record/s": time.perf_counter() - start}
 
     def _fetch(self, k: int, floor: int) -> list[TrajectoryGroup] | None:
         """This rank's batch, or ``None`` once a stop was requested. A stop leaves a fetch that
@@ -392,8 +385,7 @@ class Learner:
         dist.barrier()
 
     def close(self) -> None:
-        if self.record is not None:
-            self.record.close()
+        self.record.close()
         self.publisher.close()
         self.buffer.close()
         self.ctx.destroy(linger=0)

@@ -114,11 +114,12 @@ def replay(request: ReplayRequest) -> ReplayResult:
     out_dir.mkdir(exist_ok=True)
     master = f"{LOOPBACK}:{free_port(LOOPBACK)}"
     if world == 1:
-        _replay_rank(0, world, master, request, config.learner.backend)
+        _replay_rank(0, world, master, request, record, config.learner.backend)
     else:
         import torch.multiprocessing as mp
 
-        mp.spawn(_replay_rank, args=(world, master, request, config.learner.backend), nprocs=world)
+        backend = config.learner.backend
+        mp.spawn(_replay_rank, args=(world, master, request, record, backend), nprocs=world)
     summary = json.loads((out_dir / f"{arm_name(request.arm_overrides)}.summary.json").read_text())
     outputs = [out_dir / f"{ORIGINAL}.jsonl"]
     if request.arm_overrides:
@@ -135,9 +136,11 @@ def _config(run_dir: Path, overrides: list[Override]) -> Config:
         raise ReplayError(f"{run_dir}: {exc}") from None
 
 
-def _replay_rank(rank: int, world: int, master: str, request: ReplayRequest, backend: str) -> None:
-    """One rank of the replay (the whole of it with one rank)."""
-    record = read_record(request.run_dir)
+def _replay_rank(
+    rank: int, world: int, master: str, request: ReplayRequest, record: RecordedRun, backend: str
+) -> None:
+    """One rank of the replay (the whole of it with one rank); ``record``: as ``replay`` read
+    it, so that no rank reads and decodes the record again."""
     header = record.header
     torch.set_num_threads(int(header.get("threads", 1)))
     dist.init_process_group(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,21 @@ class TrainingRecord:
         self.encoder = msgspec.msgpack.Encoder()
         self.bytes_written = 0
 
+    def record_step(
+        self,
+        step: int,
+        groups: list[TrajectoryGroup],
+        rng_state: torch.Tensor,
+        trained: list[torch.nn.Module],
+        max_staleness: int,
+    ) -> dict[str, float]:
+        """Digest ``trained`` (the weights step ``step`` made) and append the step's row; returns
+        the learner's metrics of it (bytes on disk, seconds taken)."""
+        start = time.perf_counter()
+        digest = weights_digest(trained)
+        size = self.write(step, groups, rng_state, digest, max_staleness, time.time())
+        return {"record/bytes": float(size), "record/s": time.perf_counter() - start}
+
     def write(
         self,
         step: int,
@@ -114,6 +130,16 @@ class TrainingRecord:
     def close(self) -> None:
         self.writer.close()
         self.sink.close()
+
+
+class NoRecord:
+    """A run without a training record (``run.training_record: false``)."""
+
+    def record_step(self, *_args: object) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------- reading
