@@ -110,6 +110,15 @@ def _parser() -> argparse.ArgumentParser:
         "--compare", action="store_true", help="print the arms replayed so far, side by side"
     )
 
+    answers = sub.add_parser(
+        "answers",
+        help="what the model answered: the held-out responses each evaluation kept",
+        description="Prints RUN_DIR/answers.jsonl (eval.keep_answers) by prompt and version.",
+    )
+    answers.add_argument("run_dir")
+    answers.add_argument("--prompt", help="only this held-out prompt id")
+    answers.add_argument("--version", type=int, help="only this version's evaluation")
+
     # Listed for --help only: main() hands `bench ...` to streamrl.bench.cli's own parser.
     bench = sub.add_parser(
         "bench",
@@ -392,6 +401,28 @@ def _rm_pairs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _answers(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from streamrl.eval_answers import ANSWERS_FILE, format_answers, read_answers
+
+    run_dir = Path(args.run_dir)
+    rows = list(read_answers(run_dir))
+    if not rows:
+        print(
+            f"streamrl answers: {run_dir}: no {ANSWERS_FILE} (no evaluation kept answers: "
+            "eval.every or eval.keep_answers is 0, or none has run yet)",
+            file=sys.stderr,
+        )
+        return 2
+    lines = format_answers(rows, args.prompt, args.version)
+    if not lines:
+        print("streamrl answers: no kept answer matches", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
+
+
 def _admin(args: argparse.Namespace) -> int:
     import json
 
@@ -443,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         "export": _export,
         "rm": _rm,
         "replay": _replay,
+        "answers": _answers,
     }
     from streamrl.controller.preflight import BAD_INPUT
     from streamrl.controller.rundir import RunError

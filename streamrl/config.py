@@ -536,6 +536,11 @@ class EvalConfig(_Section):
     # (eval/unseen_phrasing/*): did the run learn arithmetic, or one prompt's answer format?
     # "" = not asked. {a}, {op} and {b} are filled in.
     unseen_phrasing: str = "Compute {a} {op} {b}."
+    # What the model answered: each evaluation keeps the responses to the first N held-out
+    # prompts (the same prompts every time, all their samples) with their question, scores
+    # and check, in RUN_DIR/answers.jsonl and a wandb table (eval/answers), so a collapse or
+    # a reward hack shows without opening the log. 0: none kept.
+    keep_answers: Annotated[int, msgspec.Meta(ge=0)] = 16
     # Early stopping: end the run (gracefully) after this many evaluations in a row without a
     # gain of more than `min_delta` in `patience_metric` over the best so far. 0 = never; with
     # eval.every 0 there are no evaluations to count, so it never fires.

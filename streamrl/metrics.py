@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from streamrl.config import Config, to_dict
+from streamrl.eval_answers import wandb_table
 
 
 class MetricsLog:
@@ -84,10 +85,18 @@ class MetricsLog:
         if self.progress is not None:
             self.progress.update(self.task, completed=record["step"])
 
-    def eval(self, requested: int, version: int, metrics: dict[str, float], epoch: int = 0) -> None:
+    def eval(
+        self,
+        requested: int,
+        version: int,
+        metrics: dict[str, float],
+        epoch: int = 0,
+        answers: list[dict[str, Any]] | None = None,
+    ) -> None:
         """A held-out evaluation: an ``eval`` event in metrics.jsonl (step records stay one
         per learner step) with the learner epoch of the weights evaluated, wandb at step
-        ``requested``, and a console line."""
+        ``requested`` (with the kept ``answers`` as its ``eval/answers`` table), and a console
+        line."""
         line = {
             "event": "eval",
             "time": time.time(),
@@ -98,7 +107,8 @@ class MetricsLog:
         with self.lock:
             self.file.write(json.dumps(line) + "\n")
             if self.wandb is not None:
-                self.wandb.log({"step": requested, **metrics})
+                table = {"eval/answers": wandb_table(answers)} if answers else {}
+                self.wandb.log({"step": requested, **metrics, **table})
         if "eval/success" in metrics:  # multi-turn episodes (streamrl.envs)
             counts = "".join(
                 f" | {key.removeprefix('eval/')} {metrics[key]:.2f}"

@@ -717,11 +717,26 @@ class ShardReport(msgspec.Struct, tag="shard_report"):
     time: float
 
 
+class EvalAnswer(msgspec.Struct):
+    """One kept held-out response (``eval.keep_answers``, ``streamrl.eval_answers``):
+    ``reward`` is the rules' combined score, ``served`` each served reward's by its label
+    (None: unparsable or not answered in time)."""
+
+    prompt_id: str
+    question: str
+    response: str
+    ground_truth: str
+    reward: float
+    exact: bool
+    stopped: bool
+    served: dict[str, float | None] = {}
+
+
 class EvalReport(msgspec.Struct, tag="eval_report"):
     """Held-out evaluation figures (``workers.generation.evaluator.evaluate``) of weights
     ``version`` of
     learner epoch ``weights_epoch``, asked for at ``requested`` (the generator may hold a newer
-    version by then)."""
+    version by then), with the responses kept (``answers``)."""
 
     generator_id: int
     requested: int
@@ -729,6 +744,7 @@ class EvalReport(msgspec.Struct, tag="eval_report"):
     metrics: dict[str, float]
     time: float
     weights_epoch: int = 0
+    answers: list[EvalAnswer] = []
 
 
 class ScoreItemWire(msgspec.Struct, array_like=True):

@@ -84,6 +84,7 @@ from streamrl.controller.staleness_tuner import Decision, StalenessTuner
 from streamrl.controller.state import RunState, load_prompt_ledger, shard_drops
 from streamrl.controller.stopping import rules_for
 from streamrl.controller.supervisor import GeneratorPool
+from streamrl.eval_answers import AnswersLog
 from streamrl.evaluation import evaluates_in_slack
 from streamrl.files import atomic_write_text
 from streamrl.metrics import MetricsLog
@@ -383,9 +384,11 @@ class Controller:
         log.info("staleness bound %d -> %d (%s)", decision.old, decision.new, decision.reason)
 
     def _evaluated(self, report: EvalReport) -> None:
-        """An evaluation taken: to metrics.jsonl, then the early-stopping rule."""
+        """An evaluation taken: to metrics.jsonl and its answers to answers.jsonl
+        (``eval_answers``), then the early-stopping rule."""
+        answers = AnswersLog(self.ctx.run_dir).append(report)
         self.ctx.metrics.eval(
-            report.requested, report.version, report.metrics, report.weights_epoch
+            report.requested, report.version, report.metrics, report.weights_epoch, answers
         )
         self._stop_for(self.stop_rules.evaluated(report.metrics))
 

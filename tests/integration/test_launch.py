@@ -145,11 +145,36 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path: Path) -> None:
     assert "steps 1-5 bitwise equal to the run" in replayed.stdout, replayed.stderr
 
 
-def test_wandb_offline_logs_every_step(tmp_path: Path) -> None:
-    summary, steps, _ = _run(tmp_path, "run.max_steps=2", "logging.wandb=offline")
-    runs = list((Path(summary["run_dir"]) / "wandb").glob("offline-run-*"))
+def test_wandb_offline_logs_every_step_and_what_the_model_answered(tmp_path: Path) -> None:
+    summary, steps, _ = _run(
+        tmp_path,
+        "run.max_steps=2",
+        "logging.wandb=offline",
+        "eval.every=1",
+        "eval.max_prompts=4",
+        "eval.keep_answers=3",
+    )
+    run_dir = Path(summary["run_dir"])
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "no offline wandb run was written"
     assert [r["step"] for r in steps] == [1, 2]
+    # Each evaluation (asked before step 1 and after each step; the version evaluated is the
+    # one generator 0 held by then) kept the same three prompts' answers.
+    from streamrl.eval_answers import read_answers
+
+    answers = list(read_answers(run_dir))
+    asked: dict[int, list[str]] = {}
+    for row in answers:
+        asked.setdefault(row["requested"], []).append(row["prompt_id"])
+        assert row["version"] >= row["requested"]
+    assert sorted(asked) == [0, 1, 2], asked
+    assert all(ids == asked[0] and len(ids) == 3 for ids in asked.values())
+    assert all(row["question"] and isinstance(row["response"], str) for row in answers)
+    tables = list(runs[0].glob("files/media/table/eval/answers_*.table.json"))
+    assert len(tables) == 3, "wandb got no eval/answers table per evaluation"
+    table = json.loads(tables[0].read_text())
+    assert table["columns"][:4] == ["version", "prompt_id", "question", "response"]
+    assert len(table["data"]) == 3
 
 
 # The tiny Llama with heads of 32 (vLLM's CPU attention has no kernel for 16), and Gemma3

@@ -43,6 +43,18 @@ def _evaluations(ctx: zmq.Context, role: _Role, sent: list) -> HeldOutEvaluation
     )
 
 
+def _sample(prompt_id: str, response: str, truth: str) -> dict:
+    """One response as ``evaluation.score`` makes it."""
+    return {
+        "prompt_id": prompt_id,
+        "response": response,
+        "ground_truth": truth,
+        "reward": 0.0,
+        "exact": False,
+        "stopped": True,
+    }
+
+
 def test_an_evaluation_s_scores_do_not_hold_the_generator() -> None:
     ctx = zmq.Context()
     role = _Role(ctx)
@@ -51,7 +63,7 @@ def test_an_evaluation_s_scores_do_not_hold_the_generator() -> None:
     evaluations.eval_set = [SimpleNamespace(prompt_id="e0", question="2+2?")]
     try:
         evaluations.delivery.scoring.submit([_group(1)])
-        samples = [{"prompt_id": "e0", "response": "four", "ground_truth": "4"}]
+        samples = [_sample("e0", "four", "4")]
         started = time.monotonic()
         evaluations.report(EvalResult(7, {"eval/accuracy": 1.0}, samples), 7, 0, 0)
         assert time.monotonic() - started < 0.1  # returned without waiting for the role
@@ -69,6 +81,10 @@ def test_an_evaluation_s_scores_do_not_hold_the_generator() -> None:
         assert report.metrics["eval/reward/rm"] == 4.0  # len("four") from the stand-in
         assert report.metrics["eval/reward/rm/unparsable"] == 0.0
         assert evaluations.delivery.scoring.pending == 0
+        # What the model answered goes with it: question, response, rules' and served scores.
+        (answer,) = report.answers
+        assert (answer.prompt_id, answer.question, answer.response) == ("e0", "2+2?", "four")
+        assert answer.served == {"rm": 4.0} and answer.exact is False
     finally:
         evaluations.delivery.scoring.close()
         ctx.destroy(linger=0)
@@ -84,7 +100,7 @@ def test_an_evaluation_made_in_the_evaluation_process_is_scored_by_generator_0()
     evaluations = _evaluations(ctx, role, sent)  # the evaluation process evaluated
     try:
         held = evaluations.held_out()
-        samples = [{"prompt_id": held[0].prompt_id, "response": "four", "ground_truth": "4"}]
+        samples = [_sample(held[0].prompt_id, "four", "4")]
         evaluations.report(EvalResult(3, {"eval/accuracy": 0.5}, samples), 3, 0, 0)
         ((peer, request),) = role.take(1)
         assert request.items[0].prompt == held[0].question != ""

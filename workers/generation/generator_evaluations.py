@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from streamrl import eval_answers
 from streamrl.evaluation import EvalResult, evaluates_in_slack
 from streamrl.protocol import Directives, EvalReport, LearnerClockInfo
 from streamrl.workers.generation.eval_process import Abandoned, Evaluated, SlackEvaluator
@@ -315,22 +316,33 @@ class HeldOutEvaluations:
         # The held-out set is read for the questions only when scored: evaluated in the
         # evaluation process, the responses come back to a generator that never loaded it.
         self.delivery.score_responses(
-            result.samples, self._questions, functools.partial(self._scored, report)
+            result.samples, self._questions, functools.partial(self._scored, report, result)
         )
+
+    def _label(self, reward: int) -> str:
+        return self.config.rewards[reward].display_name()
 
     def _questions(self) -> dict[str, str]:
         return {p.prompt_id: p.question for p in self.held_out()}
 
-    def _scored(self, report: EvalReport, scored: Served) -> None:
+    def _scored(self, report: EvalReport, result: EvalResult, scored: Served) -> None:
         """``report`` with the served rewards' view beside the rules' exact check:
-        ``eval/reward/<label>`` (the mean raw score) and ``.../unparsable``. An RLHF job reads
-        the model reward and the true accuracy side by side here."""
+        ``eval/reward/<label>`` (the mean raw score) and ``.../unparsable``, and the answers
+        it keeps (``eval_answers.keep``). An RLHF job reads the model reward and the true
+        accuracy side by side here."""
         for reward, (scores, _identity) in scored.items():
-            label = self.config.rewards[reward].display_name()
+            label = self._label(reward)
             present = [s for s in scores if s is not None]
             if present:
                 report.metrics[f"eval/reward/{label}"] = sum(present) / len(present)
             report.metrics[f"eval/reward/{label}/unparsable"] = float(len(scores) - len(present))
+        report.answers = eval_answers.keep(
+            result.samples,
+            self._questions,
+            {reward: scores for reward, (scores, _identity) in scored.items()},
+            self._label,
+            self.config.eval.keep_answers,
+        )
         self.reporting.send_eval(report)
         log.info(
             "generator[%d]: evaluated version %d: %s",
