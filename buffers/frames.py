@@ -45,6 +45,7 @@ class StoredGroup:
     rewards: list[float]
     frame: bytes
     weights_epoch: int = 0
+    policy_tokens: int = 0
     prompt_index: int = -1
     refused: str = ""  # why the door refuses it (``refusal``); "" if it may pass
     # Its delivery identity (``buffers.delivery``; sender "": a frame from before it).
@@ -67,7 +68,8 @@ class StoredGroup:
             group.rewards,
             frame,
             group.weights_epoch,
-            group.prompt_index,
+            policy_tokens=group.policy_tokens,
+            prompt_index=group.prompt_index,
             sender=group.sender,
             seq=group.seq,
         )

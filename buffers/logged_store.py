@@ -48,7 +48,17 @@ POLICY_KNOBS = (
     "overflow",
     "drop_zero_variance",
 )
-STORE_STATS = ("size", "capacity", "ingested", "consumed", "dropped", "bytes", "staleness_hist")
+STORE_STATS = (
+    "size",
+    "capacity",
+    "ingested",
+    "consumed",
+    "dropped",
+    "bytes",
+    "staleness_hist",
+    "tokens_by_fate",
+    "stored_policy_tokens",
+)
 
 
 class LoggedStore:

@@ -65,6 +65,8 @@ class Group(Protocol):
     @property
     def num_tokens(self) -> int: ...
     @property
+    def policy_tokens(self) -> int: ...  # sampled by the policy: the tokens_by_fate unit
+    @property
     def nbytes(self) -> int: ...  # array payload: the ``bytes`` statistic
     @property
     def rewards(self) -> list[float]: ...
@@ -195,6 +197,9 @@ class ReplayStore(Generic[G]):
         self._retired = 0  # groups that left after their last use
         self._refused_full = 0
         self._dropped = dict.fromkeys(DROP_REASONS, 0)
+        # Policy tokens by what became of their group: "trained" at its first take, else its
+        # drop reason (the useful-generation figure, ``controller.generation_yield``).
+        self._tokens_by_fate: Counter[str] = Counter()
 
     @property
     def policy(self) -> ReplayPolicy:
@@ -211,17 +216,17 @@ class ReplayStore(Generic[G]):
         policy = self._policy
         gid = group.group_id
         if gid in self._seq_of or gid in self._recent_ids:
-            return self._refuse(Offer.DUPLICATE)
+            return self._refuse(Offer.DUPLICATE, group)
         if not self._versions.on_timeline(group.weights_epoch, group.max_version):
-            return self._refuse(Offer.DEAD_TIMELINE)
+            return self._refuse(Offer.DEAD_TIMELINE, group)
         min_version = group.min_version
         if self._versions.current_version() - min_version > policy.max_staleness:
-            return self._refuse(Offer.STALE)
+            return self._refuse(Offer.STALE, group)
         if policy.drop_zero_variance and not has_reward_variance(group.rewards):
-            return self._refuse(Offer.ZERO_VARIANCE)
+            return self._refuse(Offer.ZERO_VARIANCE, group)
         num_tokens = group.num_tokens
         if policy.capacity_tokens is not None and num_tokens > policy.capacity_tokens:
-            return self._refuse(Offer.TOO_LARGE)
+            return self._refuse(Offer.TOO_LARGE, group)
         if not self._fits(num_tokens):
             if policy.overflow == "block":
                 self._refused_full += 1
@@ -233,12 +238,14 @@ class ReplayStore(Generic[G]):
 
     def refuse_invalid(self) -> None:
         """Count a group the caller refused before offering it (``frames.refusal``) as
-        offered and dropped ``"invalid"``, so the store's totals balance."""
+        offered and dropped ``"invalid"``, so the store's totals balance. Its tokens are not
+        counted: its arrays are what made it invalid."""
         self._offered += 1
         self._dropped["invalid"] += 1
 
-    def _refuse(self, reason: Offer) -> Offer:
+    def _refuse(self, reason: Offer, group: G) -> Offer:
         self._dropped[reason.value] += 1
+        self._tokens_by_fate[reason.value] += group.policy_tokens
         return reason
 
     def _fits(self, num_tokens: int) -> bool:
@@ -272,6 +279,8 @@ class ReplayStore(Generic[G]):
             self._retired += 1
         else:
             self._dropped[reason] += 1
+            if entry.uses == 0:  # a group trained on and then evicted was not wasted
+                self._tokens_by_fate[reason] += entry.group.policy_tokens
         limit = 2 * len(self._entries) + 64
         if len(self._by_version) > limit or len(self._by_freshness) > limit:
             self._rebuild_heaps()
@@ -330,6 +339,8 @@ class ReplayStore(Generic[G]):
         for seq in picked:
             entry = self._entries[seq]
             entry.uses += 1
+            if entry.uses == 1:
+                self._tokens_by_fate["trained"] += entry.group.policy_tokens
             out.append(entry.group)
             if entry.uses >= self._policy.max_reuse:
                 self._remove(seq, "consumed")
@@ -437,6 +448,8 @@ class ReplayStore(Generic[G]):
             "retired": self._retired,
             "refused_full": self._refused_full,
             "dropped": dict(self._dropped),
+            "tokens_by_fate": dict(self._tokens_by_fate),
+            "stored_policy_tokens": sum(e.group.policy_tokens for e in self._entries.values()),
             "bytes": self._bytes,
             "staleness_hist": dict(sorted(hist.items())),
         }

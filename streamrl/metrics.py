@@ -169,4 +169,5 @@ def summary_line(r: dict[str, Any]) -> str:
         f"| {r.get('throughput/tokens_per_s', 0.0):.0f} tok/s "
         f"| buffer {r.get('buffer/size', 0)} "
         f"| gen versions {r.get('generators/min_version', 0)}-{r.get('generators/max_version', 0)}"
+        f" | useful {100 * r.get('generation/useful', 0.0):.0f}%"
     )

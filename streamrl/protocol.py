@@ -270,6 +270,15 @@ class TrajectoryGroup(msgspec.Struct):
         return sum(t.num_prompt_tokens + t.num_response_tokens for t in self.trajectories)
 
     @property
+    def policy_tokens(self) -> int:
+        """The tokens the policy sampled (an episode's environment tokens not counted): what
+        generation paid for, as ``tokens_generated`` counts it (``generation_yield``)."""
+        return sum(
+            len(t.action_mask) - t.action_mask.count(0) if t.action_mask else t.num_response_tokens
+            for t in self.trajectories
+        )
+
+    @property
     def rewards(self) -> list[float]:
         return [t.reward for t in self.trajectories]
 
@@ -386,6 +395,10 @@ class ShardStats(msgspec.Struct, tag="shard_stats"):
     # pushes in the order scores settle, not its grant order): with the floors, exactly
     # which of a dead generator's grants a shard has (``PromptLedger.release``).
     delivered_above: dict[str, list[int]] = {}
+    # Policy tokens of this shard process's groups by fate: "trained" (taken at least once)
+    # or the reason they were dropped unused; and those stored now (``generation_yield``).
+    tokens_by_fate: dict[str, int] = {}
+    stored_policy_tokens: int = 0
 
 
 class Reconfigure(msgspec.Struct, tag="reconfigure"):

@@ -138,6 +138,15 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
             dropped = " ".join(f"{k}={v}" for k, v in (shard.get("dropped") or {}).items())
             fill = f"{shard.get('size', '?')}/{shard.get('capacity', '?')}"
             lines.append(f"  {shard.get('shard_id', '?'):<3} {fill:<10} {dropped}".rstrip())
+    generation = s.get("generation") or {}
+    if generation.get("tokens"):
+        lost = " ".join(
+            f"{why} {100 * share:.0f}%" for why, share in (generation.get("lost") or {}).items()
+        )
+        lines.append(
+            f"generation: useful {100 * generation.get('useful', 0.0):.0f}% of "
+            f"{generation['tokens']} tokens; lost: {lost}"
+        )
     hist = s.get("staleness_hist") or {}
     if hist:
         items = sorted(hist.items(), key=lambda kv: int(kv[0]))

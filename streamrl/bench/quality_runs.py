@@ -218,6 +218,8 @@ def run_streamrl(config_path: str, arm: str, seed: int, out: Path, user: list[st
         # staleness, ...).
         groups_generated=sum(b["ingested"] + sum(b["dropped"].values()) for b in summary["buffer"]),
         groups_dropped=sum(sum(b["dropped"].values()) for b in summary["buffer"]),
+        # Generated tokens that ended in a gradient (controller.generation_yield).
+        useful_generation=summary.get("generation", {}).get("useful"),
         sampler=summary.get("sampler"),
     )
     return result

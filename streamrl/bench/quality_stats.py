@@ -112,6 +112,9 @@ def aggregate(
                 wall_s=spread([r["wall_s"] for r in runs]),
                 groups=spread([r["groups_generated"] for r in runs if "groups_generated" in r]),
                 dropped=spread([r["groups_dropped"] for r in runs if "groups_dropped" in r]),
+                useful=spread(
+                    [r["useful_generation"] for r in runs if r.get("useful_generation") is not None]
+                ),
                 setup_s=spread([r["setup_s"] for r in runs if r.get("setup_s") is not None]),
                 by_samples=_band(runs, "samples", sample_grid, metric),
                 by_time=_band(runs, "seconds", time_grid, metric),
@@ -151,7 +154,8 @@ def _groups(row: dict[str, Any]) -> str:
     groups, dropped = row.get("groups", {}).get("median"), row.get("dropped", {}).get("median")
     if groups is None:
         return "-"
-    return f"{groups:.0f} ({dropped:.0f})"
+    useful = row.get("useful", {}).get("median")
+    return f"{groups:.0f} ({dropped:.0f})" + ("" if useful is None else f" {100 * useful:.0f}%")
 
 
 def table(summary: dict[str, Any], metric: str, target: float) -> str:
@@ -163,7 +167,7 @@ def table(summary: dict[str, Any], metric: str, target: float) -> str:
     header = (
         f"{'arm':<18} {'seeds':>5}  {'completed @ ' + n_text + ' samples':<24} "
         f"{'exact @ ' + n_text + ' samples':<24} {metric + ' @ ' + t_text:<24} "
-        f"{'time to ' + metric + ' >= ' + f'{target:g}':<30} {'groups (dropped)':<18} "
+        f"{'time to ' + metric + ' >= ' + f'{target:g}':<30} {'groups (dropped) useful':<24} "
         "wall s (+setup)"
     )
     lines = [header]
@@ -179,7 +183,7 @@ def table(summary: dict[str, Any], metric: str, target: float) -> str:
             f"{arm:<18} {seeds:>5}  {_pct(row['final']['completed']):<24} "
             f"{_pct(row['final']['exact']):<24} {_pct(row['at_time'][metric]):<24} "
             f"{_seconds(row['time_to_target'], row['finished']):<30} "
-            f"{_groups(row):<18} {wall}"
+            f"{_groups(row):<24} {wall}"
         )
     for arm, row in summary["arms"].items():
         for seed, why in row["failed"].items():

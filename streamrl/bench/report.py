@@ -55,7 +55,7 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: di
         )
         + ".",
         "",
-        "| mode | samples/s | trained tok/s | generated tok/s | generator busy | "
+        "| mode | samples/s | trained tok/s | generated tok/s (useful) | generator busy | "
         "waits admission | waits weights | weight pauses | publish->applied median / max | "
         "learner busy | staleness mean | "
         "staleness histogram | weight bytes/step | length mean / longest per step (turns) | "
@@ -66,7 +66,8 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: di
         hist = ", ".join(f"{k}: {v:.0f}" for k, v in sorted(r["staleness_histogram"].items()))
         lines.append(
             f"| {mode_label(r)} | {r['samples_per_s']:.2f} | {r['trained_tokens_per_s']:.1f} | "
-            f"{r['generated_tokens_per_s']:.1f} | {_pct(r['generator_busy'])} | "
+            f"{r['generated_tokens_per_s']:.1f} ({_pct(r.get('useful_generation', 0.0))}) | "
+            f"{_pct(r['generator_busy'])} | "
             f"{_pct(r['generator_wait_admission'])} | {_pct(r['generator_wait_weights'])} | "
             f"{_pct(r['generator_weights_pause'])} | "
             f"{r.get('publish_to_applied_median_s', 0.0):.2f} / "

@@ -139,6 +139,10 @@ def measure(records: list[dict[str, Any]], warmup: int, config: Config) -> dict[
         / len(window),
         "turns_mean": sum(r.get("train/turns_mean", 0.0) for r in window) / len(window),
         "generated_tokens_per_s": delta("generators/tokens_total") / span,
+        # The share of the window's generated tokens that ended in a gradient
+        # (controller.generation_yield).
+        "useful_generation": delta("generation/trained_tokens_total")
+        / max(delta("generation/tokens_total"), 1.0),
         "generator_busy": per_generator("generators/busy_s_total"),
         "generator_wait_admission": per_generator("generators/wait_admission_s_total"),
         "generator_wait_weights": per_generator("generators/wait_weights_s_total"),
@@ -328,7 +332,8 @@ def bench_throughput(
         results.append(result)
         print(
             f"{result['name']:<12} {result['samples_per_s']:.2f} samples/s, "
-            f"{result['generated_tokens_per_s']:.1f} generated tok/s, generator busy "
+            f"{result['generated_tokens_per_s']:.1f} generated tok/s "
+            f"({100 * result['useful_generation']:.0f}% useful), generator busy "
             f"{100 * result['generator_busy']:.0f}%, learner busy "
             f"{100 * result['learner_busy']:.0f}%, weight pauses "
             f"{100 * result['generator_weights_pause']:.1f}%, publish->applied "

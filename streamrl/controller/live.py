@@ -28,7 +28,7 @@ import zmq
 from streamrl.config import Config, to_dict
 from streamrl.controller.context import RunContext
 from streamrl.controller.knobs import LIVE_KEYS, get_key, set_key
-from streamrl.controller.records import episode_totals, scoring_figures
+from streamrl.controller.records import episode_totals, run_yield, scoring_figures
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.state import RunState
 from streamrl.protocol import Ack, Checkpoint, EvalReport, Reconfigure
@@ -124,6 +124,7 @@ class LiveRun:
             ],
             "episodes": episode_totals(state.all_generator_reports()),
             "scoring": scoring_figures(state),
+            "generation": run_yield(state).summary(),
             "admission": {
                 "started": policy.started,
                 "dropped": policy.dropped,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from streamrl.controller.generation_yield import GenerationYield, generation_yield
 from streamrl.controller.state import RunState
 from streamrl.protocol import EvalReport, GeneratorActivity, GeneratorReport, LearnerStep
 
@@ -61,7 +62,13 @@ def step_record(state: RunState, step: LearnerStep, tokens_per_s: float) -> dict
             for name in GeneratorActivity.__struct_fields__
         },
         **scoring_record(state, gens),
+        **run_yield(state).record(),
     }
+
+
+def run_yield(state: RunState) -> GenerationYield:
+    """How much of the run's generation ended in a gradient (``generation_yield``)."""
+    return generation_yield(state.all_generator_reports(), list(state.shards.values()))
 
 
 def scoring_record(state: RunState, gens: list[GeneratorReport]) -> dict[str, float]:
@@ -169,6 +176,8 @@ def run_summary(
         ],
         # Served rewards (docs/design.md §7c): each reward role's figures, and the generators'.
         "scoring": scoring_figures(state),
+        # Policy tokens generated, the share that ended in a gradient, the rest by why.
+        "generation": run_yield(state).summary(),
     }
 
 
@@ -232,6 +241,17 @@ def outcome(summary: dict[str, Any]) -> str:
                 f"{key:<18} {first[key]:.3f} (version {first['version']}) -> "
                 f"{last[key]:.3f} (version {last['version']})"
             )
+    generation = summary.get("generation") or {}
+    if generation.get("tokens"):
+        lost = ", ".join(
+            f"{why.replace('_', ' ')} {100 * share:.0f}%"
+            for why, share in generation["lost"].items()
+            if share >= 0.005
+        )
+        lines.append(
+            f"useful generation {100 * generation['useful']:.0f}% of {generation['tokens']} "
+            f"tokens" + (f" (lost: {lost})" if lost else "")
+        )
     return "\n".join(lines)
 
 

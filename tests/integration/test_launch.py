@@ -54,6 +54,13 @@ def test_async_run_reaches_every_generator_and_exports(tmp_path: Path) -> None:
     assert max(r["staleness/max"] for r in steps) <= 2
     run_dir = Path(summary["run_dir"])
     assert (run_dir / "config.yaml").is_file()
+    # Useful generation: every generated token trained or lost for one reason.
+    generation = summary["generation"]
+    assert 0 < generation["trained_tokens"] <= generation["tokens"]
+    assert generation["tokens"] == generation["trained_tokens"] + sum(
+        generation["lost_tokens"].values()
+    )
+    assert 0 < steps[-1]["generation/useful"] <= 1
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -262,4 +269,7 @@ def test_a_run_whose_groups_are_all_dropped_ends_itself_with_its_reason(tmp_path
     assert [r["reason"] for r in records if r.get("event") == "stop"] == [
         summary["stopped_because"]
     ]
+    # Nothing it generated ended in a gradient, and the summary says why.
+    generation = summary["generation"]
+    assert generation["useful"] == 0 and generation["lost"]["zero_variance"] > 0.9, generation
     assert pids and not [p for p in pids if alive(p)], "a role process outlived the run"

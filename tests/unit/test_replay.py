@@ -317,3 +317,23 @@ def test_heaps_stay_bounded_under_churn():
     assert len(store._by_version) < 100
     assert len(store._by_freshness) < 100
     assert_accounted(store)
+
+
+def test_policy_tokens_are_counted_by_what_became_of_their_group():
+    """Useful generation's input: each group's policy tokens (here 2 responses of 2 tokens)
+    under "trained" at its first take, else its drop reason; evicting a trained group later
+    does not count it as lost."""
+    versions = FakeVersions(5)
+    store = make_store(versions, max_staleness=1, drop_zero_variance=True, max_reuse=2)
+    assert make_group("a", 5).policy_tokens == 4
+    store.offer(make_group("a", 5))
+    store.offer(make_group("b", 5))
+    store.offer(make_group("flat", 5, rewards=(1.0, 1.0)))
+    store.offer(make_group("old", 3))
+    assert store.stats()["stored_policy_tokens"] == 8
+    assert [g.group_id for g in store.take(1)] == ["a"]
+    versions.version = 7  # "a" (taken once, still stored for its reuse) and "b" go stale
+    assert store.evict_stale() == 2
+    stats = store.stats()
+    assert stats["tokens_by_fate"] == {"trained": 4, "zero_variance": 4, "stale": 8}
+    assert stats["stored_policy_tokens"] == 0
