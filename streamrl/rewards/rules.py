@@ -243,18 +243,27 @@ def target_token_share(sample: RewardInput, *, token_id: int) -> float:
 
 
 @register("countdown_close")
-def countdown_close(sample: RewardInput, *, scale: float = 20.0) -> float:
-    """Credit for a countdown answer that misses: ``1 - |value - target| / scale`` (at least 0)
-    for a legal expression, read as the puzzle's own verifier reads it (reasoning-gym's as
-    countdown_gym does: an ``<answer>`` tag, else the first line before any ``=``; the built-in
-    task's by ``countdown.answer_line``) and valued without ``eval`` (``tasks.expression``).
-    Legal: every given number exactly once for a reasoning-gym puzzle (its rule), each at most
-    once for the built-in task's. Why: reasoning-gym's verifier pays 0.05 for any expression of
-    all the numbers that misses, so once a policy always writes one, every group of wrong
-    answers scores alike and dynamic sampling drops them all (the countdown_gym job starved at
-    step 19 without this); paying the nearer values more gives those groups a direction."""
+def countdown_close(sample: RewardInput, *, scale: float = 20.0, partial: float = 0.0) -> float:
+    """Credit for a countdown answer that misses: ``partial + (1 - partial) * closeness`` for a
+    legal expression (closeness ``1 - |value - target| / scale``, at least 0), and for one that
+    is not legal ``partial`` times the share of the given numbers it uses (each once; a number
+    not given cancels one used). Read as the puzzle's own verifier reads it (reasoning-gym's
+    as countdown_gym does: an ``<answer>`` tag, else the first line before any ``=``; the
+    built-in task's by ``countdown.answer_line``), valued without ``eval``
+    (``tasks.expression``). Legal: every given number exactly once for a reasoning-gym puzzle
+    (its rule), each at most once for the built-in task's.
+
+    Why: reasoning-gym's verifier pays 0.05 for anything it can parse that is not a solution,
+    a bare number as much as an expression of all the numbers. Paying the nearer values more
+    gives groups of legal wrong answers a direction (the countdown_gym job starved at step 19
+    without it). It was not enough: a policy that drifted to bare numbers ("20", "23"), all
+    worth 0.05, starved again at step 15 with every group scored alike. ``partial`` grades the
+    way from a bare number to a legal expression (a legal one always earns at least
+    ``partial``, more than any illegal one)."""
     if scale <= 0:
         raise ValueError(f"countdown_close: scale must be > 0, got {scale}")
+    if not 0 <= partial < 1:
+        raise ValueError(f"countdown_close: partial must be in [0, 1), got {partial}")
     puzzle = _countdown_puzzle(sample)
     if puzzle is None:
         return 0.0
@@ -272,8 +281,11 @@ def countdown_close(sample: RewardInput, *, scale: float = 20.0) -> float:
     legal = used == sorted(given) if exactly else not Counter(used) - Counter(given)
     result = expression.value(tree)
     if not legal or result is None:
-        return 0.0
-    return max(0.0, 1.0 - abs(float(result) - target) / scale)
+        if not given:
+            return 0.0
+        matched = sum((Counter(used) & Counter(given)).values())
+        return partial * max(0, matched - (len(used) - matched)) / len(given)
+    return partial + (1 - partial) * max(0.0, 1.0 - abs(float(result) - target) / scale)
 
 
 def _countdown_puzzle(sample: RewardInput) -> tuple[int, list[int], bool] | None:

@@ -3,6 +3,7 @@ own verifier as the ``reasoning_gym`` reward and the held-out check."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -102,3 +103,30 @@ def test_countdown_close_pays_a_legal_near_miss_by_its_distance() -> None:
     two = f"{puzzle['numbers'][0]} + {puzzle['numbers'][1]}"
     near = max(0.0, 1 - abs(puzzle["numbers"][0] + puzzle["numbers"][1] - puzzle["target"]) / 20)
     assert close(RewardInput.of(task, two, [1])) == pytest.approx(near)
+
+
+def test_countdown_close_grades_the_way_from_a_bare_number_to_a_legal_expression() -> None:
+    """reasoning-gym pays 0.05 for any parseable non-solution: a policy that drifted to bare
+    numbers scored every group alike and starved. ``partial`` ranks bare number < some of
+    the numbers < all of them (legal, however far) < near < solved."""
+    from streamrl.config import load_config as load
+
+    prompt = prompt_stream(load("countdown_gym"))[0]
+    meta = prompt.metadata["entry"]["metadata"]
+    target, numbers = meta["target"], sorted(meta["numbers"])
+    close = functools.partial(resolve_reward("countdown_close"), partial=0.3)
+
+    def pays(text: str) -> float:
+        return close(RewardInput.of(prompt, text, [1]))
+
+    far = " * ".join(map(str, numbers)) + " * 1000"  # every number, and one not given
+    assert pays(str(numbers[0])) == pytest.approx(0.1)  # one given number of three
+    assert pays(" + ".join(map(str, numbers[:2]))) == pytest.approx(0.2)
+    assert pays(far) == pytest.approx(0.2)  # the extra 1000 cancels one used number
+    assert pays("1000") == 0.0 and pays("so") == 0.0
+    plus = " + ".join(map(str, numbers))
+    near = max(0.0, 1 - abs(sum(numbers) - target) / 20)
+    assert pays(plus) == pytest.approx(0.3 + 0.7 * near) and pays(plus) >= 0.3
+    assert pays(prompt.ground_truth) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="partial must be in"):
+        close(RewardInput.of(prompt, plus, [1]), partial=1.0)
