@@ -302,6 +302,9 @@ def test_learner_logprobs_equal_the_engines_behaviour_logprobs(arch: str, shared
     assert metrics["mismatch/tokens"] == tokens > 0
     assert metrics["mismatch/logprob_abs_max"] <= 1e-4, metrics
     assert metrics["policy/is_weight_max"] <= 1 + 1e-4, metrics
+    # Entropy is tracked every step, with no entropy term in the loss (entropy_coef 0): a
+    # random tiny model's is near log(vocab).
+    assert 0 < metrics["policy/entropy"] < 1.01 * math.log(step.policy.config.vocab_size)
 
 
 class _Feedback(Environment):

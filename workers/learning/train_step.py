@@ -496,9 +496,12 @@ class TrainStep:
         if alg.entropy_coef > 0:
             entropy = at_sampling_temperature(losses.token_entropy, batch, logits)
             loss = loss - alg.entropy_coef * aggregate(entropy)
-            metrics.mean(
-                "policy/entropy", losses.aggregate(entropy.detach(), mask, "token-mean"), tokens
-            )
+        else:  # tracked every step all the same: a collapse shows in it first
+            with torch.no_grad():
+                entropy = at_sampling_temperature(losses.token_entropy, batch, logits.detach())
+        metrics.mean(
+            "policy/entropy", losses.aggregate(entropy.detach(), mask, "token-mean"), tokens
+        )
         if self.critic is not None:
             value_loss = losses.value_loss(
                 self._values(batch),
