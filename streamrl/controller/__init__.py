@@ -22,6 +22,8 @@
 - ``processes``: a process named by pid and start time, so a reused pid is never signalled.
 - ``records``/``drops``: the step records, the summary and the console's lines; the warning
   when every group is being dropped.
+- ``generation_yield``: useful generation, the generated tokens that ended in a gradient and
+  why the rest did not.
 - ``stopping``: the early-stopping rules (evaluation patience, starvation) that end a run
   before ``run.max_steps``.
 - ``placement``/``rundir``/``actors``: Ray placement and cores, the run directory, actor shells.
