@@ -190,6 +190,7 @@ class ReplayStore(Generic[G]):
         self._by_freshness: list[tuple[int, int]] = []  # (-min_version, seq): freshest first
         self._next_seq = 0
         self._tokens = 0
+        self._policy_tokens = 0  # of the stored groups (``stats()["stored_policy_tokens"]``)
         self._bytes = 0
         self._offered = 0
         self._ingested = 0
@@ -266,6 +267,7 @@ class ReplayStore(Generic[G]):
         heapq.heappush(self._by_version, (min_version, seq))
         heapq.heappush(self._by_freshness, (-min_version, seq))
         self._tokens += num_tokens
+        self._policy_tokens += group.policy_tokens
         self._bytes += entry.nbytes
         self._ingested += 1
 
@@ -274,6 +276,7 @@ class ReplayStore(Generic[G]):
         gid = entry.group.group_id
         del self._seq_of[gid]
         self._tokens -= entry.num_tokens
+        self._policy_tokens -= entry.group.policy_tokens
         self._bytes -= entry.nbytes
         if reason == "consumed":
             self._retired += 1
@@ -449,7 +452,7 @@ class ReplayStore(Generic[G]):
             "refused_full": self._refused_full,
             "dropped": dict(self._dropped),
             "tokens_by_fate": dict(self._tokens_by_fate),
-            "stored_policy_tokens": sum(e.group.policy_tokens for e in self._entries.values()),
+            "stored_policy_tokens": self._policy_tokens,
             "bytes": self._bytes,
             "staleness_hist": dict(sorted(hist.items())),
         }
