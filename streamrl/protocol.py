@@ -213,6 +213,12 @@ class Trajectory(msgspec.Struct):
     def action_mask_list(self) -> list[int]:
         return list(self.policy_mask())
 
+    @property
+    def num_policy_tokens(self) -> int:
+        """The response tokens the policy sampled (``policy_mask``'s ones)."""
+        mask = self.policy_mask()
+        return len(mask) - mask.count(0)
+
 
 class TrajectoryGroup(msgspec.Struct):
     """All samples of one prompt; GRPO needs the group whole, so it is never split."""
@@ -273,10 +279,7 @@ class TrajectoryGroup(msgspec.Struct):
     def policy_tokens(self) -> int:
         """The tokens the policy sampled (an episode's environment tokens not counted): what
         generation paid for, as ``tokens_generated`` counts it (``generation_yield``)."""
-        return sum(
-            len(t.action_mask) - t.action_mask.count(0) if t.action_mask else t.num_response_tokens
-            for t in self.trajectories
-        )
+        return sum(t.num_policy_tokens for t in self.trajectories)
 
     @property
     def rewards(self) -> list[float]:

@@ -57,3 +57,16 @@ def test_streamrl_admin_status_shows_it() -> None:
     y = generation_yield([_generator(0, 1000)], [shard])
     text = format_status({"run": "r", "generation": y.summary()}, now=0.0)
     assert "generation: useful 25% of 1000 tokens; lost: zero_variance 75% stale 0%" in text
+
+
+def test_the_unit_is_the_policy_token_not_an_environment_s() -> None:
+    from streamrl.protocol import Trajectory, TrajectoryGroup
+
+    def traj(mask: list[int] | None) -> Trajectory:
+        return Trajectory.from_lists(
+            [1], [2, 3, 4, 5], [-0.1] * 4, [0] * 4, 0.0, "stop", 0, action_mask=mask
+        )
+
+    assert traj(None).num_policy_tokens == 4  # single turn: every response token
+    assert traj([1, 0, 0, 1]).num_policy_tokens == 2  # an episode: the environment wrote two
+    assert TrajectoryGroup("g", "p", [traj(None), traj([1, 0, 0, 1])], 0.0, 0.0).policy_tokens == 6
