@@ -472,7 +472,16 @@ class AlgorithmConfig(_Section):
     ] = "token-mean"
     kl: KLConfig = msgspec.field(default_factory=KLConfig)
     overlong_buffer: OverlongConfig = msgspec.field(default_factory=OverlongConfig)
-    entropy_coef: float = 0.0
+    # The entropy bonus: loss -= coef * entropy (token mean at the sampling temperature).
+    entropy_coef: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    # Adaptive entropy control (streamrl.algorithms.entropy): with a target (nats per token),
+    # the coefficient, starting at entropy_coef, rises by entropy_coef_step after each step
+    # whose entropy is below the target and falls by it otherwise, within [0,
+    # entropy_coef_max], and the bonus acts only on micro-batches below the target. A collapse
+    # onto one answer per prompt is met before dynamic sampling starves the run.
+    entropy_target: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    entropy_coef_step: Annotated[float, msgspec.Meta(ge=0)] = 0.005
+    entropy_coef_max: Annotated[float, msgspec.Meta(ge=0)] = 0.1
     # GAE (advantage=gae trains a critic beside the policy).
     gamma: float = 1.0
     lam: float = 0.95

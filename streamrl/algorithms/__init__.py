@@ -1,4 +1,5 @@
-"""Pure-torch RL algorithms: advantages, policy/value losses, KL penalties, reward shaping.
+"""Pure-torch RL algorithms: advantages, policy/value losses, KL penalties, reward shaping,
+and the entropy coefficient's control (``entropy``, plain Python).
 
 Config strings select implementations from small registries:
 

@@ -407,6 +407,38 @@ def test_several_updates_per_batch_make_the_clip_act(model_dir: Path) -> None:
     assert metrics["policy/approx_kl"] > 0
 
 
+def _entropy_run(model_dir: Path, *overrides: str) -> tuple[torch.Tensor, list[float]]:
+    """One step's gradient on fixed groups, and the coefficient each of 3 steps reported."""
+    step = build_train_step(_config("learner.grad_clip=1.0e9", *overrides), model_dir, CPU, 1)
+    recorder = step.optimizer = GradRecorder(step.policy.parameters())
+    coefs = [step(random_groups(4, 4, seed=9), version=v)["policy/entropy_coef"] for v in range(3)]
+    return recorder.grads[0], coefs  # the first step's: its coefficient is the config's
+
+
+def test_the_entropy_bonus_acts_only_below_its_target(model_dir: Path) -> None:
+    """A random tiny model's entropy is near log(vocab). A target above it opens the gate: the
+    gradient is a fixed bonus's, and the coefficient climbs. A target below it shuts the gate:
+    the gradient is the no-bonus one, and the coefficient decays to 0."""
+    _process_group()
+    try:
+        plain, _ = _entropy_run(model_dir)
+        fixed, fixed_coefs = _entropy_run(model_dir, "algorithm.entropy_coef=0.5")
+        steer = (
+            "algorithm.entropy_coef=0.5",
+            "algorithm.entropy_coef_step=0.25",
+            "algorithm.entropy_coef_max=2",
+        )
+        high, high_coefs = _entropy_run(model_dir, *steer, "algorithm.entropy_target=100")
+        low, low_coefs = _entropy_run(model_dir, *steer, "algorithm.entropy_target=0.01")
+    finally:
+        dist.destroy_process_group()
+    assert not torch.allclose(plain, fixed)
+    torch.testing.assert_close(high, fixed, rtol=0, atol=0)
+    torch.testing.assert_close(low, plain, rtol=0, atol=0)
+    assert fixed_coefs == [0.5, 0.5, 0.5]
+    assert high_coefs == [0.5, 0.75, 1.0] and low_coefs == [0.5, 0.25, 0.0]
+
+
 def _full(step: TrainStep) -> dict[str, torch.Tensor]:
     return {n: whole(p).clone() for n, p in step.policy.named_parameters()}
 

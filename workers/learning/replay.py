@@ -179,6 +179,8 @@ def _load_checkpoint(step: TrainStep, run_dir: Path, version: int) -> None:
     _, extra = checkpoint.load(modules, checkpoint.path_for(run_dir / "checkpoints", version))
     if "kl_coef" in extra:
         step.kl_controller.restore(extra["kl_coef"])
+    if "entropy_coef" in extra:
+        step.entropy_control.restore(extra["entropy_coef"])
 
 
 def _steps_to_replay(record: RecordedRun, rank: int, request: ReplayRequest) -> list[RecordedStep]:

@@ -39,6 +39,7 @@ from streamrl.algorithms import advantages as adv
 from streamrl.algorithms import kl as kl_lib
 from streamrl.algorithms import losses
 from streamrl.algorithms import rewards as shaping
+from streamrl.algorithms.entropy import EntropyControl
 from streamrl.config import Config
 from streamrl.protocol import TrajectoryGroup
 from streamrl.workers.learning.batching import (
@@ -212,6 +213,7 @@ class TrainStep:
         self.device, self.world_size, self.pad_id = device, world_size, pad_id
         self.ref_model, self.critic = ref_model, critic
         self.kl_controller = kl_controller or kl_lib.FixedController(0.0)
+        self.entropy_control = EntropyControl.from_config(config.algorithm)
         self.skipped_steps = 0
         self.share_prompts_hidden = _prompt_sharing_hidden(config, policy, critic)
 
@@ -493,15 +495,19 @@ class TrainStep:
             kl = kl_lib.estimate(logprobs, batch.ref_logprobs.to(dev), alg.kl.kind)
             loss = loss + self.kl_controller.value * aggregate(kl)
             metrics.mean("kl/ref", losses.aggregate(kl.detach(), mask, "token-mean"), tokens)
-        if alg.entropy_coef > 0:
+        entropy_coef = self.entropy_control.value
+        if entropy_coef > 0:
             entropy = at_sampling_temperature(losses.token_entropy, batch, logits)
-            loss = loss - alg.entropy_coef * aggregate(entropy)
         else:  # tracked every step all the same: a collapse shows in it first
             with torch.no_grad():
                 entropy = at_sampling_temperature(losses.token_entropy, batch, logits.detach())
-        metrics.mean(
-            "policy/entropy", losses.aggregate(entropy.detach(), mask, "token-mean"), tokens
-        )
+        batch_entropy = losses.aggregate(entropy.detach(), mask, "token-mean")
+        if entropy_coef > 0:
+            bonus = entropy_coef * aggregate(entropy)
+            if self.entropy_control.gated:  # on device: no host sync per micro-batch
+                bonus = bonus * (batch_entropy < self.entropy_control.target)
+            loss = loss - bonus
+        metrics.mean("policy/entropy", batch_entropy, tokens)
         if self.critic is not None:
             value_loss = losses.value_loss(
                 self._values(batch),
@@ -597,7 +603,8 @@ class TrainStep:
     def _step_figures(
         self, groups: list[TrajectoryGroup], out: dict[str, float], updates: int, start: float
     ) -> dict[str, float]:
-        """Figures every rank knows alike, and the adaptive KL update (fed the true KL)."""
+        """Figures every rank knows alike, and the adaptive KL and entropy updates (fed the
+        step's measured KL and entropy)."""
         samples = out.pop("train/samples")
         figures = {
             "reward/mean": out.pop("reward/sum") / samples,
@@ -609,4 +616,7 @@ class TrainStep:
         if "kl/ref" in out:
             self.kl_controller.update(out["kl/ref"], int(samples))
             figures["kl/coef"] = self.kl_controller.value
+        figures["policy/entropy_coef"] = self.entropy_control.value  # the one this step used
+        if "policy/entropy" in out:
+            self.entropy_control.update(out["policy/entropy"])
         return figures
