@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -243,15 +244,19 @@ def target_token_share(sample: RewardInput, *, token_id: int) -> float:
 
 
 @register("countdown_close")
-def countdown_close(sample: RewardInput, *, scale: float = 20.0, partial: float = 0.0) -> float:
+def countdown_close(
+    sample: RewardInput, *, scale: float = 20.0, partial: float = 0.0, falloff: str = "linear"
+) -> float:
     """Credit for a countdown answer that misses: ``partial + (1 - partial) * closeness`` for a
-    legal expression (closeness ``1 - |value - target| / scale``, at least 0), and for one that
-    is not legal ``partial`` times the share of the given numbers it uses (each once; a number
-    not given cancels one used). Read as the puzzle's own verifier reads it (reasoning-gym's
-    as countdown_gym does: an ``<answer>`` tag, else the first line before any ``=``; the
-    built-in task's by ``countdown.answer_line``), valued without ``eval``
-    (``tasks.expression``). Legal: every given number exactly once for a reasoning-gym puzzle
-    (its rule), each at most once for the built-in task's.
+    legal expression, and for one that is not legal ``partial`` times the share of the given
+    numbers it uses (each once; a number not given cancels one used). Closeness, with ``d =
+    |value - target|``: ``linear`` ``max(0, 1 - d / scale)``; ``inverse`` ``scale / (scale +
+    d)``, which never reaches 0, so that of two legal misses the nearer always earns more.
+    Read as the puzzle's own verifier reads it (reasoning-gym's as countdown_gym does: an
+    ``<answer>`` tag, else the first line before any ``=``; the built-in task's by
+    ``countdown.answer_line``), valued without ``eval`` (``tasks.expression``). Legal: every
+    given number exactly once for a reasoning-gym puzzle (its rule), each at most once for the
+    built-in task's.
 
     Why: reasoning-gym's verifier pays 0.05 for anything it can parse that is not a solution,
     a bare number as much as an expression of all the numbers. Paying the nearer values more
@@ -259,11 +264,18 @@ def countdown_close(sample: RewardInput, *, scale: float = 20.0, partial: float 
     without it). It was not enough: a policy that drifted to bare numbers ("20", "23"), all
     worth 0.05, starved again at step 15 with every group scored alike. ``partial`` grades the
     way from a bare number to a legal expression (a legal one always earns at least
-    ``partial``, more than any illegal one)."""
+    ``partial``, more than any illegal one). Then, at ``partial`` 0.3, a policy settled on
+    "a * b + c" for every puzzle (legal, 0.3, and now and then exact): with the linear falloff
+    every far miss earns the same, so "a + b + c", 25 off, earned no more than "a * b + c", 200
+    off; ``inverse`` ranks them."""
     if scale <= 0:
         raise ValueError(f"countdown_close: scale must be > 0, got {scale}")
     if not 0 <= partial < 1:
         raise ValueError(f"countdown_close: partial must be in [0, 1), got {partial}")
+    if falloff not in _FALLOFFS:
+        raise ValueError(
+            f"countdown_close: falloff must be one of {sorted(_FALLOFFS)}, got {falloff!r}"
+        )
     puzzle = _countdown_puzzle(sample)
     if puzzle is None:
         return 0.0
@@ -285,7 +297,14 @@ def countdown_close(sample: RewardInput, *, scale: float = 20.0, partial: float 
             return 0.0
         matched = sum((Counter(used) & Counter(given)).values())
         return partial * max(0, matched - (len(used) - matched)) / len(given)
-    return partial + (1 - partial) * max(0.0, 1.0 - abs(float(result) - target) / scale)
+    return partial + (1 - partial) * _FALLOFFS[falloff](abs(float(result) - target), scale)
+
+
+# Closeness of a legal countdown miss: (distance to the target, scale) -> [0, 1].
+_FALLOFFS: dict[str, Callable[[float, float], float]] = {
+    "linear": lambda distance, scale: max(0.0, 1.0 - distance / scale),
+    "inverse": lambda distance, scale: scale / (scale + distance),
+}
 
 
 def _countdown_puzzle(sample: RewardInput) -> tuple[int, list[int], bool] | None:

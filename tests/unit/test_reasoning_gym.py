@@ -12,6 +12,7 @@ from streamrl.config import ConfigError, load_config
 from streamrl.data import check_data, prompt_stream
 from streamrl.evaluation import eval_prompts, exact_answer
 from streamrl.rewards import RewardInput, resolve_reward
+from streamrl.tasks.base import Prompt
 
 pytest.importorskip("reasoning_gym")
 
@@ -130,3 +131,33 @@ def test_countdown_close_grades_the_way_from_a_bare_number_to_a_legal_expression
     assert pays(prompt.ground_truth) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="partial must be in"):
         close(RewardInput.of(prompt, plus, [1]), partial=1.0)
+
+
+def test_countdown_close_inverse_falloff_ranks_every_legal_miss() -> None:
+    """With the linear falloff every miss farther than ``scale`` earns ``partial``: a policy
+    settled on "a * b + c" (legal, far) earned as much as "a + b + c" (legal, nearer).
+    ``inverse`` (scale / (scale + d)) ranks any two legal misses by their distance."""
+    from streamrl.config import load_config as load
+
+    def puzzle(prompt: Prompt) -> tuple[int, list[int]]:
+        meta = prompt.metadata["entry"]["metadata"]
+        return meta["target"], sorted(meta["numbers"])
+
+    # A puzzle that "a + b + c" does not solve.
+    prompt = next(
+        p for p in prompt_stream(load("countdown_gym")) if sum(puzzle(p)[1]) != puzzle(p)[0]
+    )
+    target, (a, b, c) = puzzle(prompt)
+    close = functools.partial(resolve_reward("countdown_close"), partial=0.3, falloff="inverse")
+
+    def pays(text: str) -> float:
+        return close(RewardInput.of(prompt, text, [1]))
+
+    times, plus = f"{a} * {b} * {c}", f"{a} + {b} + {c}"
+    assert abs(a * b * c - target) > abs(a + b + c - target)
+    assert 0.3 < pays(times) < pays(plus) < 1.0  # both legal misses, the nearer above
+    assert pays(plus) == pytest.approx(0.3 + 0.7 * 20 / (20 + abs(a + b + c - target)))
+    assert pays(prompt.ground_truth) == pytest.approx(1.0)
+    assert pays(f"{a} + {b}") == pytest.approx(0.2)  # an illegal answer as before
+    with pytest.raises(ValueError, match="falloff must be one of"):
+        close(RewardInput.of(prompt, plus, [1]), falloff="cubic")
