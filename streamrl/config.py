@@ -554,8 +554,13 @@ class EvalConfig(_Section):
     # gain of more than `min_delta` in `patience_metric` over the best so far. 0 = never; with
     # eval.every 0 there are no evaluations to count, so it never fires.
     patience: Annotated[int, msgspec.Meta(ge=0, extra={"zero": "never"})] = 0
-    # "" = eval/success for episode jobs (env.name), else eval/completed.
+    # "" = eval/success for episode jobs (env.name), else eval/completed. The metric both stop
+    # rules and the best version (summary.json "best") read.
     patience_metric: str = ""
+    # Over-optimisation: end the run (gracefully) once patience_metric has fallen more than
+    # this below the best it reached: a learned reward can climb while the held-out rule
+    # check falls. summary.json names the best version and its checkpoint. 0 = never.
+    stop_below_best: Annotated[float, msgspec.Meta(ge=0, extra={"zero": "never"})] = 0.0
     min_delta: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 

@@ -64,6 +64,7 @@ def mode_overrides(mode: str, eta: int, steps: int, warmup: int, out: Path) -> l
         "eval.every=0",
         # Every arm runs its steps: no early stop (a job's own rules would cut the window).
         "eval.patience=0",
+        "eval.stop_below_best=0",
         "run.stop_when_starved_s=0",
         "logging.progress=false",
         f"placement.pin_cpus={'false' if mode == COLOCATED else 'true'}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from streamrl.checkpoint_layout import checkpoints_root, is_complete, path_for
 from streamrl.controller.generation_yield import GenerationYield, generation_yield
 from streamrl.controller.state import RunState
 from streamrl.protocol import EvalReport, GeneratorActivity, GeneratorReport, LearnerStep
@@ -98,10 +99,12 @@ def run_summary(
     run_dir: Path,
     wall_time_s: float,
     stopped_because: str = "",
+    best_metric: str = "eval/completed",
 ) -> dict[str, Any]:
     """``summary.json``: where the run ended, and every group accounted for.
     ``stopped_because``: why it ended before ``run.max_steps`` by a stop rule
-    (``controller.stopping``), "" otherwise."""
+    (``controller.stopping``), "" otherwise; ``best_metric``: the metric the best version
+    is chosen by (``best_evaluation``)."""
     gens = {
         g.generator_id: {
             "applied_version": g.applied_version,
@@ -165,6 +168,7 @@ def run_summary(
         "run_dir": str(run_dir),
         "wall_time_s": wall_time_s,
         "stopped_because": stopped_because,
+        "best": best_evaluation([e for e in evals if state.eval_is_live(e)], best_metric, run_dir),
         # data.sampler: difficulty: fresh prompts passed over, and the questions it scored.
         "sampler": state.difficulty.summary() if state.difficulty is not None else None,
         # Evaluations of weights still on the timeline (a learner restart takes later ones
@@ -228,6 +232,24 @@ def scoring_figures(state: RunState) -> dict[str, Any]:
     return {"roles": roles, "generators": totals}
 
 
+def best_evaluation(evals: list[EvalReport], metric: str, run_dir: Path) -> dict | None:
+    """The evaluation with the highest ``metric`` (the earliest of equals): its version, the
+    value, and the checkpoint that holds those weights (None when none was saved at that
+    version: ``run.checkpoint_every`` a divisor of ``eval.every`` keeps one for each). None
+    when no evaluation reported ``metric``."""
+    scored = [e for e in evals if metric in e.metrics]
+    if not scored:
+        return None
+    best = max(scored, key=lambda e: (e.metrics[metric], -e.version))
+    checkpoint = path_for(checkpoints_root(run_dir), best.version)
+    return {
+        "metric": metric,
+        "value": best.metrics[metric],
+        "version": best.version,
+        "checkpoint": str(checkpoint) if is_complete(checkpoint) else None,
+    }
+
+
 def outcome(summary: dict[str, Any]) -> str:
     """The answer to "did my model get better?": held-out eval before and after."""
     lines = [f"wall time {summary['wall_time_s']:.0f} s, {summary['version']} steps"]
@@ -241,6 +263,17 @@ def outcome(summary: dict[str, Any]) -> str:
                 f"{key:<18} {first[key]:.3f} (version {first['version']}) -> "
                 f"{last[key]:.3f} (version {last['version']})"
             )
+    best = summary.get("best")
+    if best and evals and best["version"] != evals[-1]["version"]:
+        # The run ended below its best: say where the best weights are.
+        where = (
+            f"streamrl export {summary['run_dir']} --step {best['version']} --out DIR"
+            if best["checkpoint"]
+            else "no checkpoint holds it (run.checkpoint_every)"
+        )
+        lines.append(
+            f"best {best['metric']} {best['value']:.3f} at version {best['version']}: {where}"
+        )
     generation = summary.get("generation") or {}
     if generation.get("tokens"):
         lost = ", ".join(

@@ -458,6 +458,7 @@ class Controller:
             run_dir=self.ctx.run_dir,
             wall_time_s=time.time() - self.started_at,
             stopped_because=self.stopped_because,
+            best_metric=self.stop_rules.metric,
         )
         (self.ctx.run_dir / "summary.json").write_bytes(msgspec.json.encode(summary))
         print(outcome(summary), file=self.console, flush=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamrl.controller.records import outcome, run_summary, step_record
+from streamrl.checkpoint_layout import checkpoints_root, path_for, write_meta
+from streamrl.controller.records import best_evaluation, outcome, run_summary, step_record
 from streamrl.controller.state import RunState
 from streamrl.protocol import EvalReport, GeneratorReport, LearnerStep, ShardStats
 
@@ -72,3 +73,33 @@ def test_step_record_totals_include_ended_generators():
     assert record["step"] == 7 and record["loss/policy"] == 0.5
     assert record["generators/tokens_total"] == 1200 and record["generators/count"] == 1
     assert record["buffer/size"] == 2 and record["buffer/dropped"] == 1
+
+
+def test_the_summary_names_the_best_version_and_its_checkpoint(tmp_path: Path) -> None:
+    """A run that ended below its best says which version was best and where its weights are."""
+    metric = "eval/exact_match"
+    evals = [
+        EvalReport(0, v, v, {metric: value}, 0.0)
+        for v, value in ((0, 0.05), (10, 0.25), (20, 0.25), (30, 0.1))
+    ]
+    assert best_evaluation(evals, "eval/completed", tmp_path) is None  # not reported
+    best = best_evaluation(evals, metric, tmp_path)
+    assert best == {"metric": metric, "value": 0.25, "version": 10, "checkpoint": None}
+    checkpoint = path_for(checkpoints_root(tmp_path), 10)
+    checkpoint.mkdir(parents=True)
+    write_meta(checkpoint, 10)
+    summary = run_summary(
+        make_state(),
+        durable=False,
+        rolled_back=0,
+        ignored_reports={},
+        evals=evals,
+        run_dir=tmp_path,
+        wall_time_s=1.0,
+        best_metric=metric,
+    )
+    assert summary["best"]["checkpoint"] == str(checkpoint)
+    line = f"best {metric} 0.250 at version 10: streamrl export {tmp_path} --step 10 --out DIR"
+    assert line in outcome(summary).splitlines()
+    summary["eval"] = summary["eval"][:2]  # ended at its best: nothing to point at
+    assert not any(s.startswith("best ") for s in outcome(summary).splitlines())

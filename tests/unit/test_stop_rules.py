@@ -27,6 +27,20 @@ def test_patience_off_or_a_metric_the_evaluation_lacks_never_stops():
     assert all(other.evaluated({"eval/completed": 0.0}) is None for _ in range(10))
 
 
+def test_a_fall_below_the_best_stops_an_over_optimising_run():
+    """The RLHF job's rule check rose to its best, then fell while the reward model's score
+    kept rising: the rule stops the run once the fall exceeds eval.stop_below_best."""
+    rules = StopRules(0, "eval/exact_match", 0.0, 0, below_best=0.1)
+    seen = [rules.evaluated({"eval/exact_match": v}) for v in (0.05, 0.25, 0.2, 0.16, 0.3)]
+    assert seen == [None] * 5  # 0.16 is 0.09 below 0.25; 0.3 is a new best
+    reason = rules.evaluated({"eval/exact_match": 0.15})
+    assert (
+        reason == "eval/exact_match 0.150 is 0.150 below its best 0.300 (eval.stop_below_best=0.1)"
+    )
+    off = StopRules(0, "eval/exact_match", 0.0, 0)
+    assert all(off.evaluated({"eval/exact_match": v}) is None for v in (0.9, 0.0))
+
+
 def test_starvation_is_groups_arriving_and_none_accepted_for_the_window():
     rules = StopRules(patience=0, metric="", min_delta=0.0, starved_s=30)
     state = RunState()
