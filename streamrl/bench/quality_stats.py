@@ -1,6 +1,7 @@
 """The figures of ``streamrl bench quality`` from per-run results (``quality_runs``' shape):
-time to a target held-out accuracy, the metric at equal samples and at equal wall time, and
-each arm's median and range over seeds.
+time to a target held-out accuracy, the metric at equal samples and at equal wall time, the
+projected ceiling of each run's curve (a saturating fit), and each arm's median and range
+over seeds.
 
 Values between evaluations are read step-wise (the last eval at or before the point): the
 model is only known where it was evaluated, and interpolating would credit a run with an
@@ -25,6 +26,44 @@ def time_to_target(curve: list[dict[str, float]], metric: str, target: float) ->
         if point[metric] >= target:
             return {"seconds": point["seconds"], "samples": point["samples"]}
     return None
+
+
+def projected_ceiling(curve: list[dict[str, float]], metric: str) -> float | None:
+    """Where the run's held-out curve was heading: the asymptote ``A`` of ScaleRL's sigmoidal
+    fit (Khatri et al. 2025, arXiv 2510.13913), on seconds of the training clock since the
+    first evaluation (``t``), with ``R0`` the first evaluation's value:
+
+        metric(t) = R0 + (A - R0) / (1 + (t_mid / t) ** B)
+
+    by least squares: for each ``(t_mid, B)`` on a grid (``t_mid`` from a twentieth of the
+    run's span to five spans, log-spaced; ``B`` 1 to 6) ``A`` is linear. Clipped to [0, 1].
+    The sigmoid, not an exponential, because a run's curve often sits flat before it climbs.
+    None with fewer than 3 evaluations after the first, or when the fit had not covered two
+    thirds of its rise by the run's end: the curve had not turned yet, and a ceiling read
+    from it would be invented."""
+    points = sorted((p["seconds"], p[metric]) for p in curve if metric in p)
+    if len(points) < 4:
+        return None
+    t0, r0 = points[0]
+    span = points[-1][0] - t0
+    if span <= 0:
+        return None
+    rest = [(t - t0, y - r0) for t, y in points[1:]]
+    best: tuple[float, float, float] | None = None  # (squared error, A - R0, share at end)
+    for i in range(41):
+        t_mid = span / 20 * (100 ** (i / 40))
+        for b in (1.0, 1.5, 2.0, 3.0, 4.0, 6.0):
+            g = [1 / (1 + (t_mid / t) ** b) for t, _ in rest]
+            gg = sum(x * x for x in g)
+            if gg < 1e-12:
+                continue
+            rise = sum(x * y for x, (_, y) in zip(g, rest, strict=True)) / gg
+            error = sum((rise * x - y) ** 2 for x, (_, y) in zip(g, rest, strict=True))
+            if best is None or error < best[0]:
+                best = (error, rise, g[-1])
+    if best is None or best[2] < 2 / 3:
+        return None
+    return min(max(r0 + best[1], 0.0), 1.0)
 
 
 def value_at(curve: list[dict[str, float]], axis: str, x: float, metric: str) -> float | None:
@@ -109,6 +148,9 @@ def aggregate(
                     "seconds": _finite(spread([h["seconds"] if h else INF for h in hits])),
                     "samples": _finite(spread([h["samples"] if h else INF for h in hits])),
                 },
+                ceiling=spread(
+                    [c for r in runs if (c := projected_ceiling(r["curve"], metric)) is not None]
+                ),
                 wall_s=spread([r["wall_s"] for r in runs]),
                 groups=spread([r["groups_generated"] for r in runs if "groups_generated" in r]),
                 dropped=spread([r["groups_dropped"] for r in runs if "groups_dropped" in r]),
@@ -167,8 +209,8 @@ def table(summary: dict[str, Any], metric: str, target: float) -> str:
     header = (
         f"{'arm':<18} {'seeds':>5}  {'completed @ ' + n_text + ' samples':<24} "
         f"{'exact @ ' + n_text + ' samples':<24} {metric + ' @ ' + t_text:<24} "
-        f"{'time to ' + metric + ' >= ' + f'{target:g}':<30} {'groups (dropped) useful':<24} "
-        "wall s (+setup)"
+        f"{'time to ' + metric + ' >= ' + f'{target:g}':<30} {'projected ceiling':<24} "
+        f"{'groups (dropped) useful':<24} wall s (+setup)"
     )
     lines = [header]
     for arm, row in summary["arms"].items():
@@ -183,7 +225,7 @@ def table(summary: dict[str, Any], metric: str, target: float) -> str:
             f"{arm:<18} {seeds:>5}  {_pct(row['final']['completed']):<24} "
             f"{_pct(row['final']['exact']):<24} {_pct(row['at_time'][metric]):<24} "
             f"{_seconds(row['time_to_target'], row['finished']):<30} "
-            f"{_groups(row):<24} {wall}"
+            f"{_pct(row.get('ceiling') or spread([])):<24} {_groups(row):<24} {wall}"
         )
     for arm, row in summary["arms"].items():
         for seed, why in row["failed"].items():

@@ -20,7 +20,13 @@ from streamrl.bench.quality_runs import (
     load_result,
     stored,
 )
-from streamrl.bench.quality_stats import aggregate, table, time_to_target, value_at
+from streamrl.bench.quality_stats import (
+    aggregate,
+    projected_ceiling,
+    table,
+    time_to_target,
+    value_at,
+)
 from streamrl.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +61,23 @@ def test_time_to_target_is_the_first_eval_at_or_above_it() -> None:
     assert time_to_target(curve, "completed", 0.9) is None
     # Read in wall-time order whatever order the points came in.
     assert time_to_target(curve[::-1], "completed", 0.3)["seconds"] == 30.0
+
+
+def test_the_projected_ceiling_is_the_saturating_fits_asymptote() -> None:
+    """A curve that levels off says where it was heading, before it got there; one still
+    climbing in a straight line, or too short to fit, says nothing."""
+    seconds = [0.0, 60.0, 120.0, 180.0, 240.0, 300.0]
+    # Flat, then a climb that bends towards 0.55 (midpoint at 100 s).
+    saturating = [0.05 + 0.5 / (1 + (100.0 / t) ** 2) if t else 0.05 for t in seconds]
+    ceiling = projected_ceiling(_result(saturating, seconds)["curve"], "completed")
+    # A grid fit (t_mid on a log grid): near, not exact.
+    assert ceiling == pytest.approx(0.55, abs=0.02) and ceiling > saturating[-1] + 0.02
+    straight = [0.001 * t for t in seconds]
+    assert projected_ceiling(_result(straight, seconds)["curve"], "completed") is None
+    short = _result([0.1, 0.2, 0.3], [0.0, 60.0, 120.0])["curve"]
+    assert projected_ceiling(short, "completed") is None
+    rows = aggregate({"a": {0: _result(saturating, seconds)}}, "completed", 0.3)["arms"]
+    assert rows["a"]["ceiling"]["median"] == pytest.approx(ceiling)
 
 
 def test_values_between_evals_are_the_last_eval_before() -> None:
