@@ -79,7 +79,8 @@ def bind_random(sock: zmq.Socket, host: str = LOOPBACK, role: str = "", port: in
 
 
 # What decoding a peer's bytes can raise: msgspec's own errors, plus UnicodeDecodeError (bad
-# UTF-8 in a str field) and RecursionError (absurd nesting), which escape them.
+# UTF-8 in a str field, before msgspec 0.23; a DecodeError since) and RecursionError (absurd
+# nesting), which escape them.
 DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 
