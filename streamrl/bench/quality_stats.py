@@ -225,7 +225,7 @@ def table(summary: dict[str, Any], metric: str, target: float) -> str:
             f"{arm:<18} {seeds:>5}  {_pct(row['final']['completed']):<24} "
             f"{_pct(row['final']['exact']):<24} {_pct(row['at_time'][metric]):<24} "
             f"{_seconds(row['time_to_target'], row['finished']):<30} "
-            f"{_pct(row.get('ceiling') or spread([])):<24} {_groups(row):<24} {wall}"
+            f"{_pct(row['ceiling']):<24} {_groups(row):<24} {wall}"
         )
     for arm, row in summary["arms"].items():
         for seed, why in row["failed"].items():

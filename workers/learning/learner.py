@@ -329,8 +329,7 @@ class Learner:
         """Collective: every rank saves its shards of the policy/critic and optimizers."""
         self._checkpoint_requested = False
         # The clock goes with the weights: a resume starts an epoch above this one.
-        extra = {"kl_coef": self.kl_controller.value, "epoch": self.incarnation}
-        extra["entropy_coef"] = self.train_step.entropy_control.value
+        extra = {**self.train_step.coefficients(), "epoch": self.incarnation}
         extra["forks"] = list(self.forks)
         path = checkpoint.save(self._modules(), self.checkpoint_dir, self.version, extra)
         self.buffer.checkpointed = self.version
@@ -350,10 +349,7 @@ class Learner:
         if path is None:
             return None
         version, extra = checkpoint.load(self._modules(), path)
-        if "kl_coef" in extra:
-            self.kl_controller.restore(extra["kl_coef"])
-        if "entropy_coef" in extra:
-            self.train_step.entropy_control.restore(extra["entropy_coef"])
+        self.train_step.restore_coefficients(extra)
         log.info("learner[%d]: resumed from %s (version %d)", self.rank, path, version)
         return version
 

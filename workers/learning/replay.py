@@ -177,10 +177,7 @@ def _load_checkpoint(step: TrainStep, run_dir: Path, version: int) -> None:
     if step.critic is not None:
         modules["critic"] = (step.critic.model, step.critic.optimizer)
     _, extra = checkpoint.load(modules, checkpoint.path_for(run_dir / "checkpoints", version))
-    if "kl_coef" in extra:
-        step.kl_controller.restore(extra["kl_coef"])
-    if "entropy_coef" in extra:
-        step.entropy_control.restore(extra["entropy_coef"])
+    step.restore_coefficients(extra)
 
 
 def _steps_to_replay(record: RecordedRun, rank: int, request: ReplayRequest) -> list[RecordedStep]:

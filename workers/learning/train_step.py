@@ -217,6 +217,18 @@ class TrainStep:
         self.skipped_steps = 0
         self.share_prompts_hidden = _prompt_sharing_hidden(config, policy, critic)
 
+    def coefficients(self) -> dict[str, float]:
+        """The adaptive coefficients a checkpoint keeps beside the weights."""
+        return {"kl_coef": self.kl_controller.value, "entropy_coef": self.entropy_control.value}
+
+    def restore_coefficients(self, extra: dict) -> None:
+        """Adopt the coefficients of a checkpoint's ``extra`` (one saved before a coefficient
+        existed leaves it at the config's)."""
+        if "kl_coef" in extra:
+            self.kl_controller.restore(extra["kl_coef"])
+        if "entropy_coef" in extra:
+            self.entropy_control.restore(extra["entropy_coef"])
+
     # ------------------------------------------------------------------ the step
 
     def __call__(self, groups: list[TrajectoryGroup], version: int) -> dict[str, float]:
