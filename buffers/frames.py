@@ -51,6 +51,7 @@ class StoredGroup:
     # Its delivery identity (``buffers.delivery``; sender "": a frame from before it).
     sender: str = ""
     seq: int = -1
+    distilled: bool = False  # a teacher scored it (``TrajectoryGroup.distilled``)
 
     @classmethod
     def of(cls, group: TrajectoryGroup, frame: bytes) -> StoredGroup:
@@ -72,6 +73,7 @@ class StoredGroup:
             prompt_index=group.prompt_index,
             sender=group.sender,
             seq=group.seq,
+            distilled=group.distilled,
         )
 
 

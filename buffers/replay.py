@@ -71,6 +71,8 @@ class Group(Protocol):
     @property
     def rewards(self) -> list[float]: ...
     @property
+    def distilled(self) -> bool: ...  # a teacher scored it: it teaches whatever its rewards
+    @property
     def finished_at(self) -> float: ...
 
 
@@ -223,7 +225,11 @@ class ReplayStore(Generic[G]):
         min_version = group.min_version
         if self._versions.current_version() - min_version > policy.max_staleness:
             return self._refuse(Offer.STALE, group)
-        if policy.drop_zero_variance and not has_reward_variance(group.rewards):
+        if (
+            policy.drop_zero_variance
+            and not group.distilled
+            and not has_reward_variance(group.rewards)
+        ):
             return self._refuse(Offer.ZERO_VARIANCE, group)
         num_tokens = group.num_tokens
         if policy.capacity_tokens is not None and num_tokens > policy.capacity_tokens:

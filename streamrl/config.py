@@ -209,10 +209,26 @@ class JudgeSpec(_Section):
     engine: str = "hf"
 
 
+class TeacherSpec(_Section):
+    """A teacher to distil from (``rewards: - teacher: {...}``, docs/design.md §7d): a causal
+    LM served by a reward role of its own that gives every sampled response token its
+    log-probability; the learner adds ``weight * (teacher - sampled logprob)`` to each token's
+    advantage (on-policy distillation: the per-token reverse KL). Set by the job author."""
+
+    # A built-in, a local HF directory, a previous run's directory (its exported ``hf/``), a
+    # .gguf file or a hub id (streamrl.models). Its tokenizer must be the student's.
+    model: str
+    # The data sources (``data_source`` of a prompt; a mix's source names) this teacher
+    # scores; empty: every prompt. Several teachers split a mix by source.
+    sources: list[str] = msgspec.field(default_factory=list)
+
+
 class RewardSpec(_Section):
-    """One reward: a rule (``name``), a sequence-classification reward model (``model``) or a
-    generative judge (``judge``), exactly one of the three. Model rewards and judges are
-    served by reward roles of their own (docs/design.md §7c). Set by the job author."""
+    """One reward: a rule (``name``), a sequence-classification reward model (``model``), a
+    generative judge (``judge``) or a teacher (``teacher``), exactly one of the four. Model
+    rewards, judges and teachers are served by reward roles of their own (docs/design.md §7c).
+    A teacher's ``weight`` is its distillation coefficient; it adds nothing to the reward.
+    Set by the job author."""
 
     # A registered name (`numeric_match`, `numeric_close`, `number_only`, `equation_form`,
     # `stopped`, `gsm8k`, `boxed_math`, `exact_match`, `countdown`, `countdown_close`,
@@ -224,6 +240,7 @@ class RewardSpec(_Section):
     # per response): a local HF directory (``streamrl rm train``'s output), a hub id, ...
     model: str = ""
     judge: JudgeSpec | None = None
+    teacher: TeacherSpec | None = None
     weight: float = 1.0
     # Extra keyword arguments for the reward function (rules only).
     args: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -237,8 +254,12 @@ class RewardSpec(_Section):
     label: str = ""
 
     @property
-    def kind(self) -> Literal["rule", "model", "judge"]:
-        return "model" if self.model else "judge" if self.judge is not None else "rule"
+    def kind(self) -> Literal["rule", "model", "judge", "teacher"]:
+        if self.model:
+            return "model"
+        if self.judge is not None:
+            return "judge"
+        return "teacher" if self.teacher is not None else "rule"
 
     @property
     def served(self) -> bool:
@@ -247,8 +268,11 @@ class RewardSpec(_Section):
 
     @property
     def served_model(self) -> str:
-        """The model a reward role loads: the reward model's, or the judge's; "" for a rule."""
-        return self.model or (self.judge.model if self.judge is not None else "")
+        """The model a reward role loads: the reward model's, the judge's or the teacher's;
+        "" for a rule."""
+        if self.judge is not None:
+            return self.judge.model
+        return self.teacher.model if self.teacher is not None else self.model
 
     def display_name(self) -> str:
         if self.label:
@@ -256,8 +280,10 @@ class RewardSpec(_Section):
         if self.kind == "rule":
             return self.name
         source = self.served_model
-        stem = source.rstrip("/").rsplit("/", 1)[-1] or source
-        return f"{'rm' if self.kind == 'model' else 'judge'}-{stem}"
+        # A run's exported model (``runs/r/hf``) is named by its run.
+        stem = source.rstrip("/").removesuffix("/hf").rsplit("/", 1)[-1] or source
+        prefix = {"model": "rm", "judge": "judge", "teacher": "teacher"}[self.kind]
+        return f"{prefix}-{stem}"
 
 
 class ScoringConfig(_Section):
@@ -847,8 +873,17 @@ def _finalize(config: Config) -> Config:
         ),
         *(
             (
-                sum((bool(r.name), bool(r.model), r.judge is not None)) == 1,
-                f"rewards[{i}]: give exactly one of name (a rule), model (a reward model) or judge",
+                sum((bool(r.name), bool(r.model), r.judge is not None, r.teacher is not None)) == 1,
+                f"rewards[{i}]: give exactly one of name (a rule), model (a reward model), judge "
+                "or teacher",
+            )
+            for i, r in enumerate(config.rewards)
+        ),
+        *(
+            (
+                r.teacher is None or (r.normalize == "none" and r.weight >= 0),
+                f"rewards[{i}]: a teacher's weight is its distillation coefficient (>= 0) and "
+                "its term is per token: normalize must be none",
             )
             for i, r in enumerate(config.rewards)
         ),

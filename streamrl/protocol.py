@@ -111,6 +111,13 @@ class Trajectory(msgspec.Struct):
     # normalisation and weighting (NaN: a served scorer could not score it, counted); empty
     # when the job has one rule reward and no normalisation (``reward`` is that score).
     reward_parts: list[float] = []
+    # On-policy distillation (``rewards: - teacher``, docs/design.md §7d): the teachers'
+    # log-probability of each response token at this response's temperature (little-endian
+    # float32, one per response token; weighted by ``teacher_coef`` where several teachers
+    # scored it), and the coefficient the learner gives ``teacher - behaviour`` in each
+    # policy token's advantage. Empty and 0: no teacher scored this response.
+    teacher_logprobs: bytes = b""
+    teacher_coef: float = 0.0
 
     @classmethod
     def from_lists(
@@ -191,6 +198,8 @@ class Trajectory(msgspec.Struct):
                 return f"{n} response tokens, {len(self.action_mask)} action mask bytes"
             if self.action_mask.translate(None, b"\x00\x01"):
                 return "action_mask holds a byte other than 0 and 1"
+        if self.teacher_logprobs and len(self.teacher_logprobs) != n * _ITEMSIZE:
+            return f"{n} response tokens, {len(self.teacher_logprobs)} teacher logprob bytes"
         return None
 
     def prompt_list(self) -> list[int]:
@@ -286,6 +295,12 @@ class TrajectoryGroup(msgspec.Struct):
         return [t.reward for t in self.trajectories]
 
     @property
+    def distilled(self) -> bool:
+        """A teacher scored its tokens: its distillation term teaches even where every reward
+        is alike, so no zero-variance rule drops it."""
+        return any(t.teacher_coef > 0 for t in self.trajectories)
+
+    @property
     def nbytes(self) -> int:
         """Bytes of its token arrays and response texts (characters): about its wire size,
         and what a learner holds of it."""
@@ -294,6 +309,7 @@ class TrajectoryGroup(msgspec.Struct):
             + len(t.response_ids)
             + len(t.behavior_logprobs)
             + len(t.token_versions)
+            + len(t.teacher_logprobs)
             + len(t.response_text)
             for t in self.trajectories
         )
@@ -764,11 +780,16 @@ class EvalReport(msgspec.Struct, tag="eval_report"):
 
 
 class ScoreItemWire(msgspec.Struct, array_like=True):
-    """One response to score (``streamrl.rewards.scorer.ScoreItem`` on the wire)."""
+    """One response to score (``streamrl.rewards.scorer.ScoreItem`` on the wire). A teacher
+    is sent the tokens as sampled (int32 arrays, as ``Trajectory``'s) and their temperature;
+    a reward model or judge only the text."""
 
     prompt: str
     response: str
     ground_truth: str = ""
+    prompt_ids: bytes = b""
+    response_ids: bytes = b""
+    temperature: float = 1.0
 
 
 class ScoreRequest(msgspec.Struct, tag="score_request"):
@@ -793,6 +814,9 @@ class ScoreReply(msgspec.Struct, tag="score_reply"):
     # Set when the role refused or failed the request (the scores are then empty).
     error: str = ""
     incarnation: int = 0  # the answering role's (``RewardRoleSpec.incarnation``)
+    # A teacher's answer: per item, the log-probability of each response token (float32
+    # bytes, one per token); ``scores`` then holds each item's mean of them.
+    token_logprobs: list[bytes] = []
 
 
 class RewardRoleReport(msgspec.Struct, tag="reward_report"):

@@ -16,7 +16,16 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["ADVANTAGES", "dr_grpo", "gae", "group_index", "grpo", "masked_whiten", "rloo"]
+__all__ = [
+    "ADVANTAGES",
+    "distill",
+    "dr_grpo",
+    "gae",
+    "group_index",
+    "grpo",
+    "masked_whiten",
+    "rloo",
+]
 
 
 def _float(x: Tensor) -> Tensor:
@@ -202,3 +211,25 @@ def masked_whiten(
     var = sq_dev / (n - 1).clamp(min=1)
     whitened = (x - mean) * torch.rsqrt(var + eps)
     return whitened if shift_mean else whitened + mean
+
+
+def distill(teacher: Tensor, behavior: Tensor, coef: Tensor, mask: Tensor) -> Tensor:
+    """On-policy distillation's per-token advantage: the negative sampled reverse KL.
+
+    Shapes: ``teacher[B, T]``, ``behavior[B, T]`` (logprobs of the sampled tokens under the
+    teacher and the policy that sampled them), ``coef[B]``, ``mask[B, T]`` -> ``Tensor[B, T]``.
+
+        A_t = coef * (log pi_teacher(y_t) - log mu(y_t))        (0 where mask is 0)
+
+    Added to the reward's advantage token by token, it is the policy gradient of
+    ``-coef * KL(pi || pi_teacher)`` estimated on the sampled tokens (Agarwal et al. 2024,
+    GKD, arXiv 2306.13649; Thinking Machines' on-policy distillation, 2025): a token the
+    teacher finds likelier than the student did is pushed up, one it finds unlikely down.
+    The behaviour logprob, not the learner's, is the student's side: with a stale batch the
+    loss's importance weights correct for the policy that sampled (``losses.policy_loss``),
+    as for every other advantage.
+
+    Example: teacher [-0.2, -3.0], behaviour [-0.1, -0.5], coef 1 -> [-0.1, -2.5].
+    """
+    term = coef[:, None] * (teacher - behavior)
+    return torch.where(mask.bool(), term, torch.zeros_like(term))

@@ -12,6 +12,8 @@ start and refuses what it would refuse, with the same one-line message.
 | rewards, the environment, the engine and its options        | ``ConfigError``         |
 | the model and each served reward's model                    | ``ModelNotFoundError``  |
 | the engine serves the model here; a LoRA adapter fits it    | ``ConfigError``         |
+| the scoring device exists here; a teacher's tokenizer is    | ``ConfigError``         |
+| the student's                                               |                         |
 | the admin port is free; CPU pinning has cores to split      | ``RunError``            |
 | the run directory is free, or for ``--resume`` is a run     | ``RunError``            |
 | whose data and seed are the ones given                      |                         |
@@ -94,6 +96,9 @@ def preflight(
     elif (missing := engine.unavailable_here(config.generator.device)) is not None:
         raise ConfigError(missing)  # validate of a built-in: what this machine lacks
     scorer_dirs = _scorer_dirs(config, resolve)
+    if address is None:  # on a cluster the scoring device is a remote node's
+        _check_scoring_device(config)
+    _check_teachers(config, model_dir, scorer_dirs)
     _check_adapter(config, model_dir)
     check_port_free(config.admin.host, config.admin.port, "admin endpoint")
     cores_here = sorted(os.sched_getaffinity(0)) if available_cores is None else available_cores
@@ -151,6 +156,45 @@ def _scorer_dirs(config: Config, resolve: bool) -> dict[int, str]:
         if reward.served:
             _look_at(reward.served_model)
     return {}
+
+
+def _check_scoring_device(config: Config) -> None:
+    """A served reward's device (``scoring.device``) exists on this machine."""
+    device = config.scoring.device
+    if device == "cpu" or not any(r.served for r in config.rewards):
+        return
+    import torch
+
+    kind, _, index = device.partition(":")
+    count = torch.cuda.device_count() if kind == "cuda" else 0
+    if kind != "cuda" or count == 0 or (index and (not index.isdigit() or int(index) >= count)):
+        raise ConfigError(
+            f"scoring.device={device}: no such device here ({count} CUDA device(s)); "
+            "serve the reward roles on cpu or on a GPU this machine has"
+        )
+
+
+def _check_teachers(config: Config, model_dir: Path | None, scorer_dirs: dict[int, str]) -> None:
+    """A teacher scores the student's token ids: its vocabulary must be the student's, id
+    for id (docs/design.md §7d). Checked where both directories are at hand."""
+    if model_dir is None:
+        return
+    teachers = [i for i, r in enumerate(config.rewards) if r.kind == "teacher" and i in scorer_dirs]
+    if not teachers:
+        return
+    from streamrl.models import load_tokenizer
+
+    student = load_tokenizer(model_dir).get_vocab()
+    for i in teachers:
+        vocab = load_tokenizer(Path(scorer_dirs[i])).get_vocab()
+        if vocab != student:
+            differ = sum(vocab.get(token) != index for token, index in student.items())
+            raise ConfigError(
+                f"rewards[{i}].teacher: {config.rewards[i].teacher.model} has another "  # type: ignore[union-attr]
+                f"tokenizer than the student {config.model.name} ({len(vocab)} tokens against "
+                f"{len(student)}, {differ} of the student's with another id); a teacher "
+                "must share the student's tokenizer"
+            )
 
 
 def _check_engine(config: Config, model_dir: Path) -> None:

@@ -39,7 +39,7 @@ def resolve_model(
         return tiny_dir(name)
     if name in RANDOM_MODELS:
         return random_dir(name)
-    path = Path(name).expanduser()
+    path = run_model_dir(Path(name).expanduser())
     if path.is_dir():
         check_model_dir(path)
         return path
@@ -57,7 +57,7 @@ def check_model(name: str, *, revision: str | None = None) -> Path | None:
     and its config and tokenizer (downloaded into the HF cache, as the launch would) pass
     ``check_model_dir``. Other names (the built-ins) are the launch's to check. Returns the
     directory holding the model's config.json when one was checked, else None."""
-    path = Path(name).expanduser()
+    path = run_model_dir(Path(name).expanduser())
     if path.is_dir():
         check_model_dir(path)
         return path
@@ -69,6 +69,19 @@ def check_model(name: str, *, revision: str | None = None) -> Path | None:
     elif "/" in name or name.startswith("."):
         raise ModelNotFoundError(_not_found(name))
     return None
+
+
+def run_model_dir(path: Path) -> Path:
+    """A streamrl run directory (``config.yaml``, no ``config.json``) means the model it
+    exported (``hf/``, written when the run ends); any other path is itself."""
+    if (path / "config.yaml").is_file() and not (path / "config.json").exists():
+        if not (path / "hf" / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"{path} is a streamrl run without an exported model: export one with "
+                f"`streamrl export {path} --out {path / 'hf'}` (add --merge for a LoRA run)"
+            )
+        return path / "hf"
+    return path
 
 
 def _not_found(name: str) -> str:

@@ -20,12 +20,25 @@ class ScoreItem:
     prompt: str  # the question: the prompt's last user message
     response: str
     ground_truth: str = ""
+    # For a teacher: the tokens as sampled (little-endian int32) and their temperature.
+    prompt_ids: bytes = b""
+    response_ids: bytes = b""
+    temperature: float = 1.0
 
 
 class Scorer(Protocol):
     identity: str
 
     def score(self, items: list[ScoreItem]) -> list[float | None]: ...
+
+
+class TokenScorer(Protocol):
+    """A teacher: one float32 array of per-token log-probabilities per item."""
+
+    identity: str
+    per_token: bool  # True
+
+    def score(self, items: list[ScoreItem]) -> list[bytes]: ...
 
 
 def scorer_identity(label: str, weights_hash: str) -> str:

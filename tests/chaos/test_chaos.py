@@ -312,24 +312,36 @@ def test_evaluations_across_a_learner_restart_are_of_live_weights_once_each(
     print(f"evaluations on the live timeline: {[(r['epoch'], r['requested']) for r in live]}")
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["kill-9", "sigstop"])
-def test_a_lost_reward_role_restarts_and_every_group_is_scored_once(
-    tmp_path: Path, how: int
-) -> None:
-    """A judge's reward role killed with -9 (or SIGSTOPped: its heartbeats stop) mid-run:
-    started again on its port, the generators send it what was in flight, and the run
-    finishes with every logged group scored exactly once, by one of the role's two
-    incarnations (same identity: the incarnation tells them apart), none refused, nothing
-    lost. Each generator's groups reach the log in the order their scores settled: once
-    the new incarnation has scored one of them, the dead one scores none after it."""
-    run_dir = tmp_path / "run"
-    judge = (
+SERVED = {
+    "judge": (
         "{judge: {model: tiny-random-llama, template: 'Q {prompt} A {response}', "
         "yes_tokens: ['1'], no_tokens: ['0'], min_verdict_mass: 0.0}, weight: 0.5, "
-        "normalize: group}"
-    )
+        "normalize: group}",
+        "judge-tiny-random-llama",
+    ),
+    "teacher": ("{teacher: {model: tiny-random-llama}, weight: 0.5}", "teacher-tiny-random-llama"),
+}
+
+
+@pytest.mark.parametrize(
+    ("how", "served"),
+    [(signal.SIGKILL, "judge"), (signal.SIGKILL, "teacher"), (signal.SIGSTOP, "teacher")],
+    ids=["kill-9-judge", "kill-9-teacher", "sigstop-teacher"],
+)
+def test_a_lost_reward_role_restarts_and_every_group_is_scored_once(
+    tmp_path: Path, how: int, served: str
+) -> None:
+    """A judge's or a teacher's reward role killed with -9 (or SIGSTOPped: its heartbeats
+    stop) mid-run: started again on its port, the generators send it what was in flight, and
+    the run finishes with every logged group scored exactly once, by one of the role's two
+    incarnations (same identity: the incarnation tells them apart), none refused, nothing
+    lost; a teacher's groups each carry one logprob per response token. Each generator's
+    groups reach the log in the order their scores settled: once the new incarnation has
+    scored one of them, the dead one scores none after it."""
+    run_dir = tmp_path / "run"
+    reward, label = SERVED[served]
     rule = "{name: target_token_share, args: {token_id: 27}}"
-    proc = _launch(run_dir, f"rewards=[{rule}, {judge}]")
+    proc = _launch(run_dir, f"rewards=[{rule}, {reward}]")
     with killed_on_error(proc):
         victim = _kill_at_random_step(run_dir, proc, "reward role 1", how)
     out, summary = finish_run(proc, run_dir)
@@ -337,7 +349,7 @@ def test_a_lost_reward_role_restarts_and_every_group_is_scored_once(
     assert summary["restarts"] == {"reward role 1": 1}
     (restart,) = events(run_dir, "restart")
     assert re.fullmatch(FAILURE[how], restart["failure"]), restart
-    line = f"reward role 1 (judge-tiny-random-llama): {restart['failure']}; restarted (restart 1/3)"
+    line = f"reward role 1 ({label}): {restart['failure']}; restarted (restart 1/3)"
     assert line in out
     assert not alive(victim)
     (role,) = summary["scoring"]["roles"]
@@ -346,6 +358,9 @@ def test_a_lost_reward_role_restarts_and_every_group_is_scored_once(
     groups = [g for shard in shard_dirs(run_dir / "buffer") for g, _ in scan_shard(shard)]
     assert groups and all(g.scorers == [role["identity"]] for g in groups)
     assert all(len(g.scorer_incarnations) == 1 for g in groups)
+    if served == "teacher":
+        for t in (t for g in groups for t in g.trajectories):
+            assert t.teacher_coef == 0.5 and len(t.teacher_logprobs) == len(t.response_ids)
     by = Counter(g.scorer_incarnations[0] for g in groups)
     assert by.keys() == {0, 1}, by  # the kill came mid-run: each scored some
     for sender in {g.sender for g in groups}:  # one generator's pushes to a shard, logged

@@ -84,3 +84,35 @@ def test_a_reward_model_alone_scores_a_real_run(tmp_path: Path) -> None:
     assert len({t.reward for g in groups for t in g.trajectories}) > 1  # scores, not zeros
     assert all("eval/reward/rm" in e and "eval/accuracy" not in e for e in summary["eval"])
     assert_nothing_lost(summary, run_dir)
+
+
+def test_a_teacher_beside_a_rule_gives_every_token_its_logprob(tmp_path: Path) -> None:
+    """On-policy distillation in a real run (docs/design.md §7d): a teacher role (a tiny
+    model with the student's tokenizer) answers every group once with one logprob per
+    response token; the reward is the rule's alone (a teacher weighs 0 in it), the teacher's
+    part is the sampled reverse KL, flat-reward groups are kept for the teacher's term, and
+    the learner logs it; the evaluation is not sent to the teacher."""
+    teacher = "{teacher: {model: tiny-random-llama}, weight: 0.5}"
+    out, summary, run_dir = _run(tmp_path, f"{RULE}, {teacher}", "buffer.drop_zero_variance=true")
+    assert summary["version"] == 4
+    (role,) = summary["scoring"]["roles"]
+    assert role["label"] == "teacher-tiny-random-llama" and role["failures"] == 0
+    assert summary["scoring"]["generators"]["refused"] == 0
+    groups = _logged(run_dir)
+    assert groups
+    for group in groups:
+        assert group.scorers == [role["identity"]] and group.distilled
+        for t in group.trajectories:
+            assert t.check() is None and t.teacher_coef == 0.5
+            assert len(t.teacher_logprobs) == len(t.response_ids)
+            assert t.reward == t.reward_parts[0]  # the rule's score alone
+            teacher = [v for v in memoryview(t.teacher_logprobs).cast("f")]
+            behaviour = t.logprob_list()
+            if teacher:
+                kl = sum(b - s for b, s in zip(behaviour, teacher, strict=True)) / len(teacher)
+                assert t.reward_parts[1] == pytest.approx(kl, abs=1e-5)
+    assert all(s["dropped"]["zero_variance"] == 0 for s in summary["buffer"]), summary["buffer"]
+    metrics = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any('"distill/reverse_kl"' in line for line in metrics)
+    assert all("eval/reward/teacher-tiny-random-llama" not in e for e in summary["eval"])
+    assert_nothing_lost(summary, run_dir)

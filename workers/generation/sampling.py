@@ -63,8 +63,11 @@ class Sampler:
         # Every reward's weight and normalisation (streamrl.rewards.mix); rules are scored
         # here, served rewards by their roles (workers.generation.scoring), then ``settle`` sums
         # them.
+        # A teacher's weight is its distillation coefficient (``streamrl.rewards.distill``):
+        # in the reward it weighs nothing.
         self.mix = RewardMix(
-            [r.weight for r in config.rewards], [r.normalize for r in config.rewards]
+            [0.0 if r.kind == "teacher" else r.weight for r in config.rewards],
+            [r.normalize for r in config.rewards],
         )
         self.served = [i for i, r in enumerate(config.rewards) if r.served]
         self.rules = [i for i, r in enumerate(config.rewards) if not r.served]
@@ -153,6 +156,9 @@ class Sampler:
                 [t.reward_parts[i] for t in trajectories] for i in range(len(self.config.rewards))
             ]
             for i in self.served:
+                if i not in served:  # a teacher routed to other data sources
+                    parts[i] = [None] * len(trajectories)
+                    continue
                 scores, identity = served[i]
                 parts[i] = scores
                 group.scorers.append(identity)

@@ -25,6 +25,12 @@ twice), its group is refused (``refused``, logged with the reason): it is pushed
 ``unscored``, so the shard counts and drops it (``invalid: unscored``), which returns its
 admission budget and settles its prompt like any dropped group's; no learner sees it.
 
+A teacher (``rewards: - teacher``, docs/design.md §7d) is one more served role: it is sent
+the group's tokens as sampled (only the groups of its ``sources``, when it names some) and
+answers per-token log-probabilities, which the settled group's trajectories carry
+(``streamrl.rewards.distill``); an answer whose arrays do not match the responses' tokens
+refuses the group like an error reply. Evaluations are not sent to teachers.
+
 An evaluation's responses are scored the same way without a group (``score_responses``,
 ``score_later``): the generator goes on, and the callback gets the scores that came in by
 ``scoring.timeout_s``. A run whose rewards are all rules holds ``NoScoring``
@@ -54,6 +60,7 @@ from streamrl.protocol import (
     ScoringFigures,
     TrajectoryGroup,
 )
+from streamrl.rewards.distill import attach_teachers, check_answer
 from streamrl.transport import Codec, make_socket
 
 log = logging.getLogger(__name__)
@@ -79,6 +86,7 @@ class _Waiting:
     outstanding: dict[str, _Request] = field(default_factory=dict)  # request id -> request
     scores: dict[int, tuple[list[float | None], str]] = field(default_factory=dict)
     incarnations: dict[int, int] = field(default_factory=dict)  # reward -> who scored it
+    tokens: dict[int, list[bytes]] = field(default_factory=dict)  # teacher -> its arrays
 
 
 @dataclass
@@ -112,6 +120,12 @@ class GroupScoring:
         self.config, self.sender = config, sender
         self.question_of, self.settle = question_of, settle
         self.labels = {i: config.rewards[i].display_name() for i in endpoints}
+        # Teachers by reward index: their routing (data sources; empty: every group).
+        self.teachers = {
+            i: config.rewards[i].teacher.sources  # type: ignore[union-attr]
+            for i in endpoints
+            if config.rewards[i].kind == "teacher"
+        }
         self.ctx = ctx
         self.endpoints: dict[int, str] = {}
         self.sockets: dict[int, zmq.Socket] = {}
@@ -176,8 +190,17 @@ class GroupScoring:
                 for t in group.trajectories
             ]
             for reward in self.sockets:
+                if reward in self.teachers:
+                    if not _routed(self.teachers[reward], group.data_source):
+                        continue
+                    payload = [
+                        ScoreItemWire(question, "", "", t.prompt_ids, t.response_ids, t.temperature)
+                        for t in group.trajectories
+                    ]
+                else:
+                    payload = items
                 request_id = f"{self.sender}-{next(self.ids)}"
-                frame = self._request(request_id, items)
+                frame = self._request(request_id, payload)
                 entry.outstanding[request_id] = _Request(reward, frame, now)
                 self.waiting[request_id] = entry
                 self._send(reward, frame)
@@ -251,6 +274,8 @@ class GroupScoring:
         error, is left out). Sent once: an evaluation is a figure, not training data."""
         ids = {}
         for reward in self.sockets:
+            if reward in self.teachers:  # a teacher scores training tokens only
+                continue
             request_id = f"{self.sender}-{next(self.ids)}"
             ids[reward] = request_id
             self.direct[request_id] = None
@@ -320,6 +345,15 @@ class GroupScoring:
             reason = reply.error or f"{len(reply.scores)} scores for {size} responses"
             self._refuse(entry, f"{self.labels[reward]}: {reason}")
             return
+        if reward in self.teachers:
+            mismatch = check_answer(entry.group.trajectories, reply.token_logprobs)
+            if mismatch:
+                self._refuse(entry, f"{self.labels[reward]}: {mismatch}")
+                return
+            entry.tokens[reward] = list(reply.token_logprobs)
+            entry.scores[reward] = (list(reply.scores), reply.identity)
+            entry.incarnations[reward] = reply.incarnation
+            return
         label = self.labels[reward]
         self.figures.unparsable[label] = self.figures.unparsable.get(label, 0) + sum(
             s is None for s in reply.scores
@@ -367,6 +401,14 @@ class GroupScoring:
             self.groups.remove(entry)
             # In the order ``settle`` appends the scorers' identities (reward index).
             entry.group.scorer_incarnations = [entry.incarnations[r] for r in sorted(entry.scores)]
+            if entry.tokens:
+                weights = {r: self.config.rewards[r].weight for r in entry.tokens}
+                figures = attach_teachers(
+                    entry.group.trajectories,
+                    {r: (weights[r], arrays) for r, arrays in entry.tokens.items()},
+                )
+                for r, values in figures.items():  # the reverse KL is the teacher's part
+                    entry.scores[r] = (values, entry.scores[r][1])
             self.settle(entry.group, entry.scores)
             self.figures.wait_s += now - entry.submitted
         return ready + [e.group for e in done]
@@ -374,3 +416,8 @@ class GroupScoring:
     def close(self) -> None:
         for sock in self.sockets.values():
             sock.close(linger=0)
+
+
+def _routed(sources: list[str], data_source: str) -> bool:
+    """Whether a teacher of ``sources`` (empty: every one) scores a group of ``data_source``."""
+    return not sources or data_source in sources

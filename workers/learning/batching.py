@@ -64,6 +64,10 @@ class MicroBatch:
     rows: torch.Tensor  # [B] int64 position of each trajectory among the step's trajectories
     # The one sampling temperature of every row; None when rows differ (scale row by row).
     temperature: float | None
+    # On-policy distillation (``rewards: - teacher``): the teachers' logprobs of the response
+    # tokens and each row's coefficient (0: no teacher); None when no row has a teacher.
+    teacher: torch.Tensor | None = None  # [B, T]
+    teacher_coef: torch.Tensor | None = None  # [B]
     # Filled in by the training step:
     advantages: torch.Tensor | None = None  # [B] (group estimators) or [B, T] (GAE)
     returns: torch.Tensor | None = None  # [B, T] GAE returns (critic only)
@@ -135,6 +139,8 @@ _ON_DEVICE = (
     "old_values",
     "proximal",
     "ref_logprobs",
+    "teacher",
+    "teacher_coef",
 )
 
 
@@ -291,6 +297,15 @@ def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor, hidden: int) -> M
     versions[is_response] = _joined((t.token_versions for t in chunk), torch.int32).long()
     temperatures = torch.tensor([t.temperature for t in chunk])
     uniform = bool((temperatures == temperatures[0]).all())
+    teacher = teacher_coef = None
+    if any(t.teacher_coef > 0 for t in chunk):
+        teacher_coef = torch.tensor([t.teacher_coef for t in chunk], dtype=torch.float32)
+        teacher = torch.zeros(is_response.shape)
+        # A row no teacher scored has coefficient 0: its own logprobs fill the slots.
+        teacher[is_response] = _joined(
+            (t.teacher_logprobs if t.teacher_coef > 0 else t.behavior_logprobs for t in chunk),
+            torch.float32,
+        )
     return MicroBatch(
         input_ids=ids,
         attention=attention,
@@ -307,6 +322,8 @@ def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor, hidden: int) -> M
         response_lengths=response,
         rows=rows,
         temperature=float(temperatures[0]) if uniform else None,
+        teacher=teacher,
+        teacher_coef=teacher_coef,
     )
 
 

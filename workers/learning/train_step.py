@@ -214,6 +214,7 @@ class TrainStep:
         self.ref_model, self.critic = ref_model, critic
         self.kl_controller = kl_controller or kl_lib.FixedController(0.0)
         self.entropy_control = EntropyControl.from_config(config.algorithm)
+        self.distills = any(r.kind == "teacher" for r in config.rewards)
         self.skipped_steps = 0
         self.share_prompts_hidden = _prompt_sharing_hidden(config, policy, critic)
 
@@ -241,6 +242,7 @@ class TrainStep:
         self._set_advantages(
             batches, scores, [i for i, g in enumerate(groups) for _ in g.trajectories]
         )
+        self._add_distillation(batches, metrics)
         denominators = self._denominators(minis)
         for batch in batches:
             batch.to(self.device)
@@ -422,6 +424,27 @@ class TrainStep:
         for batch, part in zip(batches, whitened.split(counts), strict=True):
             batch.advantages = torch.zeros_like(batch.mask)
             batch.advantages[batch.mask.bool()] = part.float()
+
+    def _add_distillation(self, batches: list[MicroBatch], metrics: StepMetrics) -> None:
+        """Each teacher-scored token's advantage gains ``coef * (teacher - behaviour)``
+        (``advantages.distill``), after the reward's advantage is made (and whitened, with
+        GAE): the teacher's term keeps its own scale beside the reward's."""
+        if not self.distills:
+            return
+        for batch in batches:
+            if batch.teacher is None:  # every rank adds the same names (``StepMetrics``)
+                metrics.mean("distill/reverse_kl", 0.0, torch.zeros(()))
+                metrics.add("distill/tokens", 0.0)
+                continue
+            assert batch.teacher_coef is not None and batch.advantages is not None
+            scored = batch.mask * (batch.teacher_coef[:, None] > 0)
+            term = adv.distill(batch.teacher, batch.behavior, batch.teacher_coef, scored)
+            base = batch.advantages
+            batch.advantages = (base[:, None] if base.dim() == 1 else base) + term
+            tokens = scored.sum()
+            kl = ((batch.behavior - batch.teacher) * scored).sum() / tokens.clamp(min=1)
+            metrics.mean("distill/reverse_kl", kl, tokens)
+            metrics.add("distill/tokens", tokens)
 
     def _denominators(self, minis: list[list[MicroBatch]]) -> list[torch.Tensor]:
         """Per mini-batch, the global count of response tokens (``token-mean``) or of

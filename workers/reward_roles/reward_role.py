@@ -1,4 +1,5 @@
-"""Reward role: serves one reward model or judge to every generator (docs/design.md §7c).
+"""Reward role: serves one reward model, judge or teacher to every generator (docs/design.md
+§7c, §7d).
 
 Its ROUTER takes ``ScoreRequest``s (one group's responses each) from any number of
 generators; ``serve`` reads what has arrived, waits ``scoring.batch_wait_ms`` for more once
@@ -21,6 +22,7 @@ scoring (``RewardRoleSpec.suspects``): scored alone after one death, refused aft
 
 from __future__ import annotations
 
+import array
 import logging
 import os
 import threading
@@ -36,7 +38,7 @@ from streamrl.config import Config, RewardSpec
 from streamrl.cores import role_threads
 from streamrl.hardware import resolve_compute_dtype
 from streamrl.protocol import RewardRoleReport, ScoreReply, ScoreRequest
-from streamrl.rewards.scorer import ScoreItem, Scorer
+from streamrl.rewards.scorer import ScoreItem, Scorer, TokenScorer
 from streamrl.role_specs import RewardRoleSpec
 from streamrl.transport import Codec, bind_random, make_socket, resolve_host
 from streamrl.workers.generation.generator_reports import HeartbeatThread
@@ -54,8 +56,10 @@ REPORT_EVERY_S = 1.0
 LATENCY_WINDOW = 256  # requests the latency percentiles are taken over
 
 
-def make_scorer(config: Config, reward: RewardSpec, model_dir: Path, seed: int = 0) -> Scorer:
-    """The reward model or judge that ``reward`` names, on ``scoring.device``."""
+def make_scorer(
+    config: Config, reward: RewardSpec, model_dir: Path, seed: int = 0
+) -> Scorer | TokenScorer:
+    """The reward model, judge or teacher that ``reward`` names, on ``scoring.device``."""
     device = config.scoring.device
     dtype = getattr(torch, resolve_compute_dtype(config.model.compute_dtype, device))
     label = reward.display_name()
@@ -63,6 +67,10 @@ def make_scorer(config: Config, reward: RewardSpec, model_dir: Path, seed: int =
         from streamrl.rewards.model import RewardModelScorer
 
         return RewardModelScorer(model_dir, label, device=device, dtype=dtype)
+    if reward.kind == "teacher":
+        from streamrl.workers.reward_roles.teacher import TeacherScorer
+
+        return TeacherScorer(model_dir, label, device=device, compute_dtype=dtype)
     if reward.kind == "judge":
         from streamrl.workers.reward_roles.judge import JudgeScorer
 
@@ -169,7 +177,17 @@ class RewardRole:
         self.figures.scoring_ids = [p.request.request_id for p in batch]
         self._report()  # if this batch kills the role, its requests are suspects
         requests = [
-            [ScoreItem(i.prompt, i.response, i.ground_truth) for i in p.request.items]
+            [
+                ScoreItem(
+                    i.prompt,
+                    i.response,
+                    i.ground_truth,
+                    i.prompt_ids,
+                    i.response_ids,
+                    i.temperature,
+                )
+                for i in p.request.items
+            ]
             for p in batch
         ]
         start = time.monotonic()
@@ -194,18 +212,29 @@ class RewardRole:
         self.figures.batches += 1
         self.figures.items += sum(len(r) for r in requests)
         self.figures.scoring_ids = []
+        per_token = getattr(self.scorer, "per_token", False)
         for pending, (scores, error) in zip(batch, answers, strict=True):
-            self.figures.unparsable += sum(s is None for s in scores)
-            self._answer(pending, [_finite_or_none(s) for s in scores], error)
+            if per_token:  # a teacher's arrays: each item's mean is its score
+                self._answer(pending, [_mean_logprob(a) for a in scores], error, list(scores))
+            else:
+                self.figures.unparsable += sum(s is None for s in scores)
+                self._answer(pending, [_finite_or_none(s) for s in scores], error)
             self.latencies.append(done - pending.received)
 
-    def _answer(self, pending: Pending, scores: list[float | None], error: str) -> None:
+    def _answer(
+        self,
+        pending: Pending,
+        scores: list[float | None],
+        error: str,
+        token_logprobs: list[bytes] | None = None,
+    ) -> None:
         reply = ScoreReply(
             pending.request.request_id,
             scores,
             self.scorer.identity,
             error,
             incarnation=self.spec.incarnation,
+            token_logprobs=token_logprobs or [],
         )
         self.router.send_multipart([pending.peer, self.codec.encode(reply)])
 
@@ -256,6 +285,13 @@ def _bind(router: zmq.Socket, host: str, index: int, port: int) -> str:
                 port = 0
                 continue
             time.sleep(0.2)
+
+
+def _mean_logprob(values: bytes) -> float | None:
+    """A teacher's item: the mean of its per-token log-probabilities (None: no tokens)."""
+    logprobs = array.array("f")
+    logprobs.frombytes(values)
+    return _finite_or_none(sum(logprobs) / len(logprobs)) if logprobs else None
 
 
 def _finite_or_none(score: float | None) -> float | None:

@@ -1,0 +1,76 @@
+"""The generator's side of on-policy distillation (docs/design.md §7d): a group's teacher
+answers become each trajectory's ``teacher_logprobs`` and ``teacher_coef``.
+
+Each teacher (``rewards: - teacher``) that scored a group gives every response one
+log-probability per response token. With teachers k of weights w_k, a response carries
+
+    teacher_coef     = sum_k w_k
+    teacher_logprobs = sum_k w_k t_k / sum_k w_k         (per token)
+
+so that the learner's per-token term ``teacher_coef * (teacher_logprobs - behaviour)`` is
+exactly ``sum_k w_k (t_k - behaviour)``: one array on the wire whatever the number of
+teachers. Each teacher's figure in ``reward_parts`` is the response's sampled reverse KL to
+it, the mean over the policy's tokens of ``behaviour - t_k`` (0 when the student samples as
+the teacher would; it adds nothing to the reward: a teacher's weight in the reward mix is 0).
+
+Example: one teacher of weight 1, behaviour [-0.1, -2.0], teacher [-0.2, -0.5] ->
+teacher_coef 1, teacher_logprobs [-0.2, -0.5], reward part ((-0.1 + 0.2) + (-2.0 + 0.5)) / 2
+= -0.7.
+
+No torch: the generator imports it.
+"""
+
+from __future__ import annotations
+
+import array
+
+from streamrl.protocol import Trajectory
+
+
+def floats(data: bytes) -> array.array:
+    values = array.array("f")
+    values.frombytes(data)
+    return values
+
+
+def check_answer(trajectories: list[Trajectory], arrays: list[bytes]) -> str:
+    """ "" if ``arrays`` holds one log-probability per response token of each trajectory,
+    else why not (the group is refused with it)."""
+    if len(arrays) != len(trajectories):
+        return f"{len(arrays)} teacher arrays for {len(trajectories)} responses"
+    for j, (t, data) in enumerate(zip(trajectories, arrays, strict=True)):
+        if len(data) != len(t.response_ids):
+            have, need = len(data) // 4, t.num_response_tokens
+            return f"response {j}: {have} teacher logprobs for {need} tokens"
+    return ""
+
+
+def reverse_kl(t: Trajectory, teacher: array.array) -> float | None:
+    """Mean over the policy's tokens of ``behaviour - teacher`` (None: no policy token)."""
+    behaviour, mask = floats(t.behavior_logprobs), t.policy_mask()
+    terms = [b - s for b, s, m in zip(behaviour, teacher, mask, strict=True) if m]
+    return sum(terms) / len(terms) if terms else None
+
+
+def attach_teachers(
+    trajectories: list[Trajectory], answers: dict[int, tuple[float, list[bytes]]]
+) -> dict[int, list[float | None]]:
+    """Give each trajectory its teachers' combined logprobs and coefficient (module doc).
+    ``answers``: per teacher (reward index), its weight and one array per trajectory (checked
+    by ``check_answer``). Returns per teacher each response's reverse-KL figure."""
+    figures: dict[int, list[float | None]] = {k: [] for k in answers}
+    for j, t in enumerate(trajectories):
+        total = 0.0
+        combined = array.array("f", bytes(len(t.response_ids)))
+        for k, (weight, arrays) in answers.items():
+            teacher = floats(arrays[j])
+            figures[k].append(reverse_kl(t, teacher))
+            if weight > 0:
+                total += weight
+                for i, value in enumerate(teacher):
+                    combined[i] += weight * value
+        if total > 0:
+            for i in range(len(combined)):
+                combined[i] /= total
+            t.teacher_logprobs, t.teacher_coef = combined.tobytes(), total
+    return figures

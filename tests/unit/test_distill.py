@@ -1,0 +1,212 @@
+"""On-policy distillation's parts (docs/design.md §7d): the teacher scorer's per-token
+logprobs, the generator's combination of several teachers, the learner's per-token advantage,
+and the refusals of a teacher that cannot teach this student."""
+
+from __future__ import annotations
+
+import array
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from streamrl.algorithms.advantages import distill
+from streamrl.config import ConfigError, load_config
+from streamrl.controller.preflight import _check_scoring_device, _check_teachers
+from streamrl.models import TINY, load_causal_lm, resolve_model
+from streamrl.models.store import ModelNotFoundError
+from streamrl.protocol import Trajectory, TrajectoryGroup, pack_float32, pack_int32
+from streamrl.rewards.distill import attach_teachers, check_answer
+from streamrl.rewards.scorer import ScoreItem
+from streamrl.workers.learning.batching import build_micro_batches
+from streamrl.workers.reward_roles.teacher import TeacherScorer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _floats(data: bytes) -> list[float]:
+    values = array.array("f")
+    values.frombytes(data)
+    return values.tolist()
+
+
+def _item(prompt: list[int], response: list[int], temperature: float = 1.0) -> ScoreItem:
+    return ScoreItem("q", "", "", pack_int32(prompt), pack_int32(response), temperature)
+
+
+@pytest.fixture(scope="module")
+def teacher() -> TeacherScorer:
+    return TeacherScorer(resolve_model(TINY), "teacher-tiny")
+
+
+@torch.no_grad()
+def _alone(model, prompt: list[int], response: list[int], temperature: float) -> list[float]:
+    """The response's logprobs from a forward of its sequence alone (no padding)."""
+    ids = torch.tensor([prompt + response])
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    logprobs = torch.log_softmax(logits, -1)
+    return logprobs.gather(-1, torch.tensor(response)[:, None])[:, 0].tolist()
+
+
+def test_the_teacher_gives_each_response_token_its_logprob_as_alone(teacher) -> None:
+    """Rows of different lengths in one left-padded batch score as each does alone, at its
+    own temperature; an empty response gets an empty array."""
+    reference = load_causal_lm(resolve_model(TINY), dtype="float32").eval()
+    cases = [
+        ([5, 6, 7], [8, 9], 1.0),
+        ([5], [10, 11, 12, 13, 14], 1.0),
+        ([20, 21, 22, 23, 24, 25], [26], 0.7),
+        ([30, 31], [], 1.0),
+        ([40, 41], [42, 43, 44], 0.7),
+    ]
+    out = teacher.score([_item(p, r, t) for p, r, t in cases])
+    assert teacher.identity.startswith("teacher-tiny@")
+    for (prompt, response, temperature), data in zip(cases, out, strict=True):
+        got = _floats(data)
+        assert len(got) == len(response)
+        assert got == pytest.approx(_alone(reference, prompt, response, temperature), abs=1e-4)
+    assert all(v < 0 for v in _floats(out[0]))
+
+
+def test_a_sequence_beyond_the_teachers_positions_is_refused(teacher) -> None:
+    with pytest.raises(ValueError, match="positions"):
+        teacher.score([_item([1] * teacher.max_tokens, [2])])
+
+
+def _trajectory(behaviour: list[float], mask: list[int] | None = None) -> Trajectory:
+    n = len(behaviour)
+    return Trajectory.from_lists(
+        [1, 2], list(range(3, 3 + n)), behaviour, [0] * n, 0.0, "stop", 0, action_mask=mask
+    )
+
+
+def test_two_teachers_combine_into_one_weighted_term() -> None:
+    """coef * (combined - behaviour) is exactly sum_k w_k (t_k - behaviour), and each
+    teacher's figure is the mean reverse KL over the policy's tokens."""
+    behaviour = [-0.1, -2.0, -0.5]
+    t = _trajectory(behaviour, mask=[1, 1, 0])
+    first, second = [-0.2, -0.5, -1.0], [-1.0, -1.5, -0.25]
+    figures = attach_teachers(
+        [t], {2: (1.0, [pack_float32(first)]), 3: (0.5, [pack_float32(second)])}
+    )
+    assert t.teacher_coef == 1.5
+    combined = _floats(t.teacher_logprobs)
+    for i in range(3):
+        expected = 1.0 * (first[i] - behaviour[i]) + 0.5 * (second[i] - behaviour[i])
+        assert t.teacher_coef * (combined[i] - behaviour[i]) == pytest.approx(expected, abs=1e-6)
+    assert figures[2][0] == pytest.approx(((-0.1 + 0.2) + (-2.0 + 0.5)) / 2, abs=1e-6)
+    assert figures[3][0] == pytest.approx(((-0.1 + 1.0) + (-2.0 + 1.5)) / 2, abs=1e-6)
+    assert t.check() is None
+
+
+def test_a_teacher_of_weight_zero_is_a_figure_only() -> None:
+    t = _trajectory([-0.1, -0.2])
+    attach_teachers([t], {1: (0.0, [pack_float32([-1.0, -1.0])])})
+    assert t.teacher_coef == 0.0 and t.teacher_logprobs == b""
+
+
+def test_an_answer_that_does_not_match_the_tokens_is_named() -> None:
+    ts = [_trajectory([-0.1, -0.2]), _trajectory([-0.3])]
+    assert check_answer(ts, [pack_float32([-1.0, -1.0]), pack_float32([-1.0])]) == ""
+    assert "2 teacher arrays" not in check_answer(ts, [b"", b""])
+    assert check_answer(ts, [pack_float32([-1.0])]) == "1 teacher arrays for 2 responses"
+    assert check_answer(ts, [pack_float32([-1.0]), pack_float32([-1.0])]).startswith(
+        "response 0: 1 teacher logprobs for 2 tokens"
+    )
+
+
+def test_a_distilled_group_is_kept_by_the_zero_variance_rule() -> None:
+    """Flat rewards and a teacher: the group still teaches (``TrajectoryGroup.distilled``)."""
+    from streamrl.buffers.replay import Offer, ReplayPolicy, ReplayStore
+
+    class Clock:
+        def current_version(self) -> int:
+            return 0
+
+        def on_timeline(self, epoch: int, max_version: int) -> bool:
+            return True
+
+    def group(gid: str, taught: bool) -> TrajectoryGroup:
+        ts = [_trajectory([-0.5, -0.5]) for _ in range(2)]
+        if taught:
+            attach_teachers(ts, {1: (1.0, [pack_float32([-0.2, -0.3])] * 2)})
+        return TrajectoryGroup(gid, "p", ts, 0.0, 0.0)
+
+    store = ReplayStore(ReplayPolicy(capacity=8, drop_zero_variance=True), Clock())
+    assert store.offer(group("flat", taught=False)) == Offer.ZERO_VARIANCE
+    assert store.offer(group("taught", taught=True)) == Offer.ACCEPTED
+
+
+def test_the_distillation_advantage_is_the_negative_sampled_reverse_kl() -> None:
+    teacher = torch.tensor([[-0.2, -3.0, -1.0]])
+    behaviour = torch.tensor([[-0.1, -0.5, -1.0]])
+    out = distill(teacher, behaviour, torch.tensor([2.0]), torch.tensor([[1.0, 1.0, 0.0]]))
+    assert out[0].tolist() == pytest.approx([-0.2, -5.0, 0.0])
+
+
+def test_micro_batches_carry_the_teacher_where_a_row_has_one() -> None:
+    taught = _trajectory([-0.1, -0.2])
+    attach_teachers([taught], {1: (1.0, [pack_float32([-0.4, -0.8])])})
+    plain = _trajectory([-0.3, -0.6, -0.9])
+    (batch,) = build_micro_batches([TrajectoryGroup("g", "p", [taught, plain], 0.0, 0.0)], 8, 0)
+    assert batch.teacher_coef.tolist() == [1.0, 0.0]
+    assert batch.teacher[0, :2].tolist() == pytest.approx([-0.4, -0.8])
+    # The untaught row's slots hold its own logprobs: its term is 0 whatever the coefficient.
+    assert batch.teacher[1].tolist() == pytest.approx(batch.behavior[1].tolist())
+    (none,) = build_micro_batches([TrajectoryGroup("g", "p", [plain], 0.0, 0.0)], 8, 0)
+    assert none.teacher is None and none.teacher_coef is None
+
+
+def _config(*overrides: str):
+    return load_config(ROOT / "configs" / "tiny.yaml", list(overrides))
+
+
+def test_a_teacher_entry_is_checked_at_load() -> None:
+    config = _config("rewards=[{teacher: {model: runs/t}, weight: 0.5}]")
+    (reward,) = config.rewards
+    assert reward.kind == "teacher" and reward.served and reward.display_name() == "teacher-t"
+    assert _config("rewards=[{teacher: {model: runs/t/hf}}]").rewards[0].display_name() == (
+        "teacher-t"
+    )
+    with pytest.raises(ConfigError, match="normalize must be none"):
+        _config("rewards=[{teacher: {model: x}, normalize: group}]")
+    with pytest.raises(ConfigError, match="exactly one of"):
+        _config("rewards=[{teacher: {model: x}, name: numeric_match}]")
+
+
+def test_a_teacher_with_another_tokenizer_is_refused_in_one_line() -> None:
+    config = _config("rewards=[{teacher: {model: smollm2-135m-instruct}}]")
+    student = resolve_model(TINY)
+    with pytest.raises(ConfigError) as refused:
+        _check_teachers(config, student, {0: str(resolve_model("smollm2-135m-instruct"))})
+    message = str(refused.value)
+    assert "\n" not in message and "another tokenizer" in message
+    same = _config("rewards=[{teacher: {model: tiny-random-llama}}]")
+    _check_teachers(same, student, {0: str(resolve_model("tiny-random-llama"))})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a device this machine lacks")
+def test_a_scoring_device_that_is_not_here_is_refused() -> None:
+    config = _config("rewards=[{teacher: {model: tiny-random-llama}}]", "scoring.device=cuda")
+    with pytest.raises(ConfigError, match="scoring.device=cuda: no such device"):
+        _check_scoring_device(config)
+    _check_scoring_device(_config("rewards=[{teacher: {model: tiny-random-llama}}]"))
+
+
+def test_a_run_directory_means_its_exported_model(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("run: {}\n")
+    with pytest.raises(ModelNotFoundError, match="streamrl export"):
+        resolve_model(str(run))
+    (run / "hf").symlink_to(resolve_model(TINY), target_is_directory=True)
+    assert resolve_model(str(run)) == run / "hf"
+
+
+def test_mean_logprob_figures_are_finite() -> None:
+    from streamrl.workers.reward_roles.reward_role import _mean_logprob
+
+    assert _mean_logprob(pack_float32([-1.0, -3.0])) == pytest.approx(-2.0)
+    assert _mean_logprob(b"") is None
+    assert _mean_logprob(pack_float32([-math.inf])) is None
