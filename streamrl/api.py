@@ -79,8 +79,8 @@ from streamrl.config import Config, ConfigError, Override, launch_config, load_c
 # A reward as ``train`` takes it: a callable (``RewardInput`` -> float), a registered name or
 # ``module:function``, ``(name_or_callable, weight)`` or ``(name_or_callable, weight, args)``,
 # or a mapping with the keys of a config's reward (``name``, ``weight``, ``args``,
-# ``normalize``, ``label``; or ``model``/``judge`` instead of ``name``: a served reward model
-# or judge, docs/design.md §7c).
+# ``normalize``, ``label``; or ``model``/``judge``/``teacher`` instead of ``name``: a served
+# reward model, judge or teacher, docs/design.md §7c, §7d).
 RewardArg = Callable[..., float] | str | tuple[Any, ...] | Mapping[str, Any]
 
 
@@ -262,8 +262,8 @@ def _plain(value: Any) -> Any:
 
 
 def _is_served(item: RewardArg) -> bool:
-    """A mapping naming a reward model or a judge: the config checks it as it is."""
-    return isinstance(item, Mapping) and ("model" in item or "judge" in item)
+    """A mapping naming a reward model, a judge or a teacher: the config checks it as it is."""
+    return isinstance(item, Mapping) and ("model" in item or "judge" in item or "teacher" in item)
 
 
 def _in_given_order(
@@ -282,8 +282,8 @@ def _reward_parts(index: int, item: RewardArg) -> tuple[Any, float, dict[str, An
         unknown = set(item) - {"name", "weight", "args", "normalize", "label"}
         if "name" not in item or unknown:
             raise ConfigError(
-                f"{where}: expected the keys name, weight, args, normalize, label (or model or "
-                f"judge for a served reward); got {sorted(item)}"
+                f"{where}: expected the keys name, weight, args, normalize, label (or model, "
+                f"judge or teacher for a served reward); got {sorted(item)}"
             )
         target, weight, args = item["name"], item.get("weight", 1.0), item.get("args", {})
         extra = {k: item[k] for k in ("normalize", "label") if k in item}

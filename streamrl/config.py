@@ -221,6 +221,14 @@ class TeacherSpec(_Section):
     # The data sources (``data_source`` of a prompt; a mix's source names) this teacher
     # scores; empty: every prompt. Several teachers split a mix by source.
     sources: list[str] = msgspec.field(default_factory=list)
+    # > 0: the teacher also sends its k likeliest tokens at every response position, and the
+    # learner adds weight x the forward KL from the teacher over them (a supervised pull at
+    # each prefix the student wrote; algorithms.losses.distill_topk). 0: the sampled token's
+    # reverse KL alone.
+    top_k: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
+    # The sampled token's reverse KL (teacher - behaviour logprob) in each token's advantage;
+    # false: the top-k forward KL alone (it needs top_k).
+    sampled_kl: bool = True
 
 
 class RewardSpec(_Section):
@@ -284,6 +292,17 @@ class RewardSpec(_Section):
         stem = source.rstrip("/").removesuffix("/hf").rsplit("/", 1)[-1] or source
         prefix = {"model": "rm", "judge": "judge", "teacher": "teacher"}[self.kind]
         return f"{prefix}-{stem}"
+
+
+def _one_top_k_teacher_per_source(rewards: list[RewardSpec]) -> bool:
+    """A response's top-k arrays come from one teacher: no two top-k teachers share a source
+    (empty sources: every source)."""
+    routes = [r.teacher.sources for r in rewards if r.teacher is not None and r.teacher.top_k]
+    for i, first in enumerate(routes):
+        for second in routes[i + 1 :]:
+            if not first or not second or set(first) & set(second):
+                return False
+    return True
 
 
 class ScoringConfig(_Section):
@@ -878,6 +897,19 @@ def _finalize(config: Config) -> Config:
                 "or teacher",
             )
             for i, r in enumerate(config.rewards)
+        ),
+        *(
+            (
+                r.teacher is None or r.teacher.sampled_kl or r.teacher.top_k > 0,
+                f"rewards[{i}].teacher: with sampled_kl false the teacher teaches through its "
+                "top-k alone: set top_k",
+            )
+            for i, r in enumerate(config.rewards)
+        ),
+        (
+            _one_top_k_teacher_per_source(config.rewards),
+            "rewards: two teachers with top_k would score the same data source (give them "
+            "disjoint sources, or top_k to one)",
         ),
         *(
             (

@@ -118,6 +118,11 @@ class Trajectory(msgspec.Struct):
     # policy token's advantage. Empty and 0: no teacher scored this response.
     teacher_logprobs: bytes = b""
     teacher_coef: float = 0.0
+    # A top-k teacher's (``teacher.top_k``): its k likeliest tokens at each response position
+    # (int32) and their logprobs (float32), k per token, and the forward-KL term's weight.
+    teacher_top_ids: bytes = b""
+    teacher_top_logprobs: bytes = b""
+    teacher_top_coef: float = 0.0
 
     @classmethod
     def from_lists(
@@ -200,6 +205,12 @@ class Trajectory(msgspec.Struct):
                 return "action_mask holds a byte other than 0 and 1"
         if self.teacher_logprobs and len(self.teacher_logprobs) != n * _ITEMSIZE:
             return f"{n} response tokens, {len(self.teacher_logprobs)} teacher logprob bytes"
+        top = len(self.teacher_top_ids)
+        if top != len(self.teacher_top_logprobs) or (top and (not n or top % (n * _ITEMSIZE))):
+            return (
+                f"{n} response tokens, {top} teacher top-k id bytes, "
+                f"{len(self.teacher_top_logprobs)} top-k logprob bytes"
+            )
         return None
 
     def prompt_list(self) -> list[int]:
@@ -298,7 +309,7 @@ class TrajectoryGroup(msgspec.Struct):
     def distilled(self) -> bool:
         """A teacher scored its tokens: its distillation term teaches even where every reward
         is alike, so no zero-variance rule drops it."""
-        return any(t.teacher_coef > 0 for t in self.trajectories)
+        return any(t.teacher_coef > 0 or t.teacher_top_coef > 0 for t in self.trajectories)
 
     @property
     def nbytes(self) -> int:
@@ -310,6 +321,8 @@ class TrajectoryGroup(msgspec.Struct):
             + len(t.behavior_logprobs)
             + len(t.token_versions)
             + len(t.teacher_logprobs)
+            + len(t.teacher_top_ids)
+            + len(t.teacher_top_logprobs)
             + len(t.response_text)
             for t in self.trajectories
         )
@@ -815,8 +828,12 @@ class ScoreReply(msgspec.Struct, tag="score_reply"):
     error: str = ""
     incarnation: int = 0  # the answering role's (``RewardRoleSpec.incarnation``)
     # A teacher's answer: per item, the log-probability of each response token (float32
-    # bytes, one per token); ``scores`` then holds each item's mean of them.
+    # bytes, one per token); ``scores`` then holds each item's mean of them. A top-k
+    # teacher's: per item, its k likeliest tokens at each position (int32) and their
+    # logprobs (float32).
     token_logprobs: list[bytes] = []
+    top_ids: list[bytes] = []
+    top_logprobs: list[bytes] = []
 
 
 class RewardRoleReport(msgspec.Struct, tag="reward_report"):

@@ -23,7 +23,9 @@ __all__ = [
     "entropy",
     "policy_loss",
     "token_entropy",
+    "distill_topk",
     "token_logprobs",
+    "tokens_logprobs",
     "value_loss",
 ]
 
@@ -345,13 +347,16 @@ class _TokenLogprobs(torch.autograd.Function):
         ctx, logits: Tensor, tokens: Tensor, chunk_size: int | None, temperature: float
     ) -> Tensor:
         flat, chunks = _chunks(logits, chunk_size)
-        flat_tokens = tokens.reshape(-1, 1).long()
-        out = torch.empty(flat.shape[0], dtype=_compute_dtype(logits), device=logits.device)
-        lse = torch.empty_like(out)
+        # One token per row ([B, T]) or k per row ([B, T, k]: ``tokens_logprobs``).
+        per_row = 1 if tokens.dim() < logits.dim() else tokens.shape[-1]
+        flat_tokens = tokens.reshape(-1, per_row).long()
+        dtype = _compute_dtype(logits)
+        out = torch.empty((flat.shape[0], per_row), dtype=dtype, device=logits.device)
+        lse = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
         for rows in chunks:
-            z = _scaled(flat[rows], out.dtype, temperature)
+            z = _scaled(flat[rows], dtype, temperature)
             lse[rows] = torch.logsumexp(z, dim=-1)
-            out[rows] = z.gather(1, flat_tokens[rows]).squeeze(1) - lse[rows]
+            out[rows] = z.gather(1, flat_tokens[rows]) - lse[rows, None]
         ctx.save_for_backward(logits, flat_tokens, lse)
         ctx.chunk_size, ctx.temperature = chunk_size, temperature
         return out.view(tokens.shape)
@@ -361,14 +366,15 @@ class _TokenLogprobs(torch.autograd.Function):
     def backward(  # type: ignore[override]
         ctx, grad_out: Tensor
     ) -> tuple[Tensor, None, None, None]:
-        # d logp_y / dz_j = ([j == y] - p_j) / tau
+        # d logp_y / dz_j = ([j == y] - p_j) / tau, summed over a row's tokens y
         logits, flat_tokens, lse = ctx.saved_tensors
         flat, chunks = _chunks(logits, ctx.chunk_size)
-        grad_rows = grad_out.reshape(-1, 1).to(lse.dtype)
+        grad_rows = grad_out.reshape(flat_tokens.shape).to(lse.dtype)
+        grad_sums = grad_rows.sum(-1, keepdim=True)
         grad = torch.empty_like(flat)
         for rows in chunks:
             probs = _log_probs_(_scaled(flat[rows], lse.dtype, ctx.temperature), lse[rows]).exp_()
-            g = probs.mul_(-grad_rows[rows]).scatter_add_(1, flat_tokens[rows], grad_rows[rows])
+            g = probs.mul_(-grad_sums[rows]).scatter_add_(1, flat_tokens[rows], grad_rows[rows])
             grad[rows] = g.div_(ctx.temperature)
         return grad.view_as(logits), None, None, None
 
@@ -392,6 +398,39 @@ def token_logprobs(
     Differentiable in ``logits`` (first order only); the gradient has the dtype of ``logits``.
     """
     return _TokenLogprobs.apply(logits, tokens, chunk_size, temperature)
+
+
+def tokens_logprobs(
+    logits: Tensor,
+    tokens: Tensor,
+    *,
+    chunk_size: int | None = None,
+    temperature: float = 1.0,
+) -> Tensor:
+    """``token_logprobs`` of k tokens per position: ``logits[B,T,V]``, ``tokens[B,T,k]`` ->
+    ``Tensor[B,T,k]`` (a teacher's top-k tokens, ``distill_topk``), one logsumexp per row."""
+    if tokens.dim() != logits.dim():
+        raise ValueError(f"tokens must be [B, T, k] for logits {tuple(logits.shape)}")
+    return _TokenLogprobs.apply(logits, tokens, chunk_size, temperature)
+
+
+def distill_topk(student: Tensor, teacher: Tensor) -> Tensor:
+    """The forward KL from a teacher to the student over the teacher's top-k tokens, per
+    position: ``student[B,T,k]``, ``teacher[B,T,k]`` (logprobs of the same k tokens) ->
+    ``Tensor[B,T]``.
+
+        L_t = sum_{v in top-k} q(v) (log q(v) - log p(v))
+
+    Its gradient in the student's logits is ``(sum_k q) p - q`` on the top-k: a supervised
+    pull toward the teacher's distribution at every prefix the student wrote (GKD's forward
+    KL, Agarwal et al. 2024, arXiv 2306.13649), which stays strong where the student is sure
+    of a token the teacher is not, where the sampled-token reverse KL's gradient fades.
+    The tail beyond the top-k is left out (its mass is what ``sum_k q`` misses).
+    """
+    q = teacher.exp()
+    # A slot with no teacher token (logprob -inf, q = 0) adds 0, not 0 * inf.
+    terms = torch.where(q > 0, q * (teacher - student), torch.zeros_like(student))
+    return terms.sum(-1)
 
 
 class _TokenEntropy(torch.autograd.Function):

@@ -33,15 +33,30 @@ def floats(data: bytes) -> array.array:
     return values
 
 
-def check_answer(trajectories: list[Trajectory], arrays: list[bytes]) -> str:
-    """ "" if ``arrays`` holds one log-probability per response token of each trajectory,
-    else why not (the group is refused with it)."""
+def check_answer(
+    trajectories: list[Trajectory],
+    arrays: list[bytes],
+    top_ids: list[bytes] | None = None,
+    top_logprobs: list[bytes] | None = None,
+    top_k: int = 0,
+) -> str:
+    """Why a teacher's answer does not fit the group ("" when it does): ``arrays`` must
+    hold one log-probability per response token of each trajectory, and with ``top_k``,
+    ``top_ids`` and ``top_logprobs`` k per token. The group is refused with the reason."""
     if len(arrays) != len(trajectories):
         return f"{len(arrays)} teacher arrays for {len(trajectories)} responses"
     for j, (t, data) in enumerate(zip(trajectories, arrays, strict=True)):
         if len(data) != len(t.response_ids):
             have, need = len(data) // 4, t.num_response_tokens
             return f"response {j}: {have} teacher logprobs for {need} tokens"
+    if not top_k:
+        return ""
+    ids, lps = top_ids or [], top_logprobs or []
+    if not len(ids) == len(lps) == len(trajectories):
+        return f"{len(ids)}/{len(lps)} top-k arrays for {len(trajectories)} responses"
+    for j, (t, a, b) in enumerate(zip(trajectories, ids, lps, strict=True)):
+        if not len(a) == len(b) == top_k * len(t.response_ids):
+            return f"response {j}: top-k arrays of {len(a)}/{len(b)} bytes, not k={top_k} per token"
     return ""
 
 
@@ -74,3 +89,15 @@ def attach_teachers(
                 combined[i] /= total
             t.teacher_logprobs, t.teacher_coef = combined.tobytes(), total
     return figures
+
+
+def attach_top_k(
+    trajectories: list[Trajectory], weight: float, ids: list[bytes], logprobs: list[bytes]
+) -> None:
+    """A top-k teacher's arrays onto each trajectory (``teacher_top_*``), as they came: one
+    such teacher scores a response (the config holds it)."""
+    if weight <= 0:
+        return
+    for t, a, b in zip(trajectories, ids, logprobs, strict=True):
+        if t.response_ids:
+            t.teacher_top_ids, t.teacher_top_logprobs, t.teacher_top_coef = a, b, weight

@@ -32,13 +32,23 @@ class Scorer(Protocol):
     def score(self, items: list[ScoreItem]) -> list[float | None]: ...
 
 
+@dataclass(frozen=True)
+class TokenAnswer:
+    """A teacher's answer for one item: float32 logprobs of its response tokens, and with
+    ``top_k`` its k likeliest tokens per position (int32 ids, float32 logprobs; else empty)."""
+
+    logprobs: bytes
+    top_ids: bytes = b""
+    top_logprobs: bytes = b""
+
+
 class TokenScorer(Protocol):
-    """A teacher: one float32 array of per-token log-probabilities per item."""
+    """A teacher: a ``TokenAnswer`` per item."""
 
     identity: str
     per_token: bool  # True
 
-    def score(self, items: list[ScoreItem]) -> list[bytes]: ...
+    def score(self, items: list[ScoreItem]) -> list[TokenAnswer]: ...
 
 
 def scorer_identity(label: str, weights_hash: str) -> str:

@@ -90,9 +90,9 @@ def test_a_teacher_beside_a_rule_gives_every_token_its_logprob(tmp_path: Path) -
     """On-policy distillation in a real run (docs/design.md §7d): a teacher role (a tiny
     model with the student's tokenizer) answers every group once with one logprob per
     response token; the reward is the rule's alone (a teacher weighs 0 in it), the teacher's
-    part is the sampled reverse KL, flat-reward groups are kept for the teacher's term, and
-    the learner logs it; the evaluation is not sent to the teacher."""
-    teacher = "{teacher: {model: tiny-random-llama}, weight: 0.5}"
+    part is the sampled reverse KL, its top-k tokens travel with every response token,
+    flat-reward groups are kept for the teacher's term, and the learner logs both terms; the evaluation is not sent to the teacher."""
+    teacher = "{teacher: {model: tiny-random-llama, top_k: 4}, weight: 0.5}"
     out, summary, run_dir = _run(tmp_path, f"{RULE}, {teacher}", "buffer.drop_zero_variance=true")
     assert summary["version"] == 4
     (role,) = summary["scoring"]["roles"]
@@ -103,8 +103,9 @@ def test_a_teacher_beside_a_rule_gives_every_token_its_logprob(tmp_path: Path) -
     for group in groups:
         assert group.scorers == [role["identity"]] and group.distilled
         for t in group.trajectories:
-            assert t.check() is None and t.teacher_coef == 0.5
+            assert t.check() is None and t.teacher_coef == t.teacher_top_coef == 0.5
             assert len(t.teacher_logprobs) == len(t.response_ids)
+            assert len(t.teacher_top_ids) == len(t.teacher_top_logprobs) == 4 * len(t.response_ids)
             assert t.reward == t.reward_parts[0]  # the rule's score alone
             teacher = [v for v in memoryview(t.teacher_logprobs).cast("f")]
             behaviour = t.logprob_list()
@@ -114,5 +115,6 @@ def test_a_teacher_beside_a_rule_gives_every_token_its_logprob(tmp_path: Path) -
     assert all(s["dropped"]["zero_variance"] == 0 for s in summary["buffer"]), summary["buffer"]
     metrics = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any('"distill/reverse_kl"' in line for line in metrics)
+    assert any('"distill/forward_kl_top_k"' in line for line in metrics)
     assert all("eval/reward/teacher-tiny-random-llama" not in e for e in summary["eval"])
     assert_nothing_lost(summary, run_dir)

@@ -62,11 +62,27 @@ def test_the_teacher_gives_each_response_token_its_logprob_as_alone(teacher) -> 
     ]
     out = teacher.score([_item(p, r, t) for p, r, t in cases])
     assert teacher.identity.startswith("teacher-tiny@")
-    for (prompt, response, temperature), data in zip(cases, out, strict=True):
-        got = _floats(data)
-        assert len(got) == len(response)
+    for (prompt, response, temperature), answer in zip(cases, out, strict=True):
+        got = _floats(answer.logprobs)
+        assert len(got) == len(response) and answer.top_ids == b""
         assert got == pytest.approx(_alone(reference, prompt, response, temperature), abs=1e-4)
-    assert all(v < 0 for v in _floats(out[0]))
+    assert all(v < 0 for v in _floats(out[0].logprobs))
+
+
+def test_a_top_k_teacher_sends_its_likeliest_tokens_at_each_position() -> None:
+    top = TeacherScorer(resolve_model(TINY), "teacher-tiny", top_k=3)
+    (answer,) = top.score([_item([5, 6, 7], [8, 9], 0.7)])
+    ids = memoryview(answer.top_ids).cast("i").tolist()
+    logprobs = _floats(answer.top_logprobs)
+    assert len(ids) == len(logprobs) == 6
+    reference = load_causal_lm(resolve_model(TINY), dtype="float32").eval()
+    with torch.no_grad():
+        logits = reference(input_ids=torch.tensor([[5, 6, 7, 8, 9]])).logits[0, 2:-1] / 0.7
+    expected = torch.log_softmax(logits.float(), -1).topk(3, dim=-1)
+    assert ids == expected.indices.flatten().tolist()
+    assert logprobs == pytest.approx(expected.values.flatten().tolist(), abs=1e-4)
+    chosen = _floats(answer.logprobs)
+    assert all(chosen[i] <= logprobs[3 * i] + 1e-6 for i in range(2))  # the top is the top
 
 
 def test_a_sequence_beyond_the_teachers_positions_is_refused(teacher) -> None:
@@ -114,6 +130,12 @@ def test_an_answer_that_does_not_match_the_tokens_is_named() -> None:
     assert check_answer(ts, [pack_float32([-1.0]), pack_float32([-1.0])]).startswith(
         "response 0: 1 teacher logprobs for 2 tokens"
     )
+    arrays = [pack_float32([-1.0, -1.0]), pack_float32([-1.0])]
+    ids = [pack_int32([1, 2, 3, 4]), pack_int32([5, 6])]
+    lps = [pack_float32([-1.0] * 4), pack_float32([-1.0] * 2)]
+    assert check_answer(ts, arrays, ids, lps, top_k=2) == ""
+    assert check_answer(ts, arrays, ids[:1], lps, top_k=2) == "1/2 top-k arrays for 2 responses"
+    assert "not k=2 per token" in check_answer(ts, arrays, ids, [lps[0], b""], top_k=2)
 
 
 def test_a_distilled_group_is_kept_by_the_zero_variance_rule() -> None:
@@ -136,6 +158,32 @@ def test_a_distilled_group_is_kept_by_the_zero_variance_rule() -> None:
     store = ReplayStore(ReplayPolicy(capacity=8, drop_zero_variance=True), Clock())
     assert store.offer(group("flat", taught=False)) == Offer.ZERO_VARIANCE
     assert store.offer(group("taught", taught=True)) == Offer.ACCEPTED
+
+
+def test_the_top_k_forward_kl_pulls_the_student_toward_the_teacher() -> None:
+    """Its value is sum q (log q - log p) over the teacher's tokens; its gradient in the
+    logits is (sum q) p - q there (so it is 0 where the student already is the teacher), and
+    a slot without a teacher token (-inf) adds nothing, not NaN."""
+    from streamrl.algorithms.losses import distill_topk, tokens_logprobs
+
+    logits = torch.tensor([[[2.0, 0.5, -1.0, 0.0]]], requires_grad=True)
+    ids = torch.tensor([[[0, 1, 3]]])
+    teacher = torch.log(torch.tensor([[[0.2, 0.6, 0.1]]]))
+    student = tokens_logprobs(logits, ids)
+    loss = distill_topk(student, teacher).sum()
+    loss.backward()
+    p = torch.softmax(logits.detach(), -1)[0, 0]
+    q = torch.tensor([0.2, 0.6, 0.0, 0.1])
+    assert loss.item() == pytest.approx(
+        float((q[[0, 1, 3]] * (q[[0, 1, 3]].log() - p[[0, 1, 3]].log())).sum()), abs=1e-6
+    )
+    assert logits.grad[0, 0].tolist() == pytest.approx((q.sum() * p - q).tolist(), abs=1e-6)
+    same = torch.log_softmax(torch.tensor([[[1.0, 2.0, 3.0]]]), -1)
+    zero = torch.tensor([[[1.0, 2.0, 3.0]]], requires_grad=True)
+    distill_topk(tokens_logprobs(zero, torch.tensor([[[0, 1, 2]]])), same).sum().backward()
+    assert zero.grad.abs().max().item() < 1e-6
+    empty = distill_topk(torch.tensor([[[-1.0, -2.0]]]), torch.tensor([[[-0.5, -float("inf")]]]))
+    assert torch.isfinite(empty).all()
 
 
 def test_the_distillation_advantage_is_the_negative_sampled_reverse_kl() -> None:
@@ -162,6 +210,19 @@ def _config(*overrides: str):
     return load_config(ROOT / "configs" / "tiny.yaml", list(overrides))
 
 
+def test_micro_batches_carry_a_top_k_teachers_arrays() -> None:
+    from streamrl.rewards.distill import attach_top_k
+
+    taught, plain = _trajectory([-0.1, -0.2]), _trajectory([-0.3])
+    attach_top_k([taught], 0.5, [pack_int32([4, 5, 6, 7])], [pack_float32([-0.1, -2, -0.3, -1])])
+    assert taught.check() is None and TrajectoryGroup("g", "p", [taught], 0.0, 0.0).distilled
+    (batch,) = build_micro_batches([TrajectoryGroup("g", "p", [taught, plain], 0.0, 0.0)], 8, 0)
+    assert batch.teacher_top_coef.tolist() == [0.5, 0.0]
+    assert batch.teacher_top_ids[0].tolist() == [[4, 5], [6, 7]]
+    assert batch.teacher_top_logprobs[0].flatten().tolist() == pytest.approx([-0.1, -2, -0.3, -1])
+    assert torch.isinf(batch.teacher_top_logprobs[1]).all()
+
+
 def test_a_teacher_entry_is_checked_at_load() -> None:
     config = _config("rewards=[{teacher: {model: runs/t}, weight: 0.5}]")
     (reward,) = config.rewards
@@ -173,6 +234,14 @@ def test_a_teacher_entry_is_checked_at_load() -> None:
         _config("rewards=[{teacher: {model: x}, normalize: group}]")
     with pytest.raises(ConfigError, match="exactly one of"):
         _config("rewards=[{teacher: {model: x}, name: numeric_match}]")
+    with pytest.raises(ConfigError, match="sampled_kl false .* set top_k"):
+        _config("rewards=[{teacher: {model: x, sampled_kl: false}}]")
+    with pytest.raises(ConfigError, match="two teachers with top_k"):
+        _config("rewards=[{teacher: {model: x, top_k: 4}}, {teacher: {model: y, top_k: 4}}]")
+    routed = "rewards=[{teacher: {model: x, top_k: 4, sources: [a]}}, " + (
+        "{teacher: {model: y, top_k: 4, sources: [b]}}]"
+    )
+    assert [r.teacher.top_k for r in _config(routed).rewards] == [4, 4]
 
 
 def test_a_teacher_with_another_tokenizer_is_refused_in_one_line() -> None:

@@ -79,6 +79,7 @@ def test_served_rewards_keep_their_place_among_the_rules() -> None:
     rules = [{"name": "numeric_match"}, {"name": "numeric_close"}]
     assert api._is_served(served) and not api._is_served("numeric_match")
     assert api._in_given_order(items, rules, [served]) == [rules[0], served, rules[1]]
+    assert api._is_served({"teacher": {"model": "runs/teacher"}, "weight": 1.0})
 
 
 def test_callables_get_stable_unique_names_and_resolve_by_them() -> None:

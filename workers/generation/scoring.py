@@ -60,7 +60,7 @@ from streamrl.protocol import (
     ScoringFigures,
     TrajectoryGroup,
 )
-from streamrl.rewards.distill import attach_teachers, check_answer
+from streamrl.rewards.distill import attach_teachers, attach_top_k, check_answer
 from streamrl.transport import Codec, make_socket
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ class _Waiting:
     scores: dict[int, tuple[list[float | None], str]] = field(default_factory=dict)
     incarnations: dict[int, int] = field(default_factory=dict)  # reward -> who scored it
     tokens: dict[int, list[bytes]] = field(default_factory=dict)  # teacher -> its arrays
+    top: dict[int, tuple[list[bytes], list[bytes]]] = field(default_factory=dict)  # top-k's
 
 
 @dataclass
@@ -346,11 +347,20 @@ class GroupScoring:
             self._refuse(entry, f"{self.labels[reward]}: {reason}")
             return
         if reward in self.teachers:
-            mismatch = check_answer(entry.group.trajectories, reply.token_logprobs)
+            top_k = self.config.rewards[reward].teacher.top_k  # type: ignore[union-attr]
+            mismatch = check_answer(
+                entry.group.trajectories,
+                reply.token_logprobs,
+                reply.top_ids,
+                reply.top_logprobs,
+                top_k,
+            )
             if mismatch:
                 self._refuse(entry, f"{self.labels[reward]}: {mismatch}")
                 return
             entry.tokens[reward] = list(reply.token_logprobs)
+            if top_k:
+                entry.top[reward] = (list(reply.top_ids), list(reply.top_logprobs))
             entry.scores[reward] = (list(reply.scores), reply.identity)
             entry.incarnations[reward] = reply.incarnation
             return
@@ -402,16 +412,24 @@ class GroupScoring:
             # In the order ``settle`` appends the scorers' identities (reward index).
             entry.group.scorer_incarnations = [entry.incarnations[r] for r in sorted(entry.scores)]
             if entry.tokens:
-                weights = {r: self.config.rewards[r].weight for r in entry.tokens}
-                figures = attach_teachers(
-                    entry.group.trajectories,
-                    {r: (weights[r], arrays) for r, arrays in entry.tokens.items()},
-                )
-                for r, values in figures.items():  # the reverse KL is the teacher's part
-                    entry.scores[r] = (values, entry.scores[r][1])
+                self._attach_teachers(entry)
             self.settle(entry.group, entry.scores)
             self.figures.wait_s += now - entry.submitted
         return ready + [e.group for e in done]
+
+    def _attach_teachers(self, entry: _Waiting) -> None:
+        """The teachers' answers onto the group's trajectories (``rewards.distill``); each
+        teacher's part is the responses' sampled reverse KL to it."""
+        rewards = self.config.rewards
+        sampled = {
+            r: (rewards[r].weight if rewards[r].teacher.sampled_kl else 0.0, arrays)  # type: ignore[union-attr]
+            for r, arrays in entry.tokens.items()
+        }
+        figures = attach_teachers(entry.group.trajectories, sampled)
+        for r, values in figures.items():
+            entry.scores[r] = (values, entry.scores[r][1])
+        for r, (ids, logprobs) in entry.top.items():
+            attach_top_k(entry.group.trajectories, rewards[r].weight, ids, logprobs)
 
     def close(self) -> None:
         for sock in self.sockets.values():

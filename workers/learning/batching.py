@@ -68,6 +68,10 @@ class MicroBatch:
     # tokens and each row's coefficient (0: no teacher); None when no row has a teacher.
     teacher: torch.Tensor | None = None  # [B, T]
     teacher_coef: torch.Tensor | None = None  # [B]
+    # A top-k teacher's k tokens per position, their logprobs, each row's weight (0: none).
+    teacher_top_ids: torch.Tensor | None = None  # [B, T, k] int64
+    teacher_top_logprobs: torch.Tensor | None = None  # [B, T, k]
+    teacher_top_coef: torch.Tensor | None = None  # [B]
     # Filled in by the training step:
     advantages: torch.Tensor | None = None  # [B] (group estimators) or [B, T] (GAE)
     returns: torch.Tensor | None = None  # [B, T] GAE returns (critic only)
@@ -141,6 +145,9 @@ _ON_DEVICE = (
     "ref_logprobs",
     "teacher",
     "teacher_coef",
+    "teacher_top_ids",
+    "teacher_top_logprobs",
+    "teacher_top_coef",
 )
 
 
@@ -306,6 +313,7 @@ def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor, hidden: int) -> M
             (t.teacher_logprobs if t.teacher_coef > 0 else t.behavior_logprobs for t in chunk),
             torch.float32,
         )
+    top_ids, top_logprobs, top_coef = _teacher_top_k(chunk, is_response)
     return MicroBatch(
         input_ids=ids,
         attention=attention,
@@ -324,7 +332,32 @@ def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor, hidden: int) -> M
         temperature=float(temperatures[0]) if uniform else None,
         teacher=teacher,
         teacher_coef=teacher_coef,
+        teacher_top_ids=top_ids,
+        teacher_top_logprobs=top_logprobs,
+        teacher_top_coef=top_coef,
     )
+
+
+def _teacher_top_k(
+    chunk: list, is_response: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """A top-k teacher's arrays as [B, T, k] (rows without: token 0 at logprob -inf, so that
+    its weight q = 0), and each row's weight; Nones when no row has them."""
+    taught = [t for t in chunk if t.teacher_top_coef > 0]
+    if not taught:
+        return None, None, None
+    k = len(taught[0].teacher_top_ids) // len(taught[0].response_ids)
+    if any(len(t.teacher_top_ids) != k * len(t.response_ids) for t in taught):
+        raise ValueError("one micro-batch holds top-k teacher arrays of different k")
+    shape = (*is_response.shape, k)
+    ids = torch.zeros(shape, dtype=torch.long)
+    logprobs = torch.full(shape, float("-inf"))
+    rows = torch.tensor([t.teacher_top_coef > 0 for t in chunk])
+    where = is_response & rows[:, None]
+    ids[where] = _joined((t.teacher_top_ids for t in taught), torch.int32).long().view(-1, k)
+    logprobs[where] = _joined((t.teacher_top_logprobs for t in taught), torch.float32).view(-1, k)
+    coef = torch.tensor([t.teacher_top_coef for t in chunk], dtype=torch.float32)
+    return ids, logprobs, coef
 
 
 def _shared_prompt_attention(

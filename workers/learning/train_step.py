@@ -214,7 +214,9 @@ class TrainStep:
         self.ref_model, self.critic = ref_model, critic
         self.kl_controller = kl_controller or kl_lib.FixedController(0.0)
         self.entropy_control = EntropyControl.from_config(config.algorithm)
-        self.distills = any(r.kind == "teacher" for r in config.rewards)
+        teachers = [r.teacher for r in config.rewards if r.teacher is not None]
+        self.distills = bool(teachers)
+        self.distills_top_k = any(t.top_k for t in teachers)
         self.skipped_steps = 0
         self.share_prompts_hidden = _prompt_sharing_hidden(config, policy, critic)
 
@@ -543,6 +545,8 @@ class TrainStep:
                 bonus = bonus * (batch_entropy < self.entropy_control.target)
             loss = loss - bonus
         metrics.mean("policy/entropy", batch_entropy, tokens)
+        if self.distills_top_k:
+            loss = loss + self._top_k_term(batch, logits, aggregate, metrics)
         if self.critic is not None:
             value_loss = losses.value_loss(
                 self._values(batch),
@@ -558,6 +562,31 @@ class TrainStep:
             metrics.add("critic/value_loss", value_loss)
         (loss * self.world_size).backward()
         metrics.add("loss/total", loss)
+
+    def _top_k_term(
+        self,
+        batch: MicroBatch,
+        logits: torch.Tensor,
+        aggregate: Callable[[torch.Tensor], torch.Tensor],
+        metrics: StepMetrics,
+    ) -> torch.Tensor:
+        """A top-k teacher's forward KL over its k tokens at each position, weighted per row
+        (``losses.distill_topk``), aggregated as every loss term; 0 without one. Every rank
+        adds the same metric names."""
+        if batch.teacher_top_ids is None:
+            metrics.mean("distill/forward_kl_top_k", 0.0, torch.zeros(()))
+            return torch.zeros((), device=logits.device)
+        dev = logits.device
+        assert batch.teacher_top_logprobs is not None and batch.teacher_top_coef is not None
+        ids, teacher = batch.teacher_top_ids.to(dev), batch.teacher_top_logprobs.to(dev)
+        coef = batch.teacher_top_coef.to(dev)
+        student = at_sampling_temperature(losses.tokens_logprobs, batch, logits, ids)
+        per_token = losses.distill_topk(student, teacher)
+        scored = batch.mask.to(dev) * (coef[:, None] > 0)
+        count = scored.sum()
+        kl = (per_token.detach() * scored).sum() / count.clamp(min=1)
+        metrics.mean("distill/forward_kl_top_k", kl, count)
+        return aggregate(coef[:, None] * per_token * scored)
 
     def _logprobs(
         self, model: torch.nn.Module, batch: MicroBatch

@@ -38,7 +38,7 @@ from streamrl.config import Config, RewardSpec
 from streamrl.cores import role_threads
 from streamrl.hardware import resolve_compute_dtype
 from streamrl.protocol import RewardRoleReport, ScoreReply, ScoreRequest
-from streamrl.rewards.scorer import ScoreItem, Scorer, TokenScorer
+from streamrl.rewards.scorer import ScoreItem, Scorer, TokenAnswer, TokenScorer
 from streamrl.role_specs import RewardRoleSpec
 from streamrl.transport import Codec, bind_random, make_socket, resolve_host
 from streamrl.workers.generation.generator_reports import HeartbeatThread
@@ -70,7 +70,10 @@ def make_scorer(
     if reward.kind == "teacher":
         from streamrl.workers.reward_roles.teacher import TeacherScorer
 
-        return TeacherScorer(model_dir, label, device=device, compute_dtype=dtype)
+        assert reward.teacher is not None
+        return TeacherScorer(
+            model_dir, label, device=device, compute_dtype=dtype, top_k=reward.teacher.top_k
+        )
     if reward.kind == "judge":
         from streamrl.workers.reward_roles.judge import JudgeScorer
 
@@ -215,7 +218,9 @@ class RewardRole:
         per_token = getattr(self.scorer, "per_token", False)
         for pending, (scores, error) in zip(batch, answers, strict=True):
             if per_token:  # a teacher's arrays: each item's mean is its score
-                self._answer(pending, [_mean_logprob(a) for a in scores], error, list(scores))
+                self._answer(
+                    pending, [_mean_logprob(a.logprobs) for a in scores], error, list(scores)
+                )
             else:
                 self.figures.unparsable += sum(s is None for s in scores)
                 self._answer(pending, [_finite_or_none(s) for s in scores], error)
@@ -226,15 +231,19 @@ class RewardRole:
         pending: Pending,
         scores: list[float | None],
         error: str,
-        token_logprobs: list[bytes] | None = None,
+        tokens: list[TokenAnswer] | None = None,
     ) -> None:
+        tokens = tokens or []
+        top = any(a.top_ids for a in tokens)
         reply = ScoreReply(
             pending.request.request_id,
             scores,
             self.scorer.identity,
             error,
             incarnation=self.spec.incarnation,
-            token_logprobs=token_logprobs or [],
+            token_logprobs=[a.logprobs for a in tokens],
+            top_ids=[a.top_ids for a in tokens] if top else [],
+            top_logprobs=[a.top_logprobs for a in tokens] if top else [],
         )
         self.router.send_multipart([pending.peer, self.codec.encode(reply)])
 

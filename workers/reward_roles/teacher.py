@@ -7,6 +7,9 @@ forward over the whole sequence, batched across requests, float32 softmax. The l
 them into the per-token reverse-KL advantage ``teacher - sampled`` (on-policy distillation,
 ``streamrl.algorithms.distill``).
 
+With ``top_k`` it also sends, per response position, its k likeliest tokens and their
+logprobs (the learner's forward-KL term, ``losses.distill_topk``).
+
 Rows are left-padded so that every response ends in the last column, with position ids that
 count real tokens only, and only the last ``longest response`` columns reach the output head
 (``logits_to_keep``): a row's logprobs do not depend on what it is batched with (the tests
@@ -25,10 +28,9 @@ from pathlib import Path
 
 import torch
 
-from streamrl.algorithms.losses import token_logprobs
 from streamrl.models import load_causal_lm, load_tokenizer
 from streamrl.rewards.model import weights_hash
-from streamrl.rewards.scorer import ScoreItem, scorer_identity
+from streamrl.rewards.scorer import ScoreItem, TokenAnswer, scorer_identity
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +47,10 @@ def _ids(data: bytes) -> list[int]:
 
 class TeacherScorer:
     """The ``TokenScorer`` of one teacher model (``streamrl.rewards.scorer``): ``score`` takes
-    items carrying their sampled tokens and returns, per item, float32 bytes with one
-    log-probability per response token. An item longer than the teacher's positions raises
-    (its request is answered with the error and its group refused, counted)."""
+    items carrying their sampled tokens and returns, per item, a ``TokenAnswer``: one
+    log-probability per response token, and with ``top_k`` the k likeliest tokens at each
+    position. An item longer than the teacher's positions raises (its request is answered
+    with the error and its group refused, counted)."""
 
     per_token = True
 
@@ -58,8 +61,9 @@ class TeacherScorer:
         *,
         device: str = "cpu",
         compute_dtype: torch.dtype | str = torch.float32,
+        top_k: int = 0,
     ) -> None:
-        self.device = device
+        self.device, self.top_k = device, top_k
         self.tokenizer = load_tokenizer(model_dir)
         self.identity = scorer_identity(label, weights_hash(model_dir))
         config = json.loads((Path(model_dir) / "config.json").read_text())
@@ -68,7 +72,7 @@ class TeacherScorer:
         self.model = load_causal_lm(model_dir, dtype=dtype_name, device=device).eval()
 
     @torch.inference_mode()
-    def score(self, items: list[ScoreItem]) -> list[bytes]:
+    def score(self, items: list[ScoreItem]) -> list[TokenAnswer]:
         sequences = [(_ids(i.prompt_ids), _ids(i.response_ids)) for i in items]
         for n, (prompt, response) in enumerate(sequences):
             if not prompt:
@@ -78,7 +82,7 @@ class TeacherScorer:
                     f"item {n}: {len(prompt) + len(response)} tokens, more than the teacher's "
                     f"{self.max_tokens} positions"
                 )
-        out = [b""] * len(items)
+        out = [TokenAnswer(b"")] * len(items)
         # Same temperature together, then by length: little padding per forward.
         order = sorted(
             (n for n, (_, response) in enumerate(sequences) if response),
@@ -87,9 +91,9 @@ class TeacherScorer:
         start = 0
         while start < len(order):
             rows = self._batch(order, start, sequences, items)
-            values = self._logprobs([sequences[n] for n in rows], items[rows[0]].temperature)
-            for n, row in zip(rows, values, strict=True):
-                out[n] = array.array("f", row).tobytes()
+            answers = self._answers([sequences[n] for n in rows], items[rows[0]].temperature)
+            for n, answer in zip(rows, answers, strict=True):
+                out[n] = answer
             start += len(rows)
         return out
 
@@ -108,8 +112,10 @@ class TeacherScorer:
             rows.append(n)
         return rows
 
-    def _logprobs(self, sequences: list[tuple[list[int], list[int]]], temperature: float):
-        """Per row, the response tokens' log-probabilities (lists of floats)."""
+    def _answers(
+        self, sequences: list[tuple[list[int], list[int]]], temperature: float
+    ) -> list[TokenAnswer]:
+        """Per row, its response tokens' logprobs (and top-k) from one forward."""
         width = max(len(p) + len(r) for p, r in sequences)
         longest = max(len(r) for _, r in sequences)
         pad = self.tokenizer.pad_token_id or 0
@@ -129,6 +135,20 @@ class TeacherScorer:
             position_ids=positions.to(self.device),
             logits_to_keep=longest + 1,
         ).logits[:, :-1]
-        targets = ids[:, width - longest :]
-        values = token_logprobs(logits, targets, temperature=temperature).float().cpu()
-        return [values[row, longest - len(r) :].tolist() for row, (_, r) in enumerate(sequences)]
+        answers = []
+        for row, (_, response) in enumerate(sequences):
+            # One row's [r, V] in float32 at a time: never the batch's.
+            z = logits[row, longest - len(response) :].float() / temperature
+            lse = torch.logsumexp(z, dim=-1, keepdim=True)
+            target = torch.tensor(response, device=z.device)[:, None]
+            chosen = (z.gather(1, target) - lse)[:, 0].cpu()
+            answer = TokenAnswer(chosen.numpy().astype("<f4").tobytes())
+            if self.top_k:
+                top = z.topk(self.top_k, dim=-1)
+                answer = TokenAnswer(
+                    answer.logprobs,
+                    top.indices.cpu().numpy().astype("<i4").tobytes(),
+                    (top.values - lse).cpu().numpy().astype("<f4").tobytes(),
+                )
+            answers.append(answer)
+        return answers
