@@ -669,9 +669,18 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"config override {dotted!r}: {key!r} is not a section")
         node = child
+    if keys[-1].endswith(APPEND):  # ``rewards+=[...]``: the list gains the items
+        name = keys[-1].removesuffix(APPEND)
+        current = node.get(name, [])
+        if not isinstance(current, list) or not isinstance(value, list):
+            raise ConfigError(f"config override {dotted}=...: += adds a list to a list")
+        node[name] = [*current, *value]
+        return
     node[keys[-1]] = value
 
 
+# ``key+=[...]`` appends to the list at ``key`` (``rewards+=[{teacher: {model: runs/t}}]``).
+APPEND = "+"
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 _NULL_WORDS = frozenset({"null", "Null", "NULL", "~"})
 _UNKNOWN = object()  # a dotted key the schema does not have
@@ -698,7 +707,9 @@ def parse_overrides(overrides: Sequence[Override]) -> list[tuple[str, Any]]:
       boolean, or a bracketed ``[...]``/``{...}`` collection (``Question: {question}`` is a
       string, not a mapping);
     - a key the schema does not have is read as a value of any type (the config then moves
-      it, when it moved, or refuses it by name).
+      it, when it moved, or refuses it by name);
+    - ``key+=[...]`` (a list field) appends its items to the list the config has: the pair's
+      key keeps the ``+`` (``("rewards+", [...])``) for ``load_config`` to append.
 
     A ``(key, value)`` pair is taken as it is (``streamrl.train`` passes Python values).
 
@@ -728,7 +739,7 @@ def _check_override_key(key: str, item: str) -> None:
 
 def _override_value(item: str, key: str, raw: str) -> Any:
     """``raw`` read for the field at ``key`` (``parse_overrides``' rule)."""
-    kind = _field_type(key)
+    kind = _field_type(key.removesuffix(APPEND))
     if kind is _UNKNOWN:  # refused by name later; an old key's text keeps its meaning
         kind = Any
     members = () if kind is Any else _members(kind)

@@ -168,3 +168,19 @@ def test_a_new_user_s_command_line_over_the_default_job_reads_their_table(
         from streamrl.controller.preflight import preflight
 
         preflight(load_config(None, [*line, "data.args={max_operand: 5}"]), resolve=False)
+
+
+def test_plus_equals_appends_to_a_list_and_refuses_a_scalar() -> None:
+    """``rewards+=[...]`` adds a reward (a teacher beside the job's rules) without restating
+    the list; ``+=`` on a field that is not a list is one line."""
+    default = load_config("configs/default.yaml")
+    config = load_config(
+        "configs/default.yaml", ["rewards+=[{teacher: {model: runs/t, top_k: 8}}]"]
+    )
+    assert [r.display_name() for r in config.rewards] == [
+        *(r.display_name() for r in default.rewards),
+        "teacher-t",
+    ]
+    assert config.rewards[-1].teacher.top_k == 8
+    with pytest.raises(ConfigError, match=r"\+= adds a list to a list"):
+        load_config("configs/default.yaml", ["learner.lr+=[1]"])
