@@ -67,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", type=float, help="held-out accuracy to reach (0.3)")
     parser.add_argument("--metric", choices=["completed", "exact"], help="(completed)")
     parser.add_argument("--peer", choices=list(PEER_ARMS), help="add a peer's arm")
+    parser.add_argument("--teacher", help="the distillation arms' teacher (a model or a run)")
     parser.add_argument(
         "--keep-weights", action="store_true", help="keep each run's checkpoint and hf export"
     )
@@ -111,6 +112,7 @@ def plan(args: argparse.Namespace, stored_meta: dict[str, Any]) -> dict[str, Any
         "seeds": _seeds(args.seeds) if args.seeds else stored_meta.get("seeds", [0, 1, 2]),
         "target": args.target if args.target is not None else stored_meta.get("target", 0.3),
         "metric": args.metric or stored_meta.get("metric", "completed"),
+        "teacher": args.teacher or stored_meta.get("teacher", ""),
         "keep_weights": args.keep_weights,
     }
 
@@ -192,7 +194,13 @@ def bench(out: Path, meta: dict[str, Any], console: Any = None) -> dict[str, Any
                 print(f"{arm} seed {seed}: running", file=console, flush=True)
                 try:
                     result = run_one(
-                        meta["config"], arm, seed, out, meta["overrides"], meta["keep_weights"]
+                        meta["config"],
+                        arm,
+                        seed,
+                        out,
+                        meta["overrides"],
+                        meta["keep_weights"],
+                        meta.get("teacher", ""),
                     )
                 except QualityError as exc:
                     print(f"{arm} seed {seed}: FAILED: {exc}", file=console, flush=True)
@@ -244,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         _check_same_job(meta, stored_meta)
         for arm in meta["arms"]:
-            check_config(meta["config"], arm, meta["overrides"], out)
+            check_config(meta["config"], arm, meta["overrides"], out, meta["teacher"])
         if "trl" in meta["arms"] and not TRL_PYTHON.exists():
             raise QualityError(f"--peer trl needs {TRL_PYTHON}: run ./scripts/trl_venv.sh first")
         pid = _running(out)

@@ -35,6 +35,8 @@ TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 TRL_SCRIPT = ROOT / "benchmarks" / "trl_peer.py"
 PEER_ARMS = ("trl",)
 
+# Where a distillation arm's keys name the teacher (``--teacher``).
+TEACHER = "<teacher>"
 # Each arm's own keys. η is buffer.max_staleness; the async arms keep the config's default
 # off-policy correction unless they say otherwise.
 ARMS: dict[str, list[str]] = {
@@ -71,6 +73,18 @@ ARMS: dict[str, list[str]] = {
         "buffer.max_staleness=1",
         "buffer.drop_zero_variance=false",
     ],
+    # On-policy distillation from ``--teacher`` (docs/design.md §7d): its logprobs and top-8
+    # alone, or beside the config's rewards.
+    "distill": [
+        "run.mode=async",
+        "buffer.max_staleness=1",
+        f"rewards=[{{teacher: {{model: '{TEACHER}', top_k: 8}}}}]",
+    ],
+    "rl-distill": [
+        "run.mode=async",
+        "buffer.max_staleness=1",
+        f"rewards+=[{{teacher: {{model: '{TEACHER}', top_k: 8}}}}]",
+    ],
 }
 DEFAULT_ARMS = ["sync", "async-eta1", "async-eta2", "async-eta4", "async-eta1-nocorr"]
 CURVE_KEYS = ("samples", "seconds", "exact", "completed", "reward_mean")
@@ -85,15 +99,26 @@ def run_dir(out: Path, arm: str, seed: int) -> Path:
     return out / arm / f"seed-{seed}"
 
 
-def arm_overrides(arm: str, seed: int, out: Path, user: list[str]) -> list[str]:
-    """The overrides of one streamrl run: the user's first, then the arm's keys and the
-    bench's own (seed, run directory), which win, so an arm is always what its name says."""
+def arm_keys(arm: str, teacher: str = "") -> list[str]:
+    """An arm's own keys, a distillation arm's with its teacher filled in."""
     if arm not in ARMS:
         raise QualityError(f"unknown arm {arm!r}: choose from {', '.join([*ARMS, *PEER_ARMS])}")
+    keys = ARMS[arm]
+    if any(TEACHER in key for key in keys):
+        if not teacher:
+            raise QualityError(f"arm {arm} distils: name its teacher with --teacher MODEL")
+        keys = [key.replace(TEACHER, teacher) for key in keys]
+    return keys
+
+
+def arm_overrides(arm: str, seed: int, out: Path, user: list[str], teacher: str = "") -> list[str]:
+    """The overrides of one streamrl run: the user's first, then the arm's keys and the
+    bench's own (seed, run directory), which win, so an arm is always what its name says."""
+    keys = arm_keys(arm, teacher)
     where = run_dir(out, arm, seed)
     return [
         *user,
-        *ARMS[arm],
+        *keys,
         f"run.seed={seed}",
         f"run.output_dir={where}",
         "run.name=run",
@@ -102,11 +127,13 @@ def arm_overrides(arm: str, seed: int, out: Path, user: list[str]) -> list[str]:
     ]
 
 
-def check_config(config_path: str, arm: str, user: list[str], out: Path) -> Config:
+def check_config(
+    config_path: str, arm: str, user: list[str], out: Path, teacher: str = ""
+) -> Config:
     """Load the config as the arm would run it, so a bad override or a config that
     evaluates nothing stops the bench before hours of runs, not after."""
-    arm_keys = ARMS["sync"] if arm in PEER_ARMS else ARMS[arm]
-    config = load_config(config_path, [*user, *arm_keys])
+    keys = ARMS["sync"] if arm in PEER_ARMS else arm_keys(arm, teacher)
+    config = load_config(config_path, [*user, *keys])
     if config.eval.every <= 0:
         raise QualityError(
             "the config evaluates nothing during the run (eval.every = 0): set eval.every, "
@@ -186,10 +213,12 @@ def _launch(command: list[str], log_path: Path) -> int:
         return subprocess.run(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL).returncode
 
 
-def run_streamrl(config_path: str, arm: str, seed: int, out: Path, user: list[str]) -> dict:
+def run_streamrl(
+    config_path: str, arm: str, seed: int, out: Path, user: list[str], teacher: str = ""
+) -> dict:
     """Train one (arm, seed) with ``streamrl launch`` in a child process (console in
     ``launch.log``) and read its curve from the run's metrics.jsonl."""
-    overrides = arm_overrides(arm, seed, out, user)
+    overrides = arm_overrides(arm, seed, out, user, teacher)
     config = load_config(config_path, overrides)
     where = run_dir(out, arm, seed)
     where.mkdir(parents=True, exist_ok=True)
@@ -256,15 +285,18 @@ def run_one(
     out: Path,
     user: list[str],
     keep_weights: bool = False,
+    teacher: str = "",
 ) -> dict:
     """Run one (arm, seed) to completion and store its result (or why it failed): the
     result file is the mark a rerun skips on."""
     where = run_dir(out, arm, seed)
     where.mkdir(parents=True, exist_ok=True)
     (where / "failed.json").unlink(missing_ok=True)
-    runner = run_peer if arm in PEER_ARMS else run_streamrl
     try:
-        result = runner(config_path, arm, seed, out, user)
+        if arm in PEER_ARMS:
+            result = run_peer(config_path, arm, seed, out, user)
+        else:
+            result = run_streamrl(config_path, arm, seed, out, user, teacher)
     except QualityError as exc:
         failure = {"arm": arm, "seed": seed, "error": str(exc)}
         (where / "failed.json").write_text(json.dumps(failure))

@@ -177,6 +177,21 @@ def test_each_arm_is_what_its_name_says() -> None:
     check_config(TINY, "trl", ["eval.every=2"], out)
 
 
+def test_the_distillation_arms_name_their_teacher() -> None:
+    """``distill``: the teacher alone; ``rl-distill``: the teacher beside the config's
+    rewards; either refuses to run without ``--teacher``."""
+    out = Path("/tmp/bq")
+    rules = [r.display_name() for r in load_config(TINY).rewards]
+    alone = load_config(TINY, arm_overrides("distill", 0, out, [], teacher="runs/t"))
+    assert [(r.kind, r.served_model, r.teacher.top_k) for r in alone.rewards] == [
+        ("teacher", "runs/t", 8)
+    ]
+    both = load_config(TINY, arm_overrides("rl-distill", 0, out, [], teacher="runs/t"))
+    assert [r.display_name() for r in both.rewards] == [*rules, "teacher-t"]
+    with pytest.raises(QualityError, match="--teacher"):
+        arm_overrides("distill", 0, out, [])
+
+
 def test_a_run_result_from_metrics_jsonl() -> None:
     records = [
         {"event": "eval", "time": 105.0, "requested": 0, "eval/version": 0.0,
@@ -228,7 +243,7 @@ def test_a_rerun_skips_finished_seeds_and_retries_the_rest(
     calls: list[tuple[str, int]] = []
     broken = {("async-eta1", 1)}
 
-    def fake_run(config_path, arm, seed, out, user):
+    def fake_run(config_path, arm, seed, out, user, teacher=""):
         calls.append((arm, seed))
         assert user == ["eval.every=2"] and config_path == TINY
         (out / arm / f"seed-{seed}" / "run" / "checkpoints").mkdir(parents=True, exist_ok=True)
