@@ -91,7 +91,8 @@ def test_a_teacher_beside_a_rule_gives_every_token_its_logprob(tmp_path: Path) -
     model with the student's tokenizer) answers every group once with one logprob per
     response token; the reward is the rule's alone (a teacher weighs 0 in it), the teacher's
     part is the sampled reverse KL, its top-k tokens travel with every response token,
-    flat-reward groups are kept for the teacher's term, and the learner logs both terms; the evaluation is not sent to the teacher."""
+    flat-reward groups are kept for the teacher's term, and the learner logs both terms;
+    the evaluation is not sent to the teacher."""
     teacher = "{teacher: {model: tiny-random-llama, top_k: 4}, weight: 0.5}"
     out, summary, run_dir = _run(tmp_path, f"{RULE}, {teacher}", "buffer.drop_zero_variance=true")
     assert summary["version"] == 4
