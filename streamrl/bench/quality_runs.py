@@ -73,17 +73,17 @@ ARMS: dict[str, list[str]] = {
         "buffer.max_staleness=1",
         "buffer.drop_zero_variance=false",
     ],
-    # On-policy distillation from ``--teacher`` (docs/design.md §7d): its logprobs and top-8
-    # alone, or beside the config's rewards.
+    # On-policy distillation from ``--teacher`` (docs/design.md §7d): the forward KL over
+    # its top-8 (configs/distill.yaml's), alone or beside the config's rewards.
     "distill": [
         "run.mode=async",
         "buffer.max_staleness=1",
-        f"rewards=[{{teacher: {{model: '{TEACHER}', top_k: 8}}}}]",
+        f"rewards=[{{teacher: {{model: '{TEACHER}', top_k: 8, sampled_kl: false}}}}]",
     ],
     "rl-distill": [
         "run.mode=async",
         "buffer.max_staleness=1",
-        f"rewards+=[{{teacher: {{model: '{TEACHER}', top_k: 8}}}}]",
+        f"rewards+=[{{teacher: {{model: '{TEACHER}', top_k: 8, sampled_kl: false}}}}]",
     ],
 }
 DEFAULT_ARMS = ["sync", "async-eta1", "async-eta2", "async-eta4", "async-eta1-nocorr"]

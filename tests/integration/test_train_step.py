@@ -439,6 +439,53 @@ def test_the_entropy_bonus_acts_only_below_its_target(model_dir: Path) -> None:
     assert high_coefs == [0.5, 0.75, 1.0] and low_coefs == [0.5, 0.25, 0.0]
 
 
+def _taught(seed: int, teacher_shift: float | None, top_k: int = 0) -> list[TrajectoryGroup]:
+    """``random_groups`` with flat rewards, a teacher's logprobs (behaviour + shift; None:
+    no teacher) and with ``top_k`` its top-k (random ids at random logprobs)."""
+    from streamrl.protocol import pack_float32, pack_int32
+
+    rng = random.Random(seed)
+    groups = random_groups(4, 4, seed=seed)
+    for t in (t for g in groups for t in g.trajectories):
+        t.reward = 0.0
+        if teacher_shift is not None:
+            t.teacher_logprobs = pack_float32([v + teacher_shift for v in t.logprob_list()])
+            t.teacher_coef = 0.5
+        if top_k:
+            n = t.num_response_tokens * top_k
+            t.teacher_top_ids = pack_int32([rng.randrange(4, 100) for _ in range(n)])
+            t.teacher_top_logprobs = pack_float32([-rng.uniform(0.5, 4) for _ in range(n)])
+            t.teacher_top_coef = 0.5
+    return groups
+
+
+def _teacher_run(model_dir: Path, groups: list[TrajectoryGroup]) -> tuple[torch.Tensor, dict]:
+    overrides = ["learner.grad_clip=1.0e9", "rewards=[{teacher: {model: x, top_k: 4}}]"]
+    step = build_train_step(_config(*overrides), model_dir, CPU, 1)
+    recorder = step.optimizer = GradRecorder(step.policy.parameters())
+    metrics = step(groups, version=0)
+    return recorder.grads[0], metrics
+
+
+def test_a_teacher_teaches_where_rewards_are_flat(model_dir: Path) -> None:
+    """On a real FSDP2 step with flat rewards (no GRPO signal): no teacher, or a teacher that
+    agrees with the sampler token for token, gives a zero gradient; a teacher that disagrees,
+    or a top-k teacher, gives one, and the step logs both terms."""
+    _process_group()
+    try:
+        silent, _ = _teacher_run(model_dir, _taught(3, None))
+        agrees, agreeing = _teacher_run(model_dir, _taught(3, 0.0))
+        differs, differing = _teacher_run(model_dir, _taught(3, 1.0))
+        top, topped = _teacher_run(model_dir, _taught(3, None, top_k=4))
+    finally:
+        dist.destroy_process_group()
+    assert silent.abs().max() == 0 and agrees.abs().max() == 0
+    assert differs.abs().max() > 0 and top.abs().max() > 0
+    assert agreeing["distill/reverse_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert differing["distill/reverse_kl"] == pytest.approx(-1.0, abs=1e-5)
+    assert topped["distill/forward_kl_top_k"] != 0 and "distill/reverse_kl" not in topped
+
+
 def _full(step: TrainStep) -> dict[str, torch.Tensor]:
     return {n: whole(p).clone() for n, p in step.policy.named_parameters()}
 

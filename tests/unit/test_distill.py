@@ -279,3 +279,25 @@ def test_mean_logprob_figures_are_finite() -> None:
     assert _mean_logprob(pack_float32([-1.0, -3.0])) == pytest.approx(-2.0)
     assert _mean_logprob(b"") is None
     assert _mean_logprob(pack_float32([-math.inf])) is None
+
+
+def test_one_pass_gives_the_sampled_and_the_top_k_logprobs_as_two_would() -> None:
+    """The learner's fused call (``TrainStep._logprobs_with_top_k``): the sampled tokens'
+    column is ``token_logprobs`` exactly, and the gradient of a loss on both is the sum of
+    each part's, at a sampling temperature."""
+    from streamrl.algorithms.losses import token_logprobs, tokens_logprobs
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 11, dtype=torch.float64)
+    targets = torch.randint(0, 11, (2, 3))
+    top = torch.randint(0, 11, (2, 3, 4))
+    weights = torch.randn(2, 3, 5, dtype=torch.float64)
+    fused = logits.clone().requires_grad_()
+    both = tokens_logprobs(fused, torch.cat([targets[..., None], top], -1), temperature=0.7)
+    (both * weights).sum().backward()
+    apart = logits.clone().requires_grad_()
+    sampled = token_logprobs(apart, targets, temperature=0.7)
+    tops = tokens_logprobs(apart, top, temperature=0.7)
+    ((sampled * weights[..., 0]).sum() + (tops * weights[..., 1:]).sum()).backward()
+    assert torch.equal(both[..., 0], sampled)
+    assert torch.allclose(fused.grad, apart.grad, atol=1e-12)

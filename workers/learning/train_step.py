@@ -487,7 +487,13 @@ class TrainStep:
     ) -> None:
         alg, dev = self.config.algorithm, self.device
         norm_length = float(self.config.generator.max_new_tokens)
-        logits, logprobs = self._logprobs(self.policy, batch)
+        if batch.teacher_top_ids is not None:
+            # The top-k's logprobs from the same pass over the vocabulary as the sampled
+            # tokens': one softmax forward and one backward per micro-batch, not two.
+            logits, logprobs, top_logprobs = self._logprobs_with_top_k(batch)
+        else:
+            logits, logprobs = self._logprobs(self.policy, batch)
+            top_logprobs = None
         mask, behavior = batch.mask.to(dev), batch.behavior.to(dev)
         tokens = mask.sum()
 
@@ -546,7 +552,7 @@ class TrainStep:
             loss = loss - bonus
         metrics.mean("policy/entropy", batch_entropy, tokens)
         if self.distills_top_k:
-            loss = loss + self._top_k_term(batch, logits, aggregate, metrics)
+            loss = loss + self._top_k_term(batch, top_logprobs, aggregate, metrics)
         if self.critic is not None:
             value_loss = losses.value_loss(
                 self._values(batch),
@@ -566,21 +572,20 @@ class TrainStep:
     def _top_k_term(
         self,
         batch: MicroBatch,
-        logits: torch.Tensor,
+        student: torch.Tensor | None,
         aggregate: Callable[[torch.Tensor], torch.Tensor],
         metrics: StepMetrics,
     ) -> torch.Tensor:
-        """A top-k teacher's forward KL over its k tokens at each position, weighted per row
-        (``losses.distill_topk``), aggregated as every loss term; 0 without one. Every rank
-        adds the same metric names."""
-        if batch.teacher_top_ids is None:
+        """A top-k teacher's forward KL over its k tokens at each position (``student``: the
+        policy's logprobs of them), weighted per row (``losses.distill_topk``), aggregated as
+        every loss term; 0 without one. Every rank adds the same metric names."""
+        if student is None:
             metrics.mean("distill/forward_kl_top_k", 0.0, torch.zeros(()))
-            return torch.zeros((), device=logits.device)
-        dev = logits.device
+            return torch.zeros((), device=self.device)
+        dev = student.device
         assert batch.teacher_top_logprobs is not None and batch.teacher_top_coef is not None
-        ids, teacher = batch.teacher_top_ids.to(dev), batch.teacher_top_logprobs.to(dev)
+        teacher = batch.teacher_top_logprobs.to(dev)
         coef = batch.teacher_top_coef.to(dev)
-        student = at_sampling_temperature(losses.tokens_logprobs, batch, logits, ids)
         per_token = losses.distill_topk(student, teacher)
         scored = batch.mask.to(dev) * (coef[:, None] > 0)
         count = scored.sum()
@@ -596,6 +601,18 @@ class TrainStep:
         inputs = batch.model_inputs(self.compute_dtype)
         logits = batch.gather(model(**inputs, logits_to_keep=batch.keep).logits)
         return logits, at_sampling_temperature(losses.token_logprobs, batch, logits, batch.targets)
+
+    def _logprobs_with_top_k(
+        self, batch: MicroBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``_logprobs`` of the policy, and the logprobs of a top-k teacher's k tokens at each
+        position ([B, T, k]), all from one chunked pass (``losses.tokens_logprobs``)."""
+        assert batch.teacher_top_ids is not None
+        inputs = batch.model_inputs(self.compute_dtype)
+        logits = batch.gather(self.policy(**inputs, logits_to_keep=batch.keep).logits)
+        tokens = torch.cat([batch.targets[..., None], batch.teacher_top_ids.to(logits.device)], -1)
+        both = at_sampling_temperature(losses.tokens_logprobs, batch, logits, tokens)
+        return logits, both[..., 0], both[..., 1:]
 
     def _values(self, batch: MicroBatch) -> torch.Tensor:
         values = self.critic.values(batch.model_inputs(self.compute_dtype))
