@@ -45,6 +45,10 @@ def resolve_model(
         return path
     if path.suffix == ".gguf":
         return gguf_dir(path)
+    if path.parent.is_dir() and str(path.parent) not in (".", ""):
+        # ``runs/teacher`` where ``runs/`` exists: a local path that is not there yet, not
+        # a hub id to look up (the hub's error would say nothing of the missing directory).
+        raise ModelNotFoundError(f"model {name!r} not found: no such directory")
     if is_hub_id(name):
         return hub_dir(name, revision)
     raise ModelNotFoundError(_not_found(name))

@@ -301,3 +301,13 @@ def test_one_pass_gives_the_sampled_and_the_top_k_logprobs_as_two_would() -> Non
     ((sampled * weights[..., 0]).sum() + (tops * weights[..., 1:]).sum()).backward()
     assert torch.equal(both[..., 0], sampled)
     assert torch.allclose(fused.grad, apart.grad, atol=1e-12)
+
+
+def test_a_teacher_run_not_made_yet_is_named_as_a_missing_directory(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """``runs/teacher`` before its run: a missing directory, not a hub id to look up."""
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelNotFoundError, match="'runs/teacher' not found: no such directory"):
+        resolve_model("runs/teacher")
