@@ -52,6 +52,16 @@ def pack_float32(values: Iterable[float]) -> bytes:
     return packed.tobytes()
 
 
+def unpack_int32(data: bytes) -> list[int]:
+    """``pack_int32``'s inverse: the values of little-endian int32 bytes."""
+    return _unpack(data, "i")
+
+
+def unpack_float32(data: bytes) -> list[float]:
+    """``pack_float32``'s inverse: the values of little-endian float32 bytes."""
+    return _unpack(data, "f")
+
+
 def _unpack(data: bytes, typecode: str) -> list:
     if _LITTLE_ENDIAN:
         return memoryview(data).cast(typecode).tolist()

@@ -22,15 +22,7 @@ No torch: the generator imports it.
 
 from __future__ import annotations
 
-import array
-
-from streamrl.protocol import Trajectory
-
-
-def floats(data: bytes) -> array.array:
-    values = array.array("f")
-    values.frombytes(data)
-    return values
+from streamrl.protocol import Trajectory, pack_float32, unpack_float32
 
 
 def check_answer(
@@ -60,9 +52,8 @@ def check_answer(
     return ""
 
 
-def reverse_kl(t: Trajectory, teacher: array.array) -> float | None:
-    """Mean over the policy's tokens of ``behaviour - teacher`` (None: no policy token)."""
-    behaviour, mask = floats(t.behavior_logprobs), t.policy_mask()
+def reverse_kl(behaviour: list[float], teacher: list[float], mask: bytes) -> float | None:
+    """Mean over the policy's tokens (``mask``) of ``behaviour - teacher`` (None: none)."""
     terms = [b - s for b, s, m in zip(behaviour, teacher, mask, strict=True) if m]
     return sum(terms) / len(terms) if terms else None
 
@@ -75,19 +66,18 @@ def attach_teachers(
     by ``check_answer``). Returns per teacher each response's reverse-KL figure."""
     figures: dict[int, list[float | None]] = {k: [] for k in answers}
     for j, t in enumerate(trajectories):
+        behaviour, mask = t.logprob_list(), t.policy_mask()
         total = 0.0
-        combined = array.array("f", bytes(len(t.response_ids)))
+        combined = [0.0] * len(behaviour)
         for k, (weight, arrays) in answers.items():
-            teacher = floats(arrays[j])
-            figures[k].append(reverse_kl(t, teacher))
+            teacher = unpack_float32(arrays[j])
+            figures[k].append(reverse_kl(behaviour, teacher, mask))
             if weight > 0:
                 total += weight
-                for i, value in enumerate(teacher):
-                    combined[i] += weight * value
+                combined = [c + weight * v for c, v in zip(combined, teacher, strict=True)]
         if total > 0:
-            for i in range(len(combined)):
-                combined[i] /= total
-            t.teacher_logprobs, t.teacher_coef = combined.tobytes(), total
+            t.teacher_logprobs = pack_float32(c / total for c in combined)
+            t.teacher_coef = total
     return figures
 
 

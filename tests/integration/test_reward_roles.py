@@ -12,6 +12,7 @@ import pytest
 from support import assert_nothing_lost, finish_run, killed_on_error, launch_tiny
 
 from streamrl.buffers.durable_log import scan_shard, shard_dirs
+from streamrl.protocol import unpack_float32
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +109,7 @@ def test_a_teacher_beside_a_rule_gives_every_token_its_logprob(tmp_path: Path) -
             assert len(t.teacher_logprobs) == len(t.response_ids)
             assert len(t.teacher_top_ids) == len(t.teacher_top_logprobs) == 4 * len(t.response_ids)
             assert t.reward == t.reward_parts[0]  # the rule's score alone
-            teacher = [v for v in memoryview(t.teacher_logprobs).cast("f")]
+            teacher = unpack_float32(t.teacher_logprobs)
             behaviour = t.logprob_list()
             if teacher:
                 kl = sum(b - s for b, s in zip(behaviour, teacher, strict=True)) / len(teacher)

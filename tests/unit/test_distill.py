@@ -4,7 +4,6 @@ and the refusals of a teacher that cannot teach this student."""
 
 from __future__ import annotations
 
-import array
 import math
 from pathlib import Path
 
@@ -16,19 +15,20 @@ from streamrl.config import ConfigError, load_config
 from streamrl.controller.preflight import _check_scoring_device, _check_teachers
 from streamrl.models import TINY, load_causal_lm, resolve_model
 from streamrl.models.store import ModelNotFoundError
-from streamrl.protocol import Trajectory, TrajectoryGroup, pack_float32, pack_int32
+from streamrl.protocol import (
+    Trajectory,
+    TrajectoryGroup,
+    pack_float32,
+    pack_int32,
+    unpack_float32,
+    unpack_int32,
+)
 from streamrl.rewards.distill import attach_teachers, check_answer
 from streamrl.rewards.scorer import ScoreItem
 from streamrl.workers.learning.batching import build_micro_batches
 from streamrl.workers.reward_roles.teacher import TeacherScorer
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _floats(data: bytes) -> list[float]:
-    values = array.array("f")
-    values.frombytes(data)
-    return values.tolist()
 
 
 def _item(prompt: list[int], response: list[int], temperature: float = 1.0) -> ScoreItem:
@@ -63,17 +63,17 @@ def test_the_teacher_gives_each_response_token_its_logprob_as_alone(teacher) -> 
     out = teacher.score([_item(p, r, t) for p, r, t in cases])
     assert teacher.identity.startswith("teacher-tiny@")
     for (prompt, response, temperature), answer in zip(cases, out, strict=True):
-        got = _floats(answer.logprobs)
+        got = unpack_float32(answer.logprobs)
         assert len(got) == len(response) and answer.top_ids == b""
         assert got == pytest.approx(_alone(reference, prompt, response, temperature), abs=1e-4)
-    assert all(v < 0 for v in _floats(out[0].logprobs))
+    assert all(v < 0 for v in unpack_float32(out[0].logprobs))
 
 
 def test_a_top_k_teacher_sends_its_likeliest_tokens_at_each_position() -> None:
     top = TeacherScorer(resolve_model(TINY), "teacher-tiny", top_k=3)
     (answer,) = top.score([_item([5, 6, 7], [8, 9], 0.7)])
-    ids = memoryview(answer.top_ids).cast("i").tolist()
-    logprobs = _floats(answer.top_logprobs)
+    ids = unpack_int32(answer.top_ids)
+    logprobs = unpack_float32(answer.top_logprobs)
     assert len(ids) == len(logprobs) == 6
     reference = load_causal_lm(resolve_model(TINY), dtype="float32").eval()
     with torch.no_grad():
@@ -81,7 +81,7 @@ def test_a_top_k_teacher_sends_its_likeliest_tokens_at_each_position() -> None:
     expected = torch.log_softmax(logits.float(), -1).topk(3, dim=-1)
     assert ids == expected.indices.flatten().tolist()
     assert logprobs == pytest.approx(expected.values.flatten().tolist(), abs=1e-4)
-    chosen = _floats(answer.logprobs)
+    chosen = unpack_float32(answer.logprobs)
     assert all(chosen[i] <= logprobs[3 * i] + 1e-6 for i in range(2))  # the top is the top
 
 
@@ -107,7 +107,7 @@ def test_two_teachers_combine_into_one_weighted_term() -> None:
         [t], {2: (1.0, [pack_float32(first)]), 3: (0.5, [pack_float32(second)])}
     )
     assert t.teacher_coef == 1.5
-    combined = _floats(t.teacher_logprobs)
+    combined = unpack_float32(t.teacher_logprobs)
     for i in range(3):
         expected = 1.0 * (first[i] - behaviour[i]) + 0.5 * (second[i] - behaviour[i])
         assert t.teacher_coef * (combined[i] - behaviour[i]) == pytest.approx(expected, abs=1e-6)

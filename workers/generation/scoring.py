@@ -190,16 +190,21 @@ class GroupScoring:
                 ScoreItemWire(question, t.response_text, group.ground_truth)
                 for t in group.trajectories
             ]
+            # What a teacher is sent: the tokens as sampled, not the text.
+            tokens = (
+                [
+                    ScoreItemWire(question, "", "", t.prompt_ids, t.response_ids, t.temperature)
+                    for t in group.trajectories
+                ]
+                if self.teachers
+                else []
+            )
             for reward in self.sockets:
+                payload = items
                 if reward in self.teachers:
                     if not _routed(self.teachers[reward], group.data_source):
                         continue
-                    payload = [
-                        ScoreItemWire(question, "", "", t.prompt_ids, t.response_ids, t.temperature)
-                        for t in group.trajectories
-                    ]
-                else:
-                    payload = items
+                    payload = tokens
                 request_id = f"{self.sender}-{next(self.ids)}"
                 frame = self._request(request_id, payload)
                 entry.outstanding[request_id] = _Request(reward, frame, now)
@@ -361,13 +366,11 @@ class GroupScoring:
             entry.tokens[reward] = list(reply.token_logprobs)
             if top_k:
                 entry.top[reward] = (list(reply.top_ids), list(reply.top_logprobs))
-            entry.scores[reward] = (list(reply.scores), reply.identity)
-            entry.incarnations[reward] = reply.incarnation
-            return
-        label = self.labels[reward]
-        self.figures.unparsable[label] = self.figures.unparsable.get(label, 0) + sum(
-            s is None for s in reply.scores
-        )
+        else:  # a teacher's scores are figures (mean logprobs): nothing is unparsable
+            label = self.labels[reward]
+            self.figures.unparsable[label] = self.figures.unparsable.get(label, 0) + sum(
+                s is None for s in reply.scores
+            )
         entry.scores[reward] = (list(reply.scores), reply.identity)
         entry.incarnations[reward] = reply.incarnation
 

@@ -598,9 +598,13 @@ class TrainStep:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [B, T, V], logprobs [B, T]) of each response token; the logprobs at each
         response's sampling temperature, the logits unscaled (layouts: ``batching``)."""
-        inputs = batch.model_inputs(self.compute_dtype)
-        logits = batch.gather(model(**inputs, logits_to_keep=batch.keep).logits)
+        logits = self._logits(model, batch)
         return logits, at_sampling_temperature(losses.token_logprobs, batch, logits, batch.targets)
+
+    def _logits(self, model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
+        """The forward's logits [B, T, V] that predict each response token, unscaled."""
+        inputs = batch.model_inputs(self.compute_dtype)
+        return batch.gather(model(**inputs, logits_to_keep=batch.keep).logits)
 
     def _logprobs_with_top_k(
         self, batch: MicroBatch
@@ -608,8 +612,7 @@ class TrainStep:
         """``_logprobs`` of the policy, and the logprobs of a top-k teacher's k tokens at each
         position ([B, T, k]), all from one chunked pass (``losses.tokens_logprobs``)."""
         assert batch.teacher_top_ids is not None
-        inputs = batch.model_inputs(self.compute_dtype)
-        logits = batch.gather(self.policy(**inputs, logits_to_keep=batch.keep).logits)
+        logits = self._logits(self.policy, batch)
         tokens = torch.cat([batch.targets[..., None], batch.teacher_top_ids.to(logits.device)], -1)
         both = at_sampling_temperature(losses.tokens_logprobs, batch, logits, tokens)
         return logits, both[..., 0], both[..., 1:]

@@ -22,7 +22,6 @@ scoring (``RewardRoleSpec.suspects``): scored alone after one death, refused aft
 
 from __future__ import annotations
 
-import array
 import logging
 import os
 import threading
@@ -37,7 +36,7 @@ from streamrl import failpoints
 from streamrl.config import Config, RewardSpec
 from streamrl.cores import role_threads
 from streamrl.hardware import resolve_compute_dtype
-from streamrl.protocol import RewardRoleReport, ScoreReply, ScoreRequest
+from streamrl.protocol import RewardRoleReport, ScoreReply, ScoreRequest, unpack_float32
 from streamrl.rewards.scorer import ScoreItem, Scorer, TokenAnswer, TokenScorer
 from streamrl.role_specs import RewardRoleSpec
 from streamrl.transport import Codec, bind_random, make_socket, resolve_host
@@ -298,8 +297,7 @@ def _bind(router: zmq.Socket, host: str, index: int, port: int) -> str:
 
 def _mean_logprob(values: bytes) -> float | None:
     """A teacher's item: the mean of its per-token log-probabilities (None: no tokens)."""
-    logprobs = array.array("f")
-    logprobs.frombytes(values)
+    logprobs = unpack_float32(values)
     return _finite_or_none(sum(logprobs) / len(logprobs)) if logprobs else None
 
 

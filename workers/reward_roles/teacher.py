@@ -5,7 +5,7 @@ The teacher is a causal LM with the student's tokenizer. Given the tokens a gene
 the log-probability of each response token under the teacher at that temperature: one
 forward over the whole sequence, batched across requests, float32 softmax. The learner turns
 them into the per-token reverse-KL advantage ``teacher - sampled`` (on-policy distillation,
-``streamrl.algorithms.distill``).
+``streamrl.algorithms.advantages.distill``).
 
 With ``top_k`` it also sends, per response position, its k likeliest tokens and their
 logprobs (the learner's forward-KL term, ``losses.distill_topk``).
@@ -21,28 +21,19 @@ log p(9 | 1 5 7), each from the teacher's logits over 0.7.
 
 from __future__ import annotations
 
-import array
 import json
-import logging
 from pathlib import Path
 
 import torch
 
 from streamrl.models import load_causal_lm, load_tokenizer
+from streamrl.protocol import unpack_int32
 from streamrl.rewards.model import weights_hash
 from streamrl.rewards.scorer import ScoreItem, TokenAnswer, scorer_identity
-
-log = logging.getLogger(__name__)
 
 # Rows x kept columns of one forward: bounds the logits a batch holds (about 200 MB of bf16
 # logits for a 49k vocabulary).
 TOKENS_PER_FORWARD = 2048
-
-
-def _ids(data: bytes) -> list[int]:
-    values = array.array("i")
-    values.frombytes(data)
-    return values.tolist()
 
 
 class TeacherScorer:
@@ -73,7 +64,7 @@ class TeacherScorer:
 
     @torch.inference_mode()
     def score(self, items: list[ScoreItem]) -> list[TokenAnswer]:
-        sequences = [(_ids(i.prompt_ids), _ids(i.response_ids)) for i in items]
+        sequences = [(unpack_int32(i.prompt_ids), unpack_int32(i.response_ids)) for i in items]
         for n, (prompt, response) in enumerate(sequences):
             if not prompt:
                 raise ValueError(f"item {n}: no prompt tokens (a teacher scores tokens)")
