@@ -240,6 +240,10 @@ class HeldOutEvaluations:
             if self._new(asked) and not self._hand_over(asked):
                 return
             self.forward(wait_s=0.5)
+            # A report goes to the controller once its served scores are in, and those come
+            # in through ``pump``: without it the controller would ask for the same
+            # evaluation until ``stop_at`` (2 minutes at the end of every served-reward run).
+            self.delivery.pump()
 
     def _new(self, asked: tuple[int, int]) -> bool:
         """``asked`` (epoch, version) is neither answered nor in flight."""
@@ -260,7 +264,9 @@ class HeldOutEvaluations:
         if not self.process.ask(final[1], final[0], final=True, unseen=True):
             return False
         while time.monotonic() < stop_at and self.process.in_process:
-            if final in self.forward(wait_s=0.5):
+            finished = self.forward(wait_s=0.5)
+            self.delivery.pump()  # the reports of served-reward runs (``_ask_due``)
+            if final in finished:
                 return self.evaluated == final
         return False
 
