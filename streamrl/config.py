@@ -209,6 +209,9 @@ class JudgeSpec(_Section):
     engine: str = "hf"
 
 
+SELF_TEACHER = "self"  # ``teacher.model`` of a lagged copy of the student
+
+
 class TeacherSpec(_Section):
     """A teacher to distil from (``rewards: - teacher: {...}``, docs/design.md §7d): a causal
     LM served by a reward role of its own that gives every sampled response token its
@@ -217,6 +220,8 @@ class TeacherSpec(_Section):
 
     # A built-in, a local HF directory, a previous run's directory (its exported ``hf/``), a
     # .gguf file or a hub id (streamrl.models). Its tokenizer must be the student's.
+    # ``self``: a lagged copy of the student (self-distillation), refreshed from the weight
+    # stream every ``refresh_every`` versions.
     model: str
     # The data sources (``data_source`` of a prompt; a mix's source names) this teacher
     # scores; empty: every prompt. Several teachers split a mix by source.
@@ -229,6 +234,23 @@ class TeacherSpec(_Section):
     # The sampled token's reverse KL (teacher - behaviour logprob) in each token's advantage;
     # false: the top-k forward KL alone (it needs top_k).
     sampled_kl: bool = True
+    # ``model: self`` only. The teacher holds the newest multiple of this version the groups
+    # it is sent were sampled at (version 12 with 5: version 10), so it lags the student by
+    # 0 to ``refresh_every - 1`` versions plus what the stream takes to arrive.
+    refresh_every: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # ``model: self`` only: a group more than this many versions newer than the teacher copy
+    # that scored it is refused (counted, like a stale group); 0: twice ``refresh_every``.
+    max_lag: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    @property
+    def lagged(self) -> bool:
+        """A lagged copy of the student (``model: self``), not a model of its own."""
+        return self.model == SELF_TEACHER
+
+    @property
+    def lag_bound(self) -> int:
+        """Versions a lagged teacher may be behind a group it scores."""
+        return self.max_lag or 2 * self.refresh_every
 
 
 class RewardSpec(_Section):
@@ -273,6 +295,12 @@ class RewardSpec(_Section):
     def served(self) -> bool:
         """Scored by a reward role (a model or a judge), not in the generator."""
         return self.kind != "rule"
+
+    @property
+    def lagged_teacher(self) -> bool:
+        """A lagged copy of the student (``teacher.model: self``): its role follows the
+        learners' weight stream."""
+        return self.teacher is not None and self.teacher.lagged
 
     @property
     def served_model(self) -> str:
@@ -914,6 +942,22 @@ def _finalize(config: Config) -> Config:
                 r.teacher is None or r.teacher.sampled_kl or r.teacher.top_k > 0,
                 f"rewards[{i}].teacher: with sampled_kl false the teacher teaches through its "
                 "top-k alone: set top_k",
+            )
+            for i, r in enumerate(config.rewards)
+        ),
+        *(
+            (
+                r.teacher is None or r.teacher.lagged == (r.teacher.refresh_every > 0),
+                f"rewards[{i}].teacher: a lagged copy of the student (model: self) is "
+                "refreshed every refresh_every versions: set refresh_every >= 1 with model: "
+                "self, and only with it",
+            )
+            for i, r in enumerate(config.rewards)
+        ),
+        *(
+            (
+                r.teacher is None or r.teacher.lagged or r.teacher.max_lag == 0,
+                f"rewards[{i}].teacher.max_lag bounds a lagged teacher (model: self) only",
             )
             for i, r in enumerate(config.rewards)
         ),

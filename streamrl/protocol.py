@@ -133,6 +133,8 @@ class Trajectory(msgspec.Struct):
     teacher_top_ids: bytes = b""
     teacher_top_logprobs: bytes = b""
     teacher_top_coef: float = 0.0
+    # The version of a lagged teacher (``teacher.model: self``) that scored it; -1: none.
+    teacher_version: int = -1
 
     @classmethod
     def from_lists(
@@ -827,6 +829,11 @@ class ScoreRequest(msgspec.Struct, tag="score_request"):
     # ``expired``: its sender has sent it again or given its group up. Relative, not a
     # clock time, so that the role's and the sender's clocks need not agree.
     expires_in_s: float = 0.0
+    # The group's newest behaviour version and its learner epoch (-1: an evaluation's
+    # responses): a lagged teacher (``teacher.model: self``) follows the student's weights by
+    # them (docs/design.md §7d).
+    version: int = -1
+    weights_epoch: int = 0
 
 
 class ScoreReply(msgspec.Struct, tag="score_reply"):
@@ -844,6 +851,9 @@ class ScoreReply(msgspec.Struct, tag="score_reply"):
     token_logprobs: list[bytes] = []
     top_ids: list[bytes] = []
     top_logprobs: list[bytes] = []
+    # A lagged teacher's: the version of the student's weights it scored with (-1: a teacher
+    # of fixed weights, or no teacher).
+    teacher_version: int = -1
 
 
 class RewardRoleReport(msgspec.Struct, tag="reward_report"):
@@ -887,6 +897,8 @@ class ScoringFigures(msgspec.Struct):
     timeouts: int = 0
     refused: int = 0  # groups given up (attempts used up, or an error reply), not pushed
     duplicates: int = 0  # replies to requests already answered (ignored)
+    # Of ``refused``: a lagged teacher's copy was more than ``teacher.lag_bound`` behind.
+    teacher_lagged: int = 0
     unparsable: dict[str, int] = {}  # per scorer label: items scored None (imputed, counted)
     wait_s: float = 0.0  # summed over scored groups: sampled -> every score in
 

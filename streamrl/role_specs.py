@@ -109,3 +109,7 @@ class RewardRoleSpec(RoleSpec):
     # Request id -> how many of this role's incarnations died while scoring it
     # (``RewardRoleReport.scoring_ids``): scored alone after one, refused after two.
     suspects: dict[str, int] = {}
+    # A lagged teacher's (``teacher.model: self``, docs/design.md §7d) subscription to the
+    # student's weights, as a generator's: only its weight stream fields are read (the
+    # learners' endpoints, the student's model and LoRA adapter, the subscriber id).
+    student: GeneratorSpec | None = None

@@ -95,7 +95,7 @@ def preflight(
         _check_engine(config, model_dir)
     elif (missing := engine.unavailable_here(config.generator.device)) is not None:
         raise ConfigError(missing)  # validate of a built-in: what this machine lacks
-    scorer_dirs = _scorer_dirs(config, resolve)
+    scorer_dirs = _scorer_dirs(config, resolve, model_dir)
     if address is None:  # on a cluster the scoring device is a remote node's
         _check_scoring_device(config)
     _check_teachers(config, model_dir, scorer_dirs)
@@ -145,15 +145,15 @@ def _builds_as_builtin(name: str) -> bool:
     return builtin or Path(name).suffix == ".gguf"
 
 
-def _scorer_dirs(config: Config, resolve: bool) -> dict[int, str]:
+def _scorer_dirs(config: Config, resolve: bool, model_dir: Path | None) -> dict[int, str]:
     """Served rewards' models (docs/design.md §7c): resolved (downloaded) once for the launch,
-    checked as ``model.name`` is for ``validate``."""
-    if resolve:
+    checked as ``model.name`` is for ``validate``. A lagged teacher is the policy's."""
+    if resolve and model_dir is not None:
         from streamrl.controller.reward_roles import resolve_scorer_models
 
-        return resolve_scorer_models(config)
+        return resolve_scorer_models(config, model_dir)
     for reward in config.rewards:
-        if reward.served:
+        if reward.served and not reward.lagged_teacher:
             _look_at(reward.served_model)
     return {}
 
@@ -179,7 +179,11 @@ def _check_teachers(config: Config, model_dir: Path | None, scorer_dirs: dict[in
     for id (docs/design.md §7d). Checked where both directories are at hand."""
     if model_dir is None:
         return
-    teachers = [i for i, r in enumerate(config.rewards) if r.kind == "teacher" and i in scorer_dirs]
+    teachers = [
+        i
+        for i, r in enumerate(config.rewards)
+        if r.kind == "teacher" and not r.lagged_teacher and i in scorer_dirs
+    ]
     if not teachers:
         return
     from streamrl.models import load_tokenizer

@@ -218,7 +218,7 @@ def scoring_figures(state: RunState) -> dict[str, Any]:
     reports = state.all_generator_reports()
     totals: dict[str, Any] = {
         key: sum(getattr(g.scoring, key) for g in reports)
-        for key in ("sent", "retries", "timeouts", "refused", "duplicates")
+        for key in ("sent", "retries", "timeouts", "refused", "teacher_lagged", "duplicates")
     }
     totals["waiting"] = sum(g.scoring.waiting for g in state.generators.values())
     unparsable: dict[str, int] = {}

@@ -44,14 +44,17 @@ RELOAD_BACKOFF_S = 1.0
 MAX_RELOAD_BACKOFF_S = 30.0
 
 
-def resolve_scorer_models(config: Config) -> dict[int, str]:
+def resolve_scorer_models(config: Config, policy_dir: Path) -> dict[int, str]:
     """Each served reward's model directory by its index, resolved (downloaded) once, before
-    any process starts: a missing reward model fails the launch in one line."""
+    any process starts: a missing reward model fails the launch in one line. A lagged
+    teacher (``teacher.model: self``) starts from the policy's own directory."""
     from streamrl.models import resolve_model
 
     dirs = {}
     for index, reward in enumerate(config.rewards):
-        if reward.served:
+        if reward.lagged_teacher:
+            dirs[index] = str(Path(policy_dir).resolve())
+        elif reward.served:
             dirs[index] = str(Path(resolve_model(reward.served_model)).resolve())
     return dirs
 
@@ -80,9 +83,18 @@ class RewardPool:
         return self.ctx.roles.of_kind("reward role")
 
     def launch_all(self) -> None:
-        """Start every served reward's role (their scorers load meanwhile: ``await_ready``)."""
+        """Start every served reward's role but the lagged teachers' (their scorers load
+        meanwhile: ``await_ready``)."""
         for index in self.model_dirs:
-            self._launch(index, incarnation=0)
+            if not self.ctx.config.rewards[index].lagged_teacher:
+                self._launch(index, incarnation=0)
+
+    def launch_followers(self) -> None:
+        """Start the lagged teachers' roles: after the learners, whose weight endpoints their
+        specs carry."""
+        for index in self.model_dirs:
+            if self.ctx.config.rewards[index].lagged_teacher:
+                self._launch(index, incarnation=0)
 
     def await_ready(self) -> dict[int, str]:
         """Every launched role ready and serving; their endpoints by reward index."""

@@ -226,6 +226,7 @@ class Controller:
         ctx.start_epoch(state.weights_epoch, state.forks)
         learners = start_learner_group(ctx, epoch=state.weights_epoch)
         ctx.specs.weight_endpoints = [slot.endpoints for slot in learners]
+        self.rewards.launch_followers()  # lagged teachers subscribe to the learners' weights
         start_version = ray.get(learners[0].actor.version.remote())
         if cfg.run.resume:
             self._resume_from(start_version, checkpoint is not None)

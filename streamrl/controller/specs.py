@@ -18,6 +18,10 @@ from streamrl.cores import role_threads
 from streamrl.models.lora import initial_adapter_dir, uses_lora
 from streamrl.role_specs import NODE, GeneratorSpec, LearnerSpec, RewardRoleSpec, ShardSpec
 
+# Subscriber ids of lagged teachers sit above any generator's and evaluation process's (anchor
+# requests name their subscriber in the learners' logs).
+TEACHER_SUBSCRIBER_BASE = 2_000_000
+
 
 def bind_host_for(address: str | None) -> str:
     """Local mode binds loopback; joining a cluster binds each node's own address."""
@@ -133,7 +137,14 @@ class SpecFactory:
             report_endpoint=self.report_endpoint,
             port=port,
             incarnation=incarnation,
+            student=self.student_feed(index) if self.config.rewards[index].lagged_teacher else None,
         )
+
+    def student_feed(self, index: int) -> GeneratorSpec:
+        """A lagged teacher's subscription to the learners' weights (``RewardRoleSpec.student``):
+        a generator's spec under an id of its own, built once the learners publish."""
+        assert self.weight_endpoints, "a lagged teacher starts after the learners"
+        return self.generator(TEACHER_SUBSCRIBER_BASE + index, 0)
 
     def cores_of(self, role: str, index: int) -> list[int] | None:
         sets = self.cores.get(role)

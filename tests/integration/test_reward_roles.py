@@ -120,3 +120,40 @@ def test_a_teacher_beside_a_rule_gives_every_token_its_logprob(tmp_path: Path) -
     assert any('"distill/forward_kl_top_k"' in line for line in metrics)
     assert all("eval/reward/teacher-tiny-random-llama" not in e for e in summary["eval"])
     assert_nothing_lost(summary, run_dir)
+
+
+def test_a_lagged_copy_of_the_student_teaches_with_the_version_it_names(tmp_path: Path) -> None:
+    """Self-distillation (``teacher: {model: self, refresh_every: 2}``, docs/design.md §7d):
+    the teacher role follows the learners' weight stream two versions at a time. Every
+    scored group names the teacher's version (a multiple of 2, within the lag bound of the
+    group), the teacher moves past version 0, and where the copy is the very version that
+    sampled a group it gives the sampled tokens the student's own logprobs (the reverse KL
+    is rounding): the copy holds exactly the weights it names. The learner logs the lag."""
+    teacher = "{teacher: {model: self, refresh_every: 2}, weight: 0.5}"
+    out, summary, run_dir = _run(tmp_path, f"{RULE}, {teacher}", "run.max_steps=6")
+    assert summary["version"] == 6
+    (role,) = summary["scoring"]["roles"]
+    assert role["label"] == "teacher-self" and role["failures"] == 0
+    generators = summary["scoring"]["generators"]
+    assert generators["refused"] == generators["teacher_lagged"]  # no other refusal
+    groups = _logged(run_dir)
+    scored = [g for g in groups if not g.unscored]
+    assert scored
+    versions = {t.teacher_version for g in scored for t in g.trajectories}
+    assert all(v >= 0 and v % 2 == 0 for v in versions) and max(versions) >= 2, versions
+    same, behind = [], []  # |teacher - behaviour| per token: copy at / behind the sampler
+    for group in scored:
+        held = group.trajectories[0].teacher_version
+        assert group.max_version - held <= 4  # the default bound, twice refresh_every
+        if group.min_version == group.max_version:
+            for t in group.trajectories:
+                teacher, behaviour = unpack_float32(t.teacher_logprobs), t.logprob_list()
+                gaps = [abs(a - b) for a, b in zip(teacher, behaviour, strict=True)]
+                (same if held == group.max_version else behind).extend(gaps)
+    mean_same = sum(same) / max(len(same), 1)
+    assert same and mean_same < 0.01, mean_same  # measured: 0.0 (float32 tiny model)
+    if behind:  # measured 0.04 a token one version behind: the copy is not the sampler's
+        assert sum(behind) / len(behind) > mean_same
+    metrics = (run_dir / "metrics.jsonl").read_text()
+    assert '"distill/teacher_lag"' in metrics and '"distill/teacher_lag_max"' in metrics
+    assert_nothing_lost(summary, run_dir)

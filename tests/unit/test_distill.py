@@ -311,3 +311,29 @@ def test_a_teacher_run_not_made_yet_is_named_as_a_missing_directory(
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ModelNotFoundError, match="'runs/teacher' not found: no such directory"):
         resolve_model("runs/teacher")
+
+
+def test_a_lagged_teacher_is_the_student_refreshed_every_n_versions() -> None:
+    """``teacher: {model: self, refresh_every: N}``: a lagged copy of the student, its lag
+    bounded by ``max_lag`` (default 2N); refresh_every without ``self`` (or ``self`` without
+    it) and max_lag on a fixed teacher are refused at load."""
+    config = _config("rewards=[{name: numeric_match}, {teacher: {model: self, refresh_every: 3}}]")
+    reward = config.rewards[1]
+    assert reward.lagged_teacher and reward.teacher.lag_bound == 6
+    assert reward.display_name() == "teacher-self"
+    bounded = _config("rewards=[{teacher: {model: self, refresh_every: 3, max_lag: 4}}]")
+    assert bounded.rewards[0].teacher.lag_bound == 4
+    assert not _config("rewards=[{teacher: {model: x}}]").rewards[0].lagged_teacher
+    with pytest.raises(ConfigError, match="set refresh_every >= 1 with model: self"):
+        _config("rewards=[{teacher: {model: self}}]")
+    with pytest.raises(ConfigError, match="set refresh_every >= 1 with model: self"):
+        _config("rewards=[{teacher: {model: x, refresh_every: 2}}]")
+    with pytest.raises(ConfigError, match="max_lag bounds a lagged teacher"):
+        _config("rewards=[{teacher: {model: x, max_lag: 2}}]")
+
+
+def test_a_lagged_teacher_starts_from_the_policys_own_directory(tmp_path: Path) -> None:
+    from streamrl.controller.reward_roles import resolve_scorer_models
+
+    config = _config("rewards=[{name: numeric_match}, {teacher: {model: self, refresh_every: 2}}]")
+    assert resolve_scorer_models(config, tmp_path) == {1: str(tmp_path.resolve())}

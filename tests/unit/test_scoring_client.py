@@ -219,3 +219,54 @@ def test_a_role_restarted_elsewhere_is_reached_at_its_new_endpoint(wiring) -> No
             moved.take(1, timeout_s=0.2)
     finally:
         moved.sock.close(linger=0)
+
+
+def test_a_lagged_teacher_hears_the_groups_version_and_its_lag_is_bounded() -> None:
+    """A lagged teacher (``teacher.model: self``, docs/design.md §7d) is sent each group's
+    newest behaviour version and epoch; an answer from a copy within ``lag_bound`` versions
+    is kept, its version on every trajectory, and one further behind refuses the group
+    (counted ``teacher_lagged``)."""
+    from streamrl.config import TeacherSpec
+
+    ctx = zmq.Context()
+    role = _Role(ctx)
+    config = Config(
+        rewards=[
+            RewardSpec(name="numeric_match"),
+            RewardSpec(teacher=TeacherSpec(model="self", refresh_every=2), weight=0.5),
+        ]
+    )
+    settled: list[TrajectoryGroup] = []
+    client = GroupScoring(
+        ctx, config, {1: role.endpoint}, "gen-a", lambda g: "q", lambda g, s: settled.append(g)
+    )
+    try:
+        near, far = _group(0), _group(1)
+        for group in (near, far):
+            for t in group.trajectories:
+                t.token_versions = b"\x07\x00\x00\x00" * 2  # sampled at version 7
+            group.weights_epoch = 3
+        client.submit([near, far])
+        requests = role.take(2)
+        assert [(r.version, r.weights_epoch) for _, r in requests] == [(7, 3), (7, 3)]
+        for (peer, request), held in zip(requests, (6, 2), strict=True):  # lags 1 and 5 > 4
+            reply = ScoreReply(
+                request.request_id,
+                [0.0] * len(request.items),
+                "teacher-self@abc",
+                token_logprobs=[b"\x00" * 8] * len(request.items),
+                teacher_version=held,
+            )
+            role.sock.send_multipart([peer, ENC.encode(reply)])
+        done: list[TrajectoryGroup] = []
+        deadline = time.monotonic() + 5
+        while len(done) < 2 and time.monotonic() < deadline:
+            done += client.pump(50)
+        assert settled == [near] and [t.teacher_version for t in near.trajectories] == [6, 6]
+        assert "lags the group by 5 > 4" in far.unscored
+        figures = client.snapshot()
+        assert figures.refused == figures.teacher_lagged == 1
+    finally:
+        client.close()
+        role.sock.close()
+        ctx.term()

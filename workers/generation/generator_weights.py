@@ -77,6 +77,7 @@ class GeneratorWeights:
         on_applied: Callable[[], None],
         progress: Progress | None = None,
         background: bool = True,
+        own_image: bool = False,
     ) -> None:
         self.ctx, self.engine, self.generator_id = ctx, engine, spec.generator_id
         # Each version adopted is a step; a wait for a version the learner has published is
@@ -109,7 +110,9 @@ class GeneratorWeights:
                 engine.update_weights(self.lora.merged(image), engine.version)
         else:
             # An engine that shares its parameters is written in place; else a bf16 image.
-            image = engine.shared_weights()
+            # ``own_image``: never in place, so the engine's weights change only when it takes
+            # a version (a lagged teacher scores between polls, at versions it chose).
+            image = None if own_image else engine.shared_weights()
             if image is None:
                 image = load_bf16_image(Path(spec.model_dir))
             elif self.background:

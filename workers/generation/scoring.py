@@ -88,6 +88,7 @@ class _Waiting:
     incarnations: dict[int, int] = field(default_factory=dict)  # reward -> who scored it
     tokens: dict[int, list[bytes]] = field(default_factory=dict)  # teacher -> its arrays
     top: dict[int, tuple[list[bytes], list[bytes]]] = field(default_factory=dict)  # top-k's
+    teacher_version: int = -1  # the lagged teacher's that scored it (-1: none)
 
 
 @dataclass
@@ -126,6 +127,12 @@ class GroupScoring:
             i: config.rewards[i].teacher.sources  # type: ignore[union-attr]
             for i in endpoints
             if config.rewards[i].kind == "teacher"
+        }
+        # Lagged teachers (``teacher.model: self``) by reward index: their lag bound.
+        self.lag_bounds = {
+            i: config.rewards[i].teacher.lag_bound  # type: ignore[union-attr]
+            for i in self.teachers
+            if config.rewards[i].teacher.lagged  # type: ignore[union-attr]
         }
         self.ctx = ctx
         self.endpoints: dict[int, str] = {}
@@ -169,10 +176,15 @@ class GroupScoring:
         self.sockets[reward], self.endpoints[reward] = sock, endpoint
         self.poller.register(sock, zmq.POLLIN)
 
-    def _request(self, request_id: str, items: list[ScoreItemWire]) -> bytes:
+    def _request(
+        self, request_id: str, items: list[ScoreItemWire], group: TrajectoryGroup | None = None
+    ) -> bytes:
         # The role drops it if it is still queued when this side would send it again.
         timeout = self.config.scoring.timeout_s
-        return self.codec.encode(ScoreRequest(request_id, items, timeout))
+        if group is None:
+            return self.codec.encode(ScoreRequest(request_id, items, timeout))
+        version, epoch = group.max_version, group.weights_epoch  # a lagged teacher's clock
+        return self.codec.encode(ScoreRequest(request_id, items, timeout, version, epoch))
 
     # ------------------------------------------------------------------ requests
 
@@ -206,7 +218,7 @@ class GroupScoring:
                         continue
                     payload = tokens
                 request_id = f"{self.sender}-{next(self.ids)}"
-                frame = self._request(request_id, payload)
+                frame = self._request(request_id, payload, group)
                 entry.outstanding[request_id] = _Request(reward, frame, now)
                 self.waiting[request_id] = entry
                 self._send(reward, frame)
@@ -360,6 +372,7 @@ class GroupScoring:
                 reply.top_logprobs,
                 top_k,
             )
+            mismatch = mismatch or self._lag_refusal(reward, entry, reply.teacher_version)
             if mismatch:
                 self._refuse(entry, f"{self.labels[reward]}: {mismatch}")
                 return
@@ -373,6 +386,18 @@ class GroupScoring:
             )
         entry.scores[reward] = (list(reply.scores), reply.identity)
         entry.incarnations[reward] = reply.incarnation
+
+    def _lag_refusal(self, reward: int, entry: _Waiting, teacher_version: int) -> str:
+        """Why a lagged teacher's answer is refused ("" when it is not): it scored with a copy
+        of the student more than ``teacher.lag_bound`` versions older than the group."""
+        if reward not in self.lag_bounds:
+            return ""
+        lag, bound = entry.group.max_version - teacher_version, self.lag_bounds[reward]
+        if teacher_version < 0 or lag > bound:
+            self.figures.teacher_lagged += 1
+            return f"teacher copy of version {teacher_version} lags the group by {lag} > {bound}"
+        entry.teacher_version = teacher_version
+        return ""
 
     def _retry_overdue(self) -> None:
         now, scoring = time.monotonic(), self.config.scoring
@@ -433,6 +458,8 @@ class GroupScoring:
             entry.scores[r] = (values, entry.scores[r][1])
         for r, (ids, logprobs) in entry.top.items():
             attach_top_k(entry.group.trajectories, rewards[r].weight, ids, logprobs)
+        for t in entry.group.trajectories:
+            t.teacher_version = entry.teacher_version
 
     def close(self) -> None:
         for sock in self.sockets.values():

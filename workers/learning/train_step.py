@@ -217,6 +217,7 @@ class TrainStep:
         teachers = [r.teacher for r in config.rewards if r.teacher is not None]
         self.distills = bool(teachers)
         self.distills_top_k = any(t.top_k for t in teachers)
+        self.lagged_teacher = any(t.lagged for t in teachers)
         self.skipped_steps = 0
         self.share_prompts_hidden = _prompt_sharing_hidden(config, policy, critic)
 
@@ -337,6 +338,16 @@ class TrainStep:
         staleness = torch.tensor([float(version - g.min_version) for g in groups])
         metrics.mean("staleness/mean", staleness.mean(), float(len(groups)))
         metrics.max("staleness/max", staleness.max())
+        if self.lagged_teacher:  # a lagged copy's versions behind the groups it scored
+            lags = [
+                float(g.max_version - t.teacher_version)
+                for g in groups
+                for t in g.trajectories
+                if t.teacher_version >= 0
+            ]
+            lag = torch.tensor(lags or [0.0])
+            metrics.mean("distill/teacher_lag", lag.mean(), float(len(lags)))
+            metrics.max("distill/teacher_lag_max", lag.max())
         # A histogram with a fixed set of keys (every rank must reduce the same names); the
         # empty bins are dropped after the reduction.
         counts = torch.bincount(

@@ -38,7 +38,7 @@ from streamrl.cores import role_threads
 from streamrl.hardware import resolve_compute_dtype
 from streamrl.protocol import RewardRoleReport, ScoreReply, ScoreRequest, unpack_float32
 from streamrl.rewards.scorer import ScoreItem, Scorer, TokenAnswer, TokenScorer
-from streamrl.role_specs import RewardRoleSpec
+from streamrl.role_specs import GeneratorSpec, RewardRoleSpec
 from streamrl.transport import Codec, bind_random, make_socket, resolve_host
 from streamrl.workers.generation.generator_reports import HeartbeatThread
 from streamrl.workers.progress import Progress
@@ -56,12 +56,22 @@ LATENCY_WINDOW = 256  # requests the latency percentiles are taken over
 
 
 def make_scorer(
-    config: Config, reward: RewardSpec, model_dir: Path, seed: int = 0
+    config: Config,
+    reward: RewardSpec,
+    model_dir: Path,
+    seed: int = 0,
+    student: GeneratorSpec | None = None,
 ) -> Scorer | TokenScorer:
-    """The reward model, judge or teacher that ``reward`` names, on ``scoring.device``."""
+    """The reward model, judge or teacher that ``reward`` names, on ``scoring.device``; a
+    lagged teacher subscribes to the weights ``student`` names."""
     device = config.scoring.device
     dtype = getattr(torch, resolve_compute_dtype(config.model.compute_dtype, device))
     label = reward.display_name()
+    if reward.lagged_teacher:
+        from streamrl.workers.reward_roles.lagged_teacher import LaggedTeacher
+
+        assert reward.teacher is not None and student is not None
+        return LaggedTeacher(student, reward.teacher, label, device=device, compute_dtype=dtype)
     if reward.kind == "model":
         from streamrl.rewards.model import RewardModelScorer
 
@@ -111,7 +121,13 @@ class RewardRole:
             progress=self.progress,
         )
         started = time.monotonic()
-        self.scorer = make_scorer(config, self.reward, Path(spec.model_dir), config.run.seed)
+        self.scorer = make_scorer(
+            config, self.reward, Path(spec.model_dir), config.run.seed, spec.student
+        )
+        # A lagged teacher (``workers.reward_roles.lagged_teacher``) hears each request's
+        # clock and moves its weights between batches; other scorers' weights are fixed.
+        self._follow = getattr(self.scorer, "follow", None)
+        self._tend = getattr(self.scorer, "tend", None)
         log.info(
             "reward role %d: %s ready in %.1f s (%d threads)",
             spec.index,
@@ -140,6 +156,8 @@ class RewardRole:
             if self.queue and self.config.scoring.batch_wait_ms:
                 self._read(timeout_ms=self.config.scoring.batch_wait_ms)
             self._read(timeout_ms=0)
+            if self._tend is not None:
+                self._tend()
             if self.queue:
                 with self.progress.working():
                     self._score_batch()
@@ -160,6 +178,8 @@ class RewardRole:
             if routed is None:
                 continue
             peer, request = routed
+            if self._follow is not None and request.version >= 0:
+                self._follow(request.version, request.weights_epoch)
             self.queue.add(peer, request, time.monotonic())
             self.figures.requests += 1
         for pending in self.queue.quarantined:  # what killed two of this role's incarnations
@@ -243,6 +263,7 @@ class RewardRole:
             token_logprobs=[a.logprobs for a in tokens],
             top_ids=[a.top_ids for a in tokens] if top else [],
             top_logprobs=[a.top_logprobs for a in tokens] if top else [],
+            teacher_version=getattr(self.scorer, "version", -1),
         )
         self.router.send_multipart([pending.peer, self.codec.encode(reply)])
 

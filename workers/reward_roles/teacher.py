@@ -53,14 +53,19 @@ class TeacherScorer:
         device: str = "cpu",
         compute_dtype: torch.dtype | str = torch.float32,
         top_k: int = 0,
+        model: torch.nn.Module | None = None,
     ) -> None:
+        """``model``: score with this one (a lagged teacher's, whose weights it moves) rather
+        than load ``model_dir``'s."""
         self.device, self.top_k = device, top_k
         self.tokenizer = load_tokenizer(model_dir)
         self.identity = scorer_identity(label, weights_hash(model_dir))
         config = json.loads((Path(model_dir) / "config.json").read_text())
         self.max_tokens = int(config.get("max_position_embeddings") or 2048)
         dtype_name = str(compute_dtype).removeprefix("torch.")
-        self.model = load_causal_lm(model_dir, dtype=dtype_name, device=device).eval()
+        if model is None:
+            model = load_causal_lm(model_dir, dtype=dtype_name, device=device).eval()
+        self.model = model
 
     @torch.inference_mode()
     def score(self, items: list[ScoreItem]) -> list[TokenAnswer]:
