@@ -50,8 +50,19 @@ def resolve_model(
         # a hub id to look up (the hub's error would say nothing of the missing directory).
         raise ModelNotFoundError(f"model {name!r} not found: no such directory")
     if is_hub_id(name):
-        return hub_dir(name, revision)
+        return _from_hub(name, revision)
     raise ModelNotFoundError(_not_found(name))
+
+
+def _from_hub(name: str, revision: str | None, weights: bool = True) -> Path:
+    """``hub_dir``; where it fails, the message also says no such directory is here (a
+    ``runs/teacher`` not made yet reads as a hub id too)."""
+    try:
+        return hub_dir(name, revision, weights=weights)
+    except ModelNotFoundError as exc:
+        raise ModelNotFoundError(
+            f"model {name!r}: no such directory under {Path.cwd()}, and as a hub id: {exc}"
+        ) from None
 
 
 def check_model(name: str, *, revision: str | None = None) -> Path | None:
@@ -69,7 +80,7 @@ def check_model(name: str, *, revision: str | None = None) -> Path | None:
         if not path.is_file():
             raise ModelNotFoundError(f"model {name!r} not found: no such .gguf file")
     elif "/" in name and is_hub_id(name):
-        return hub_dir(name, revision, weights=False)
+        return _from_hub(name, revision, weights=False)
     elif "/" in name or name.startswith("."):
         raise ModelNotFoundError(_not_found(name))
     return None

@@ -337,3 +337,22 @@ def test_a_lagged_teacher_starts_from_the_policys_own_directory(tmp_path: Path) 
 
     config = _config("rewards=[{name: numeric_match}, {teacher: {model: self, refresh_every: 2}}]")
     assert resolve_scorer_models(config, tmp_path) == {1: str(tmp_path.resolve())}
+
+
+def test_a_teacher_path_with_no_runs_directory_yet_names_both_readings(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """``runs/teacher`` in a fresh directory (no ``runs/`` yet) reads as a hub id too: when
+    the hub cannot give it, the one line also says no such directory is here."""
+    import streamrl.models.resolve as resolve
+
+    def offline(name, revision=None, weights=True):
+        raise ModelNotFoundError(f"model {name!r} is not in the local HF cache")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(resolve, "hub_dir", offline)
+    with pytest.raises(ModelNotFoundError) as refused:
+        resolve_model("runs/teacher")
+    message = str(refused.value)
+    assert "no such directory under" in message and "not in the local HF cache" in message
+    assert "\n" not in message
