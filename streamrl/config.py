@@ -218,8 +218,9 @@ class TeacherSpec(_Section):
     log-probability; the learner adds ``weight * (teacher - sampled logprob)`` to each token's
     advantage (on-policy distillation: the per-token reverse KL). Set by the job author."""
 
-    # A built-in, a local HF directory, a previous run's directory (its exported ``hf/``), a
-    # .gguf file or a hub id (streamrl.models). Its tokenizer must be the student's.
+    # A built-in, a local HF directory, a previous run's directory (its exported ``hf/``) or
+    # LoRA adapter (its ``adapter/``), a .gguf file or a hub id (streamrl.models). Its
+    # tokenizer must be the student's.
     # ``self``: a lagged copy of the student (self-distillation), refreshed from the weight
     # stream every ``refresh_every`` versions.
     model: str

@@ -5,7 +5,10 @@ A model name (``model.name``, with ``model.revision`` for a hub id) resolves to 
 directory holding safetensors weights and a tokenizer, tried in this order:
 
 1. a built-in name (below): built once and cached under ``$STREAMRL_HOME/models/``;
-2. a local HF directory: used as is;
+2. a local HF directory: used as is (a streamrl run directory: its exported ``hf/``); a PEFT
+   adapter directory (a LoRA run's ``adapter/``): its base, resolved by these rules, with the
+   adapters merged in as a generator merges them, cached under
+   ``$STREAMRL_HOME/models/merged-<hash of the adapter and the base's path>``;
 3. a ``.gguf`` file: dequantised by transformers once and cached as safetensors under
    ``$STREAMRL_HOME/models/gguf-<stem>-<hash of its path, size and mtime>``;
 4. a hub id ``owner/name``: downloaded with ``huggingface_hub.snapshot_download`` into the HF

@@ -393,6 +393,53 @@ def merged_weight(
     return base.float() + scale * (b.float() @ a.float())
 
 
+def is_adapter_dir(path: Path) -> bool:
+    """A PEFT adapter directory (adapter_config.json, no model config.json of its own)."""
+    return (path / "adapter_config.json").is_file() and not (path / "config.json").exists()
+
+
+def adapter_base(adapter_dir: Path) -> str:
+    """The base model an adapter directory names (adapter_config.json's
+    ``base_model_name_or_path``; streamrl writes its run's ``model.name`` there)."""
+    base = read_adapter_config(adapter_dir).get("base_model_name_or_path") or ""
+    if not base:
+        raise ConfigError(
+            f"config error: adapter {adapter_dir} names no base_model_name_or_path in its "
+            "adapter_config.json: give the merged model instead (streamrl export --merge)"
+        )
+    return str(base)
+
+
+def merged_adapter_dir(adapter_dir: Path, base_dir: Path, store: Path) -> Path:
+    """An adapter directory as a model of its own (a teacher from a LoRA run's
+    ``adapter/``): its base with the adapters merged in, exactly as every generator merges
+    them (``LoraMerge``), in bf16, built once under ``store/merged-<digest of the adapter
+    and the base's path>``."""
+    import hashlib
+
+    import torch
+
+    from streamrl.models import load_causal_lm, load_tokenizer
+    from streamrl.models.store import publish_atomically
+
+    digest = hashlib.sha256((adapter_dir / ADAPTER_FILE).read_bytes())
+    digest.update(str(base_dir.resolve()).encode())
+
+    def build(out: Path) -> None:
+        adapters = load_adapter_image(adapter_dir)
+        merged = LoraMerge(base_dir, adapters, saved_settings(adapter_dir)).merged(adapters)
+        model = load_causal_lm(base_dir, "bfloat16")
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, weight in merged:
+                params[name].copy_(weight)
+        model.config.use_cache = True
+        model.save_pretrained(out, safe_serialization=True)
+        load_tokenizer(base_dir).save_pretrained(out)
+
+    return publish_atomically(build, store / f"merged-{digest.hexdigest()[:12]}")
+
+
 def is_base(adapters: dict[str, torch.Tensor]) -> bool:
     """True while every B is zero (a fresh adapter: the engine already holds the base)."""
     return all(not bool(t.any()) for name, t in adapters.items() if ".lora_B." in name)

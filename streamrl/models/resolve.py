@@ -17,7 +17,8 @@ from streamrl.models.builtin import (
 )
 from streamrl.models.gguf import gguf_dir
 from streamrl.models.hub import hub_dir, is_hub_id
-from streamrl.models.store import TINY, ModelNotFoundError, check_model_dir
+from streamrl.models.lora import adapter_base, is_adapter_dir, merged_adapter_dir
+from streamrl.models.store import TINY, ModelNotFoundError, check_model_dir, streamrl_home
 from streamrl.models.tiny import PREFIX, tiny_dir
 
 
@@ -40,6 +41,9 @@ def resolve_model(
     if name in RANDOM_MODELS:
         return random_dir(name)
     path = run_model_dir(Path(name).expanduser())
+    if path.is_dir() and is_adapter_dir(path):  # a LoRA run's adapter/: merged into its base
+        base = resolve_model(adapter_base(path))
+        return merged_adapter_dir(path, base, streamrl_home() / "models")
     if path.is_dir():
         check_model_dir(path)
         return path
@@ -73,6 +77,8 @@ def check_model(name: str, *, revision: str | None = None) -> Path | None:
     ``check_model_dir``. Other names (the built-ins) are the launch's to check. Returns the
     directory holding the model's config.json when one was checked, else None."""
     path = run_model_dir(Path(name).expanduser())
+    if path.is_dir() and is_adapter_dir(path):  # merged into its base at the launch
+        return check_model(adapter_base(path))
     if path.is_dir():
         check_model_dir(path)
         return path

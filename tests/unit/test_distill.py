@@ -356,3 +356,36 @@ def test_a_teacher_path_with_no_runs_directory_yet_names_both_readings(
     message = str(refused.value)
     assert "no such directory under" in message and "not in the local HF cache" in message
     assert "\n" not in message
+
+
+def test_a_lora_runs_adapter_teaches_as_its_merged_model(tmp_path: Path, monkeypatch) -> None:
+    """A teacher from a LoRA run's ``adapter/`` (a PEFT directory naming its base): resolved
+    to its base with the adapters merged in as a generator merges them, built once."""
+    from streamrl.models.lora import (
+        ADAPTER_FILE,
+        AdapterSettings,
+        LoraMerge,
+        adapter_shapes,
+        fresh_adapter,
+        save_adapter,
+    )
+
+    monkeypatch.setenv("STREAMRL_HOME", str(tmp_path / "home"))
+    base = resolve_model(TINY)
+    settings = AdapterSettings(2, 4.0, ["q_proj"], 0.0)
+    tensors = fresh_adapter(adapter_shapes(base, settings), seed=0)
+    tensors = {n: t + 0.05 if ".lora_B." in n else t for n, t in tensors.items()}  # trained
+    adapter = tmp_path / "run" / "adapter"
+    adapter.mkdir(parents=True)
+    save_adapter(tensors, settings, TINY, adapter)
+    assert (adapter / ADAPTER_FILE).is_file()
+    merged = resolve_model(str(adapter))
+    assert merged != base and resolve_model(str(adapter)) == merged  # built once
+    expected = dict(LoraMerge(base, tensors, settings).merged(tensors))
+    params = dict(load_causal_lm(merged, dtype="bfloat16").named_parameters())
+    untrained = dict(load_causal_lm(base, dtype="bfloat16").named_parameters())
+    for name, weight in expected.items():  # the q_proj of every layer
+        assert torch.equal(params[name].data, weight), name
+        assert not torch.equal(untrained[name].data, weight), name
+    config = _config(f"rewards=[{{teacher: {{model: {adapter}}}}}]")
+    _check_teachers(config, base, {0: str(merged)})  # the base's tokenizer: accepted
