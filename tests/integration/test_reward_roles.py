@@ -87,15 +87,31 @@ def test_a_reward_model_alone_scores_a_real_run(tmp_path: Path) -> None:
     assert_nothing_lost(summary, run_dir)
 
 
-def test_a_teacher_beside_a_rule_gives_every_token_its_logprob(tmp_path: Path) -> None:
-    """On-policy distillation in a real run (docs/design.md §7d): a teacher role (a tiny
-    model with the student's tokenizer) answers every group once with one logprob per
-    response token; the reward is the rule's alone (a teacher weighs 0 in it), the teacher's
-    part is the sampled reverse KL, its top-k tokens travel with every response token,
-    flat-reward groups are kept for the teacher's term, and the learner logs both terms;
-    the evaluation is not sent to the teacher."""
+ENGINES = {
+    "hf": [],
+    "vllm": [
+        "generator.engine=vllm",
+        "model.tiny_hidden=128",
+        "generator.count=1",
+        "generator.engine_options.kv_cache_mb=64",
+    ],
+}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_teacher_beside_a_rule_gives_every_token_its_logprob(tmp_path: Path, engine: str) -> None:
+    """On-policy distillation in a real run (docs/design.md §7d), on the HF engine and on
+    vLLM: a teacher role (a tiny model with the student's tokenizer) answers every group once
+    with one logprob per response token; the reward is the rule's alone (a teacher weighs 0
+    in it), the teacher's part is the sampled reverse KL, its top-k tokens travel with every
+    response token, flat-reward groups are kept for the teacher's term, and the learner logs
+    both terms; the evaluation is not sent to the teacher."""
+    if engine == "vllm":
+        pytest.importorskip("vllm")
     teacher = "{teacher: {model: tiny-random-llama, top_k: 4}, weight: 0.5}"
-    out, summary, run_dir = _run(tmp_path, f"{RULE}, {teacher}", "buffer.drop_zero_variance=true")
+    out, summary, run_dir = _run(
+        tmp_path, f"{RULE}, {teacher}", "buffer.drop_zero_variance=true", *ENGINES[engine]
+    )
     assert summary["version"] == 4
     (role,) = summary["scoring"]["roles"]
     assert role["label"] == "teacher-tiny-random-llama" and role["failures"] == 0
@@ -122,15 +138,27 @@ def test_a_teacher_beside_a_rule_gives_every_token_its_logprob(tmp_path: Path) -
     assert_nothing_lost(summary, run_dir)
 
 
-def test_a_lagged_copy_of_the_student_teaches_with_the_version_it_names(tmp_path: Path) -> None:
+STUDENTS = {
+    "full": [],
+    "lora": ["model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj, down_proj]}"],
+}
+
+
+@pytest.mark.parametrize("student", STUDENTS)
+def test_a_lagged_copy_of_the_student_teaches_with_the_version_it_names(
+    tmp_path: Path, student: str
+) -> None:
     """Self-distillation (``teacher: {model: self, refresh_every: 2}``, docs/design.md §7d):
-    the teacher role follows the learners' weight stream two versions at a time. Every
-    scored group names the teacher's version (a multiple of 2, within the lag bound of the
-    group), the teacher moves past version 0, and where the copy is the very version that
-    sampled a group it gives the sampled tokens the student's own logprobs (the reverse KL
-    is rounding): the copy holds exactly the weights it names. The learner logs the lag."""
+    the teacher role follows the learners' weight stream two versions at a time (with LoRA,
+    merging the streamed adapters as a generator does). Every scored group names the
+    teacher's version (a multiple of 2, within the lag bound of the group), the teacher moves
+    past version 0, and where the copy is the very version that sampled a group it gives the
+    sampled tokens the student's own logprobs (the reverse KL is rounding): the copy holds
+    exactly the weights it names. The learner logs the lag."""
     teacher = "{teacher: {model: self, refresh_every: 2}, weight: 0.5}"
-    out, summary, run_dir = _run(tmp_path, f"{RULE}, {teacher}", "run.max_steps=6")
+    out, summary, run_dir = _run(
+        tmp_path, f"{RULE}, {teacher}", "run.max_steps=6", *STUDENTS[student]
+    )
     assert summary["version"] == 6
     (role,) = summary["scoring"]["roles"]
     assert role["label"] == "teacher-self" and role["failures"] == 0
