@@ -43,7 +43,11 @@ class TokenAnswer:
 
 
 class TokenScorer(Protocol):
-    """A teacher: a ``TokenAnswer`` per item."""
+    """A teacher: a ``TokenAnswer`` per item. A lagged copy of the student
+    (``workers.reward_roles.lagged_teacher``) also has ``follow(version, epoch)`` (a
+    request's clock), ``tend()`` (between batches: move its weights) and ``version`` (the
+    student's version it scores with, sent with every answer); the reward role calls them
+    where they exist."""
 
     identity: str
     per_token: bool  # True
