@@ -133,7 +133,8 @@ class Trajectory(msgspec.Struct):
     teacher_top_ids: bytes = b""
     teacher_top_logprobs: bytes = b""
     teacher_top_coef: float = 0.0
-    # The version of a lagged teacher (``teacher.model: self``) that scored it; -1: none.
+    # The version of the lagged teacher (``teacher.model: self``) that scored it, when it was
+    # the only teacher to; -1: none (or other teachers too, whose term keeps a flat group).
     teacher_version: int = -1
 
     @classmethod
@@ -320,8 +321,14 @@ class TrajectoryGroup(msgspec.Struct):
     @property
     def distilled(self) -> bool:
         """A teacher scored its tokens: its distillation term teaches even where every reward
-        is alike, so no zero-variance rule drops it."""
-        return any(t.teacher_coef > 0 or t.teacher_top_coef > 0 for t in self.trajectories)
+        is alike, so no zero-variance rule drops it. Not a lagged copy of the student alone
+        (``teacher_version >= 0``): it knows nothing the student does not, its term only
+        holds the student near a recent self, and flat groups kept for it diluted the
+        reward's signal (docs/experiments.md, 2026-12-02, night)."""
+        return any(
+            (t.teacher_coef > 0 or t.teacher_top_coef > 0) and t.teacher_version < 0
+            for t in self.trajectories
+        )
 
     @property
     def nbytes(self) -> int:

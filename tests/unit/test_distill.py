@@ -149,15 +149,19 @@ def test_a_distilled_group_is_kept_by_the_zero_variance_rule() -> None:
         def on_timeline(self, epoch: int, max_version: int) -> bool:
             return True
 
-    def group(gid: str, taught: bool) -> TrajectoryGroup:
+    def group(gid: str, taught: bool, copy_version: int = -1) -> TrajectoryGroup:
         ts = [_trajectory([-0.5, -0.5]) for _ in range(2)]
         if taught:
             attach_teachers(ts, {1: (1.0, [pack_float32([-0.2, -0.3])] * 2)})
+        for t in ts:
+            t.teacher_version = copy_version
         return TrajectoryGroup(gid, "p", ts, 0.0, 0.0)
 
     store = ReplayStore(ReplayPolicy(capacity=8, drop_zero_variance=True), Clock())
     assert store.offer(group("flat", taught=False)) == Offer.ZERO_VARIANCE
     assert store.offer(group("taught", taught=True)) == Offer.ACCEPTED
+    # A lagged copy of the student alone knows nothing new: its flat groups go as any.
+    assert store.offer(group("self", taught=True, copy_version=4)) == Offer.ZERO_VARIANCE
 
 
 def test_the_top_k_forward_kl_pulls_the_student_toward_the_teacher() -> None:

@@ -458,8 +458,9 @@ class GroupScoring:
             entry.scores[r] = (values, entry.scores[r][1])
         for r, (ids, logprobs) in entry.top.items():
             attach_top_k(entry.group.trajectories, rewards[r].weight, ids, logprobs)
-        for t in entry.group.trajectories:
-            t.teacher_version = entry.teacher_version
+        if set(entry.tokens) <= set(self.lag_bounds):  # a lagged copy alone scored it
+            for t in entry.group.trajectories:
+                t.teacher_version = entry.teacher_version
 
     def close(self) -> None:
         for sock in self.sockets.values():
