@@ -85,6 +85,13 @@ ARMS: dict[str, list[str]] = {
         "buffer.max_staleness=1",
         f"rewards+=[{{teacher: {{model: '{TEACHER}', top_k: 8, sampled_kl: false}}}}]",
     ],
+    # The config's rewards beside a lagged copy of the student (self-distillation, refreshed
+    # every 5 versions): no --teacher needed.
+    "rl-self": [
+        "run.mode=async",
+        "buffer.max_staleness=1",
+        "rewards+=[{teacher: {model: self, refresh_every: 5}, weight: 0.5}]",
+    ],
 }
 DEFAULT_ARMS = ["sync", "async-eta1", "async-eta2", "async-eta4", "async-eta1-nocorr"]
 CURVE_KEYS = ("samples", "seconds", "exact", "completed", "reward_mean")

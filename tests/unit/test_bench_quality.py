@@ -190,6 +190,9 @@ def test_the_distillation_arms_name_their_teacher() -> None:
     assert [r.display_name() for r in both.rewards] == [*rules, "teacher-t"]
     with pytest.raises(QualityError, match="--teacher"):
         arm_overrides("distill", 0, out, [])
+    lagged = load_config(TINY, arm_overrides("rl-self", 0, out, []))  # no --teacher
+    assert [r.display_name() for r in lagged.rewards] == [*rules, "teacher-self"]
+    assert lagged.rewards[-1].lagged_teacher
 
 
 def test_a_run_result_from_metrics_jsonl() -> None:
