@@ -118,9 +118,10 @@ class PromptLedger:
         order), so that many of its oldest indices are delivered."""
         queue = self.outstanding.setdefault(generator_id, deque())
         reported = self.reported.setdefault(generator_id, deque(maxlen=MAX_REPORTED))
-        for _ in range(max(0, groups_pushed - self.pushed.get(generator_id, 0))):
-            if queue:
-                reported.append(queue.popleft())
+        # Bounded by what is owed: a malformed report's count (2**62) must not spin here.
+        newly = max(0, groups_pushed - self.pushed.get(generator_id, 0))
+        for _ in range(min(newly, len(queue))):
+            reported.append(queue.popleft())
         self.pushed[generator_id] = max(self.pushed.get(generator_id, 0), groups_pushed)
 
     def release(

@@ -37,3 +37,12 @@ def test_a_resumed_run_continues_from_its_checkpoint_not_the_newest_step(tmp_pat
     at_newest = load_prompt_ledger(tmp_path, version=2)
     assert at_newest.grant(0, 3) == [4, 5, 6]
     assert load_prompt_ledger(tmp_path / "none", version=3).grant(0, 1) == [0]
+
+
+def test_an_absurd_pushed_count_delivers_what_is_owed_at_once() -> None:
+    """A malformed report's ``groups_pushed`` (2**62) delivers the grants outstanding and
+    returns: it once counted to it, and the controller's loop hung."""
+    ledger = PromptLedger()
+    ledger.grant(0, 3)
+    ledger.delivered(0, 2**62)
+    assert not ledger.outstanding[0] and len(ledger.reported[0]) == 3
