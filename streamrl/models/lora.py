@@ -419,7 +419,7 @@ def merged_adapter_dir(adapter_dir: Path, base_dir: Path, store: Path) -> Path:
 
     import torch
 
-    from streamrl.models import load_causal_lm, load_tokenizer
+    from streamrl.models.load import load_causal_lm, load_tokenizer
     from streamrl.models.store import publish_atomically
 
     digest = hashlib.sha256((adapter_dir / ADAPTER_FILE).read_bytes())
