@@ -218,6 +218,12 @@ class HeldOutEvaluations:
                 if self.dispatched == (answer.epoch, answer.version):  # else a newer ask is out
                     self.dispatched = self.evaluated  # the controller asks again
             finished.append((answer.epoch, answer.version))
+        # A report goes to the controller once its served scores are in, and those come in
+        # through ``pump``: the loop pumps between calls, but the drain (``_ask_due``,
+        # ``_final_in_process``) waits here alone, and without it the controller asked for
+        # the same evaluation until ``stop_at`` (2 minutes at the end of every served-reward
+        # run).
+        self.delivery.pump()
         if self.process.exited():
             log.error(
                 "generator[%d]: the evaluation process exited (%s); evaluating here",
@@ -240,10 +246,6 @@ class HeldOutEvaluations:
             if self._new(asked) and not self._hand_over(asked):
                 return
             self.forward(wait_s=0.5)
-            # A report goes to the controller once its served scores are in, and those come
-            # in through ``pump``: without it the controller would ask for the same
-            # evaluation until ``stop_at`` (2 minutes at the end of every served-reward run).
-            self.delivery.pump()
 
     def _new(self, asked: tuple[int, int]) -> bool:
         """``asked`` (epoch, version) is neither answered nor in flight."""
@@ -264,9 +266,7 @@ class HeldOutEvaluations:
         if not self.process.ask(final[1], final[0], final=True, unseen=True):
             return False
         while time.monotonic() < stop_at and self.process.in_process:
-            finished = self.forward(wait_s=0.5)
-            self.delivery.pump()  # the reports of served-reward runs (``_ask_due``)
-            if final in finished:
+            if final in self.forward(wait_s=0.5):
                 return self.evaluated == final
         return False
 

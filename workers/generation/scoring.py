@@ -132,7 +132,7 @@ class GroupScoring:
         self.lag_bounds = {
             i: config.rewards[i].teacher.lag_bound  # type: ignore[union-attr]
             for i in self.teachers
-            if config.rewards[i].teacher.lagged  # type: ignore[union-attr]
+            if config.rewards[i].lagged_teacher
         }
         self.ctx = ctx
         self.endpoints: dict[int, str] = {}
@@ -181,9 +181,8 @@ class GroupScoring:
     ) -> bytes:
         # The role drops it if it is still queued when this side would send it again.
         timeout = self.config.scoring.timeout_s
-        if group is None:
-            return self.codec.encode(ScoreRequest(request_id, items, timeout))
-        version, epoch = group.max_version, group.weights_epoch  # a lagged teacher's clock
+        # The group's clock, which a lagged teacher follows (an evaluation's has none).
+        version, epoch = (group.max_version, group.weights_epoch) if group is not None else (-1, 0)
         return self.codec.encode(ScoreRequest(request_id, items, timeout, version, epoch))
 
     # ------------------------------------------------------------------ requests

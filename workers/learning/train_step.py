@@ -339,12 +339,14 @@ class TrainStep:
         metrics.mean("staleness/mean", staleness.mean(), float(len(groups)))
         metrics.max("staleness/max", staleness.max())
         if self.lagged_teacher:  # a lagged copy's versions behind the groups it scored
-            lags = [
-                float(g.max_version - t.teacher_version)
-                for g in groups
-                for t in g.trajectories
-                if t.teacher_version >= 0
-            ]
+            lags: list[float] = []
+            for g in groups:
+                newest = g.max_version  # a pass over the group: once, not per trajectory
+                lags += [
+                    float(newest - t.teacher_version)
+                    for t in g.trajectories
+                    if t.teacher_version >= 0
+                ]
             lag = torch.tensor(lags or [0.0])
             metrics.mean("distill/teacher_lag", lag.mean(), float(len(lags)))
             metrics.max("distill/teacher_lag_max", lag.max())
