@@ -36,8 +36,9 @@ Figures per configuration (means over versions unless stated):
   anchors     anchors served; cks fail: checksum failures over all subscribers
 
 Then the index encodings compared on real diffs, per block by density: raw uint32 positions,
-delta-coded uint16/uint32 (uint32 for a whole block once any gap exceeds 65535), LEB128
-varint gaps (what ``weight_codec`` sends as ``sparse``) and a bitmap.
+delta-coded uint16/uint32 (uint32 for a whole block once any gap exceeds 65535),
+byte windows (what ``weight_codec`` sends as ``sparse``: a count per 255 elements, an offset per
+change) and a bitmap.
 
 The 2-core machine this was written on runs the learner, the encoder and all subscribers on
 the same two cores, so latency with 8 subscribers is mostly CPU contention.
@@ -253,7 +254,7 @@ def index_sizes(changed) -> dict[str, int]:
     return {
         "raw u32": 4 * k,
         "delta u16/u32": (2 if k == 0 or gaps.max() < 2**16 else 4) * k,
-        "varint gaps": len(encode_positions(positions)),
+        "byte windows": len(encode_positions(positions, changed.size)),
         "bitmap": (changed.size + 7) // 8,
     }
 
@@ -366,7 +367,7 @@ def main() -> None:
             f"{str(r.identical):>9}"
         )
 
-    encodings = ["raw u32", "delta u16/u32", "varint gaps", "bitmap"]
+    encodings = ["raw u32", "delta u16/u32", "byte windows", "bitmap"]
     print("\nIndex encodings on real diffs (bytes per changed element, per block density bin)")
     print(
         f"{'lr':>6} {'density':>14} {'blocks':>6} "

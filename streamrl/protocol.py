@@ -619,10 +619,12 @@ class TensorPart(msgspec.Struct):
     """Rows ``[row_offset, row_offset + rows)`` of one tensor (a block of one learner rank's
     dim-0 shard; large shards are cut into several blocks), for one version.
 
-    ``encoding``: ``dense`` (``values`` holds the whole block), ``sparse`` (``indices`` are flat
-    positions in the block as LEB128 varints of the gaps between them; ``values`` the new bf16
-    values at them) or ``bitmap`` (``indices`` is a packed bitmap over the block's elements).
-    ``checksum`` is xxh64 of the complete new bf16 block, verified after applying.
+    ``encoding``: ``dense`` (``values`` holds the whole block), ``sparse`` (``indices`` are the
+    block's changed positions, a byte per 255-element window counting them then a byte per
+    position for its offset in its window: ``weight_codec.encode_positions``; ``values`` the
+    new bf16 values at them) or ``bitmap`` (``indices`` is a packed bitmap over the block's
+    elements).
+    ``checksum`` is XXH3-64 of the complete new bf16 block, verified after applying.
     """
 
     name: str
@@ -640,9 +642,9 @@ class ImageChecksum(msgspec.Struct):
     """Whole-image checksum of one learner rank's shard at a diff's version (docs/design.md §4,
     ``weights.verify_every``): catches a block that diverged silently and that no diff touches
     again, which the per-block checksums never see. The shard is ``names[i]``'s rows
-    ``[row_offsets[i], row_offsets[i] + rows[i])`` in this order; ``digests`` holds xxh64 of
+    ``[row_offsets[i], row_offsets[i] + rows[i])`` in this order; ``digests`` holds XXH3-64 of
     each of those row ranges' bf16 bytes (little-endian uint64s, one per name) and ``checksum``
-    is xxh64 of ``digests``."""
+    is XXH3-64 of ``digests``."""
 
     names: list[str]
     row_offsets: list[int]

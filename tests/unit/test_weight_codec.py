@@ -18,10 +18,8 @@ from streamrl.workers.weight_codec import (
     EncodedPart,
     apply_part,
     decode_positions,
-    decode_varints,
     encode_part,
     encode_positions,
-    encode_varints,
     row_blocks,
     shard_rows,
 )
@@ -52,23 +50,25 @@ def encode(new, old, dense_threshold=0.25) -> EncodedPart | None:
     )
 
 
-def test_varints_round_trip_edge_values() -> None:
-    values = np.array([0, 1, 127, 128, 16383, 16384, 2**32 - 1, 2**35, 2**63 - 1], np.uint64)
-    data = encode_varints(values)
-    assert len(encode_varints(np.array([127], np.uint64))) == 1
-    assert len(encode_varints(np.array([128], np.uint64))) == 2
-    np.testing.assert_array_equal(decode_varints(data), values)
-    with pytest.raises(ValueError, match="truncated"):
-        decode_varints(data[:-1])
-    assert decode_varints(b"").size == 0
-
-
-@pytest.mark.parametrize("n", [1, 7, 1000, 100_000])
+@pytest.mark.parametrize("n", [1, 7, 255, 256, 1000, 100_000])
 def test_positions_round_trip(n: int) -> None:
     rng = np.random.default_rng(n)
     for k in {0, 1, n // 3, n}:
         positions = np.sort(rng.choice(n, size=k, replace=False))
-        np.testing.assert_array_equal(decode_positions(encode_positions(positions)), positions)
+        data = encode_positions(positions, n)
+        assert len(data) == -(-n // 255) + k  # a byte per window, a byte per position
+        np.testing.assert_array_equal(decode_positions(data, n), positions)
+
+
+def test_a_sparse_index_that_does_not_fit_its_block_is_refused() -> None:
+    data = encode_positions(np.array([3, 300, 599]), 600)
+    assert list(data[:3]) == [1, 1, 1] and list(data[3:]) == [3, 45, 89]
+    with pytest.raises(ValueError, match="offsets"):
+        decode_positions(data[:-1], 600)  # a count names an offset that is missing
+    with pytest.raises(ValueError, match="windows"):
+        decode_positions(data[:2], 600)
+    with pytest.raises(ValueError, match="beyond"):
+        decode_positions(data, 591)  # 599 lies past a block of 591
 
 
 @pytest.mark.parametrize(

@@ -426,7 +426,7 @@ class WeightSubscriber:
         return sorted(changed)
 
     def _image_differs(self, check: ImageChecksum) -> list[str]:
-        """The tensors whose rows in our image differ from the learner rank's (by their xxh64
+        """The tensors whose rows in our image differ from the learner rank's (by their XXH3-64
         digests); empty when the whole-shard checksum matches. Hashes every byte again."""
         pieces = []
         for name, offset, rows in zip(check.names, check.row_offsets, check.rows, strict=True):
