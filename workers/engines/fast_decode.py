@@ -17,10 +17,10 @@ samples from, and the learner's recomputation matches them to noise level (DESIG
 
 Where the engine's linear layers are prepacked for oneDNN, q/k/v and gate/up each run as one
 matmul over a merged packed copy (one pass over the input, one call instead of three or two);
-``merged_by_param`` names the merged copies to rebuild when a version changes a weight. The merged
-copies cost memory: two thirds of the decoder layers' linear weights (SmolLM2: 70M parameters,
-140 MB in bf16), as the separate packed copies stay for the prefill, which runs through
-transformers.
+``merged_by_param`` names the merged copies to rebuild when a version changes a weight. The
+prefill, which runs through transformers' modules, reads the same merged copies
+(``MergedProjection.member_output``): the separate layers keep no packed copy of their own, so
+each weight is packed once per version, not twice.
 
 Prefill stays on ``model(...)``: it is compute-bound, so per-op overhead barely matters there,
 and transformers' masks handle left padding over many positions.
@@ -46,13 +46,19 @@ class MergedProjection:
     def __init__(self, layers: list[torch.nn.Module], groups: list[list[int]]) -> None:
         self.layers = layers
         self.groups = groups
-        widths = [_linear(layer).out_features for layer in layers]
-        self.widths = [sum(widths[i] for i in group) for group in groups]
+        self.member_widths = [_linear(layer).out_features for layer in layers]
+        self.widths = [sum(self.member_widths[i] for i in group) for group in groups]
         self.packed: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None
+        # The prefill's last input and its members' outputs (``member_output``).
+        self._input: torch.Tensor | None = None
+        self._outputs: list[torch.Tensor] = []
+        self._taken: set[int] = set()
         if all(isinstance(layer, PackedLinear) for layer in layers):
             self.rows = layers[0].rows
             self.repack()
+            for index, layer in enumerate(layers):
+                layer.share(self, index)
 
     @property
     def sources(self) -> list[torch.nn.Linear]:
@@ -80,6 +86,23 @@ class MergedProjection:
 
     def adopt(self, packed: tuple[torch.Tensor, torch.Tensor | None]) -> None:
         self.packed, self.bias = packed
+
+    def member_output(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Layer ``index``'s output for ``x``, for the prefill, which runs transformers'
+        modules one projection at a time: the first member asked computes the merged matmul,
+        the others take their columns of it (for the same input tensor), and the outputs are
+        let go once every member took its own. So the separate layers keep no packed copy of
+        their own, and a version repacks each weight once, not twice."""
+        if x is not self._input or index in self._taken:
+            flat = x.reshape(-1, x.shape[-1])
+            y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+            self._input, self._taken = x, set()
+            self._outputs = list(y.split(self.member_widths, dim=-1))
+        out = self._outputs[index]
+        self._taken.add(index)
+        if len(self._taken) == len(self.layers):
+            self._input, self._outputs = None, []
+        return out.contiguous().reshape(*x.shape[:-1], out.shape[-1])
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         if self.packed is None:

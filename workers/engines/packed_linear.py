@@ -13,7 +13,16 @@ writes into, and ``repack`` refreshes the copy of each one a version changed.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
+
+
+class MemberOutputs(Protocol):
+    """A merged packed copy that holds this layer's weight among others' (the fast decoder's
+    q/k/v or gate/up, ``fast_decode.MergedProjection``)."""
+
+    def member_output(self, index: int, x: torch.Tensor) -> torch.Tensor: ...
 
 
 def can_prepack(model: torch.nn.Module) -> bool:
@@ -38,24 +47,37 @@ class PackedLinear(torch.nn.Module):
         super().__init__()
         self.source = source  # keeps the live parameter (and its name in the model) reachable
         self.rows = rows
-        self.packed = self._pack()
+        # Set by ``share``: the merged copy this layer's forward reads, as member ``index``.
+        self.shared_by: tuple[MemberOutputs, int] | None = None
+        self.packed: torch.Tensor | None = self._pack()
 
     def _pack(self) -> torch.Tensor:
         return self.pack({})
 
-    def pack(self, new: dict[int, torch.Tensor]) -> torch.Tensor:
+    def pack(self, new: dict[int, torch.Tensor]) -> torch.Tensor | None:
         """The packed copy of this layer's weight, or of ``new[id(weight)]`` if given (a
-        version not adopted yet: packed on the weight thread while this layer decodes)."""
+        version not adopted yet: packed on the weight thread while this layer decodes); None
+        once ``share``d: the merged copy holds it."""
+        if self.shared_by is not None:
+            return None
         weight = new.get(id(self.source.weight), self.source.weight.detach())
         return torch.ops.mkldnn._reorder_linear_weight(weight, self.rows)
 
     def repack(self) -> None:
         self.packed = self._pack()
 
-    def adopt(self, packed: torch.Tensor) -> None:
+    def adopt(self, packed: torch.Tensor | None) -> None:
         self.packed = packed
 
+    def share(self, owner: MemberOutputs, index: int) -> None:
+        """Read this layer's output from ``owner``'s merged copy from now on, and drop this
+        layer's own packed copy."""
+        self.shared_by, self.packed = (owner, index), None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.shared_by is not None:
+            owner, index = self.shared_by
+            return owner.member_output(index, x)
         flat = x.reshape(-1, x.shape[-1])
         y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.source.bias, "none", [], "")
         return y.reshape(*x.shape[:-1], y.shape[-1])
