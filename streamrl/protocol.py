@@ -732,6 +732,27 @@ class GeneratorActivity(msgspec.Struct):
     eval_s: float = 0.0
 
 
+class WeightStages(msgspec.Struct):
+    """Where the newest version a generator adopted spent its time from publish to adopted,
+    stage by stage (wall seconds, docs/design.md §4), so that a slower weight path names its
+    stage: ``arrive_s`` publish -> the version's last chunk received (the learner's snapshot,
+    encode and send, and the wire: the learner's step metrics split it); ``queue_s`` received
+    -> the weight thread starts on it; ``apply_s`` decoded, written into the image and
+    verified; ``prepare_s`` the engine's copies made (``Engine.prepare_weights``); ``adopt_s``
+    prepared -> adopted between decode steps. Their sum is ``GeneratorReport.weights_latency_s``
+    (to the clocks' agreement where learner and generator are different hosts)."""
+
+    version: int = -1
+    arrive_s: float = 0.0
+    queue_s: float = 0.0
+    apply_s: float = 0.0
+    prepare_s: float = 0.0
+    adopt_s: float = 0.0
+
+
+WEIGHT_STAGES = ("arrive", "queue", "apply", "prepare", "adopt")  # WeightStages' in order
+
+
 OUTCOME_WINDOW = 512  # GeneratorReport.outcome_*: enough for the groups between two reports
 
 
@@ -749,6 +770,7 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     weights_bytes_received: int = 0
     weights_apply_s: float = 0.0
     weights_latency_s: float = 0.0  # publish to applied, for the last version
+    weights_stages: WeightStages = msgspec.field(default_factory=WeightStages)  # the same, split
     activity: GeneratorActivity = msgspec.field(default_factory=lambda: GeneratorActivity())
     incarnation: int = 0  # reports of a replaced generator's predecessor are ignored
     # Whole-image verifications of a learner shard (``ImageChecksum``): passed, and failed (each

@@ -112,6 +112,7 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: di
             f"{row.get('pacing_role', 'generators')} {_pct(pacing)} "
             f"| {'met' if pacing >= 0.9 else 'missed'} |"
         )
+    lines += stage_table(results)
     roles = [(r, label, f) for r in results for label, f in r.get("reward_roles", {}).items()]
     if roles:
         lines += [
@@ -128,6 +129,37 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any], meta: di
                 f"{f['requests']:.0f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def stage_table(results: list[dict[str, Any]]) -> list[str]:
+    """Publish -> applied by stage (docs/design.md §4), median / max seconds over each window,
+    so that a slower weight path names its stage."""
+    stages = list(dict.fromkeys(s for r in results for s in r.get("weight_stages", {})))
+    if not stages:
+        return []
+    lines = [
+        "",
+        "Weight path by stage, median / max s over the window: the learner's snapshot, "
+        "encode and send of a version; then, on the slowest generator, publish -> its last "
+        "chunk in (arrive), -> the weight thread on it (queue), decoded into the image and "
+        "verified (apply), the engine's copies made (prepare), -> adopted between decode "
+        "steps (adopt).",
+        "",
+        "| mode | " + " | ".join(stages) + " | publish->applied |",
+        "|---|" + "---|" * (len(stages) + 1),
+    ]
+    for r in results:
+        figures = r.get("weight_stages", {})
+        cells = [
+            f"{figures[s][0]:.3f} / {figures[s][1]:.3f}" if s in figures else "-" for s in stages
+        ]
+        lines.append(
+            f"| {mode_label(r)} | "
+            + " | ".join(cells)
+            + f" | {r.get('publish_to_applied_median_s', 0.0):.3f} / "
+            f"{r.get('publish_to_applied_max_s', 0.0):.3f} |"
+        )
+    return lines
 
 
 def plots(results: list[dict[str, Any]], out: Path) -> list[Path]:

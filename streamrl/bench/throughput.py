@@ -41,6 +41,7 @@ from typing import Any
 
 from streamrl.clock import live_records
 from streamrl.config import Config, load_config
+from streamrl.protocol import WEIGHT_STAGES
 
 
 class BenchError(RuntimeError):
@@ -151,6 +152,7 @@ def measure(records: list[dict[str, Any]], warmup: int, config: Config) -> dict[
         # Publish -> adopted by every generator (each step record's worst), over the window.
         "publish_to_applied_median_s": _median(latencies),
         "publish_to_applied_max_s": max(latencies, default=0.0),
+        "weight_stages": weight_stages(window),
         "learner_busy": learner_busy / span,
         "t_gen_per_step_s": delta("generators/busy_s_total") / n_gen / len(window),
         "t_train_per_step_s": learner_busy / len(window),
@@ -171,6 +173,24 @@ def measure(records: list[dict[str, Any]], warmup: int, config: Config) -> dict[
         "timeline": timeline(steps, n_gen),
         "reward_roles": reward_role_figures(opening, last),
     }
+
+
+# The learner's stages of a version, from its step metrics (workers.learning.publisher).
+LEARNER_STAGES = ("snapshot", "encode", "send")
+
+
+def weight_stages(window: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """stage -> [median, max] seconds over the window: the learner's stages of the last
+    version its encoder finished at each step, and the slowest generator's ``WeightStages``
+    (``arrive`` spans the learner's three and the wire)."""
+    keys = {s: f"weights/{s}_s" for s in LEARNER_STAGES}
+    keys |= {s: f"weights/stage_{s}_s_max" for s in WEIGHT_STAGES}
+    out = {}
+    for stage, key in keys.items():
+        values = [float(r[key]) for r in window if key in r]
+        if values:
+            out[stage] = [_median(values), max(values)]
+    return out
 
 
 def _median(values: list[float]) -> float:
@@ -347,6 +367,16 @@ def bench_throughput(
             file=console,
             flush=True,
         )
+        if result["weight_stages"]:
+            print(
+                f"{'':<12} weight path by stage, median/max s: "
+                + ", ".join(
+                    f"{stage} {med:.3f}/{top:.3f}"
+                    for stage, (med, top) in result["weight_stages"].items()
+                ),
+                file=console,
+                flush=True,
+            )
         for label, role in result["reward_roles"].items():
             print(
                 f"{'':<12} reward role {label}: busy {100 * role['busy_fraction']:.0f}%, "

@@ -12,7 +12,13 @@ from typing import Any
 from streamrl.checkpoint_layout import checkpoints_root, is_complete, path_for
 from streamrl.controller.generation_yield import GenerationYield, generation_yield
 from streamrl.controller.state import RunState
-from streamrl.protocol import EvalReport, GeneratorActivity, GeneratorReport, LearnerStep
+from streamrl.protocol import (
+    WEIGHT_STAGES,
+    EvalReport,
+    GeneratorActivity,
+    GeneratorReport,
+    LearnerStep,
+)
 
 OUTCOME_KEYS = (
     "eval/success",  # multi-turn episodes: with eval/turns and the environment's counts
@@ -43,6 +49,13 @@ def step_record(state: RunState, step: LearnerStep, tokens_per_s: float) -> dict
         "weights/publish_to_applied_s_max": max((g.weights_latency_s for g in gens), default=0.0),
         "weights/anchors_requested": sum(g.anchors_requested for g in gens),
         "weights/apply_s_max": max((g.weights_apply_s for g in gens), default=0.0),
+        # Publish -> adopted split by stage (WeightStages), each the slowest generator's.
+        **{
+            f"weights/stage_{stage}_s_max": max(
+                (getattr(g.weights_stages, f"{stage}_s") for g in gens), default=0.0
+            )
+            for stage in WEIGHT_STAGES
+        },
         "weights/checksum_failures": sum(g.checksum_failures for g in gens),
         # Whole-image checks (weights.verify_every), over replaced generators too.
         "weights/images_verified": sum(g.images_verified for g in every),

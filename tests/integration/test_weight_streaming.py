@@ -527,6 +527,13 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: 
         assert_bitwise_equal({n: p.data for n, p in engine.params.items()}, ranks.full)
         assert weights.held_epoch == 0 and timers.weights_pause_s > 0
         assert 0 <= weights.last_latency_s < 30
+        # The latency split by stage: the version adopted last, each stage measured, and
+        # together the whole of publish -> adopted (the same clock on one host).
+        stages = weights.last_stages
+        assert stages.version == engine.version
+        parts = [stages.arrive_s, stages.queue_s, stages.apply_s, stages.prepare_s, stages.adopt_s]
+        assert all(p >= 0 for p in parts) and stages.apply_s > 0 and stages.prepare_s > 0
+        assert sum(parts) == pytest.approx(weights.last_latency_s, abs=0.02)
     finally:
         weights.close()
         engine.shutdown()

@@ -60,6 +60,26 @@ def test_measure_uses_the_window_after_warmup() -> None:
         measure(records[:4], warmup=3, config=config)
 
 
+def test_the_weight_path_is_reported_stage_by_stage() -> None:
+    """``bench throughput`` splits publish -> applied into the learner's and the generator's
+    stages (median and max over the window) and prints them as a table in report.md."""
+    from streamrl.bench.report import stage_table
+
+    config = load_config(None, ["learner.groups_per_step=4", "generator.group_size=2"])
+    records = _records(6, step_s=2.0, gen_busy_per_step=1.5, train_s=1.0)
+    for i, r in enumerate(records):
+        r |= {"weights/snapshot_s": 0.1, "weights/encode_s": 0.2 + 0.01 * i}
+        r |= {"weights/stage_prepare_s_max": 0.05 * i, "weights/stage_adopt_s_max": 0.01}
+    result = measure(records, warmup=2, config=config)
+    stages = result["weight_stages"]
+    assert list(stages) == ["snapshot", "encode", "prepare", "adopt"]  # only those measured
+    assert stages["encode"] == pytest.approx([0.235, 0.25])  # steps 3-6: i = 2..5
+    assert stages["prepare"] == pytest.approx([0.175, 0.25])
+    table = "\n".join(stage_table([{**result, "mode": "async", "eta": 1}]))
+    assert "| mode | snapshot | encode | prepare | adopt | publish->applied |" in table
+    assert "| async η=1 | 0.100 / 0.100 | 0.235 / 0.250 |" in table
+
+
 def test_ideal_ratio_and_efficiency() -> None:
     sync = {
         "mode": "sync",

@@ -153,6 +153,7 @@ def generator_report(
         weights_bytes_received=sub.bytes_received,
         weights_apply_s=sub.last_apply_s,
         weights_latency_s=weights.last_latency_s,  # publish -> adopted by the engine
+        weights_stages=weights.last_stages,
         images_verified=sub.images_verified,
         image_mismatches=sub.image_mismatches,
         reward_errors=sampler.rules_worker.figures.errors,

@@ -39,12 +39,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import torch
 import zmq
 
 from streamrl.models import load_bf16_image
 from streamrl.models.lora import LoraMerge, adapter_settings, is_base, load_adapter_image
-from streamrl.protocol import GeneratorActivity, LearnerClockInfo
+from streamrl.protocol import GeneratorActivity, LearnerClockInfo, WeightStages
 from streamrl.role_specs import GeneratorSpec
 from streamrl.workers.engines import Engine
 from streamrl.workers.generation.subscriber import WeightSubscriber
@@ -61,6 +62,8 @@ class _Prepared:
     epoch: int  # the learner epoch of the subscriber that assembled it
     adopt: Callable[[], None]
     published_at: float  # wall time the learner published it (``time.time()`` if unknown)
+    stages: WeightStages  # up to its preparation (``adopt_s`` is filled at adoption)
+    prepared_at: float  # wall time
 
 
 class GeneratorWeights:
@@ -123,6 +126,7 @@ class GeneratorWeights:
         self.subscriber = self._subscribe(image)
         self.subscriber_epoch = 0  # the learner epoch the subscriber's versions belong to
         self.last_latency_s = 0.0  # publish -> adopted by the engine, the newest version
+        self.last_stages = WeightStages()  # the same, stage by stage
         self._lock = threading.Lock()  # the subscriber, between the weight thread and others
         # The hand-off slot (module doc): a prepared version waiting for adoption, or None.
         # Written and emptied only under ``_handoff``.
@@ -207,7 +211,11 @@ class GeneratorWeights:
         self.held_epoch = prepared.epoch
         self.progress.tick()
         self.timers.weights_pause_s += time.perf_counter() - start  # decoding waited this long
-        self.last_latency_s = max(0.0, time.time() - prepared.published_at)
+        now = time.time()
+        self.last_latency_s = max(0.0, now - prepared.published_at)
+        self.last_stages = msgspec.structs.replace(
+            prepared.stages, adopt_s=max(0.0, now - prepared.prepared_at)
+        )
         log.info("generator[%d]: applied version %d", self.generator_id, self.engine.version)
         self.on_applied()
 
@@ -237,19 +245,29 @@ class GeneratorWeights:
                 named = [(n, sub.image[n]) for n in changed]
             received = time.perf_counter()
             adopt = self.engine.prepare_weights(named, sub.version)
+            prepare_s = time.perf_counter() - received
             log.info(
                 "generator[%d]: version %d applied to the image in %.3f s, prepared in %.3f s",
                 self.generator_id,
                 sub.version,
                 received - start,
-                time.perf_counter() - received,
+                prepare_s,
             )
             published_at = time.time()  # an anchor: no publish time to measure from
+            stages = WeightStages(version=sub.version, prepare_s=prepare_s)
             if sub.history and sub.history[-1][0] == sub.version:
                 _, applied_at, _, latency = sub.history[-1]
                 published_at = applied_at - latency
+                stages = msgspec.structs.replace(sub.last_stages, prepare_s=prepare_s)
             with self._handoff:
-                self._prepared = _Prepared(sub.version, self.subscriber_epoch, adopt, published_at)
+                self._prepared = _Prepared(
+                    sub.version,
+                    self.subscriber_epoch,
+                    adopt,
+                    published_at,
+                    stages,
+                    prepared_at=time.time(),
+                )
                 self._handoff.notify_all()
         return True
 

@@ -61,6 +61,7 @@ from streamrl.protocol import (
     WeightAnchor,
     WeightDiff,
     WeightMessage,
+    WeightStages,
 )
 from streamrl.transport import Codec, make_socket
 from streamrl.workers.weight_codec import (
@@ -219,6 +220,10 @@ class WeightSubscriber:
         self.history: deque[tuple[int, float, float, float]] = deque(maxlen=10_000)
         self.last_progress = time.monotonic()
         self.newest_seen = version  # the newest version any rank has sent us
+        # Wall time each staged version's newest chunk arrived (any rank), and the stages of
+        # the last version applied: publish -> all in, all in -> applying, applying.
+        self._arrived: dict[int, float] = {}
+        self.last_stages = WeightStages()
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -271,6 +276,9 @@ class WeightSubscriber:
                 state.track(diff)
                 if v > self.version:
                     state.diffs.setdefault(v, {})[c] = msg
+                    self._arrived[v] = time.time()
+                    if len(self._arrived) > MAX_STAGED_VERSIONS:
+                        del self._arrived[min(self._arrived)]
                     while len(state.diffs) > MAX_STAGED_VERSIONS:
                         del state.diffs[min(state.diffs)]
             case WeightAnchor(version=v, chunk=c):
@@ -361,7 +369,7 @@ class WeightSubscriber:
         """Apply every rank's steps in place, each block verified against its checksum as it is
         written; on any failure the undo log puts every block back, so the image is either all
         at ``target`` or untouched."""
-        start = time.perf_counter()
+        start, started_at = time.perf_counter(), time.time()
         undo_log: list[tuple[np.ndarray, Undo]] = []
         changed: set[str] = set()
         checks: list[tuple[int, int, list[str]]] = []  # (rank, version, tensors that differ)
@@ -395,9 +403,18 @@ class WeightSubscriber:
         now = time.time()
         self.last_apply_s = time.perf_counter() - start
         if target > self.version:
-            self.last_latency_s = now - self._published_at(target, now)
+            published_at = self._published_at(target, now)
+            self.last_latency_s = now - published_at
             self.history.append((target, now, self.last_apply_s, self.last_latency_s))
             self.verified_versions.append(target)
+            arrived = min(self._arrived.get(target, started_at), started_at)
+            self.last_stages = WeightStages(
+                version=target,
+                arrive_s=max(0.0, arrived - published_at),
+                queue_s=started_at - arrived,
+                apply_s=self.last_apply_s,
+            )
+        self._arrived = {v: t for v, t in self._arrived.items() if v > target}
         for state, (_, used_anchor) in zip(self.ranks, plans, strict=True):
             if used_anchor:
                 self.anchors_applied += 1
