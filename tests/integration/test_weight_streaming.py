@@ -21,6 +21,7 @@ from __future__ import annotations
 import queue
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgspec
@@ -187,9 +188,12 @@ def tiny_engine_on_a_stream():
 SCALES = [1e-4, 1e-3, 1e-2, 1.0]  # sparse, sparse/bitmap, mostly dense, everything changes
 
 
-def test_uneven_shards_and_empty_ranks_stream_bitwise() -> None:
+@pytest.mark.parametrize("pool", [False, True], ids=["one-thread", "burst-pool"])
+def test_uneven_shards_and_empty_ranks_stream_bitwise(pool: bool) -> None:
+    """Every publisher encodes on a burst pool (this process's cores); subscribers apply on
+    the calling thread or on a pool of their own: the image ends bitwise the learner's."""
     ranks = FakeRanks(3, WeightsConfig(chunk_bytes=4096))
-    subs = [ranks.subscriber(i) for i in range(2)]
+    subs = [ranks.subscriber(i, pool=ThreadPoolExecutor(2) if pool else None) for i in range(2)]
     time.sleep(0.5)  # let the SUB sockets connect before the first diff
     try:
         for v in range(1, 21):
@@ -259,9 +263,12 @@ def test_lost_chunks_recover_by_anchor() -> None:
         ranks.close(hint, stall)
 
 
-def test_corrupted_diff_is_detected_and_repaired() -> None:
+@pytest.mark.parametrize("pool", [False, True], ids=["one-thread", "burst-pool"])
+def test_corrupted_diff_is_detected_and_repaired(pool: bool) -> None:
+    """A corrupted block among a version's others (applied on a pool's threads, the others
+    succeeding beside it) is refused, every block put back, and the rank re-anchored."""
     ranks = FakeRanks(2, WeightsConfig())
-    sub = ranks.subscriber(0)
+    sub = ranks.subscriber(0, pool=ThreadPoolExecutor(2) if pool else None)
     time.sleep(0.5)
     ranks.publishers[1].send_filter = lambda v, c, f: corrupt_first_value(f) if v == 3 else f
     try:
@@ -662,9 +669,9 @@ def test_the_evaluation_process_s_engine_takes_only_the_version_it_evaluates() -
     prepared: list[tuple[int, set[str]]] = []
     prepare = engine.prepare_weights
 
-    def recording_prepare(named, version):
+    def recording_prepare(named, version, pool=None):
         prepared.append((version, {name for name, _ in named}))
-        return prepare(named, version)
+        return prepare(named, version, pool)
 
     engine.prepare_weights = recording_prepare
     ctx = zmq.Context()

@@ -193,3 +193,25 @@ def test_local_shards_match_fsdp2_layout(world: int) -> None:
             covered[head.name][rows] += 1
     for name, count in covered.items():
         assert count.eq(1).all(), name
+
+
+def test_a_burst_pool_encodes_and_applies_what_one_thread_does() -> None:
+    """The publisher's blocks encoded on a pool's threads are the one-thread parts, in order;
+    a subscriber applies a step's parts on a pool only where their rows are disjoint (two
+    parts writing one row, which only a malformed message has, go one after another)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import msgspec
+
+    from streamrl.workers.generation.subscriber import _overlapping
+    from streamrl.workers.learning.publisher import LocalShard
+
+    old = {f"w{i}": LocalShard(bits(4000, seed=i), (40, 100), 0) for i in range(5)}
+    new = {n: LocalShard(changed(s.bits, 0.05, seed=7), s.full_shape, 0) for n, s in old.items()}
+    serial = encode_shard(new, old, chunk_bytes=2000, dense_threshold=0.25)
+    with ThreadPoolExecutor(2) as pool:
+        pooled = encode_shard(new, old, chunk_bytes=2000, dense_threshold=0.25, pool=pool)
+    assert [p.header for p in pooled] == [p.header for p in serial] and len(serial) == 5 * 4
+    assert not _overlapping(serial)
+    twice = EncodedPart(msgspec.structs.replace(serial[0].header, rows=11), b"")
+    assert _overlapping([serial[0], serial[1], twice])  # rows 0-10 of w0 written twice

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -120,13 +121,17 @@ class Engine(ABC):
         return set()
 
     def prepare_weights(
-        self, named_tensors: list[tuple[str, torch.Tensor]], version: int
+        self,
+        named_tensors: list[tuple[str, torch.Tensor]],
+        version: int,
+        pool: Executor | None = None,
     ) -> Callable[[], None]:
         """Called off the decode path (the weight thread, while ``generate`` runs): do what
         ``update_weights`` would that does not touch the live model, and return the rest, a
         call made between decode steps. The caller leaves ``named_tensors`` unchanged until
-        that call returns. Default: nothing ahead; the adoption is ``update_weights`` (an
-        engine that copies into its own layout, as vLLM and SGLang load weights)."""
+        that call returns. ``pool``: threads independent pieces of the preparation may run
+        on. Default: nothing ahead; the adoption is ``update_weights`` (an engine that
+        copies into its own layout, as vLLM and SGLang load weights)."""
         return functools.partial(self.update_weights, list(named_tensors), version)
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook

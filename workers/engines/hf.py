@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Executor
 
 import torch
 
@@ -256,7 +257,10 @@ class HFEngine(Engine):
         return {names[i] for i in live if i in names}
 
     def prepare_weights(
-        self, named_tensors: list[tuple[str, torch.Tensor]], version: int
+        self,
+        named_tensors: list[tuple[str, torch.Tensor]],
+        version: int,
+        pool: Executor | None = None,
     ) -> Callable[[], None]:
         """New tensors for the changed parameters and their packed copies, built while the
         engine decodes; the adoption swaps them in (pointer assignments, no copy). A tensor
@@ -272,7 +276,12 @@ class HFEngine(Engine):
             by_param = {id(self.params[name]): tensor for name, tensor in new.items()}
             changed = [*new, *written]
             layers = {id(layer): layer for n in changed for layer in self._packed.get(n, ())}
-            packed = [(layer, layer.pack(by_param)) for layer in layers.values()]
+
+            def pack(layer: PackedLinear | MergedProjection) -> tuple:
+                return layer, layer.pack(by_param)
+
+            chosen = list(layers.values())  # each layer's copy apart: on the pool's threads
+            packed = list(pool.map(pack, chosen) if pool is not None else map(pack, chosen))
 
         def adopt() -> None:
             for name, tensor in new.items():

@@ -43,6 +43,7 @@ import msgspec
 import torch
 import zmq
 
+from streamrl.cores import burst_pool
 from streamrl.models import load_bf16_image
 from streamrl.models.lora import LoraMerge, adapter_settings, is_base, load_adapter_image
 from streamrl.protocol import GeneratorActivity, LearnerClockInfo, WeightStages
@@ -123,6 +124,9 @@ class GeneratorWeights:
                 # tensors a forward reads; the others it writes in place.
                 live = engine.live_weight_names()
                 image = {n: t.clone() if n in live else t for n, t in image.items()}
+        # A version's blocks are applied, and its packed copies made, on every core the
+        # weight thread may use (streamrl.cores.burst_pool).
+        self._pool = burst_pool(spec.slack_cores, f"weights-{self.generator_id}")
         self.subscriber = self._subscribe(image)
         self.subscriber_epoch = 0  # the learner epoch the subscriber's versions belong to
         self.last_latency_s = 0.0  # publish -> adopted by the engine, the newest version
@@ -154,6 +158,7 @@ class GeneratorWeights:
             ctx=self.ctx,
             anchor_timeout_s=self._anchor_timeout_s,
             version=version,
+            pool=self._pool,
         )
 
     def follow_clock(self, clock: LearnerClockInfo) -> None:
@@ -244,7 +249,7 @@ class GeneratorWeights:
             else:
                 named = [(n, sub.image[n]) for n in changed]
             received = time.perf_counter()
-            adopt = self.engine.prepare_weights(named, sub.version)
+            adopt = self.engine.prepare_weights(named, sub.version, pool=self._pool)
             prepare_s = time.perf_counter() - received
             log.info(
                 "generator[%d]: version %d applied to the image in %.3f s, prepared in %.3f s",
@@ -352,3 +357,5 @@ class GeneratorWeights:
             self._thread.join(timeout=10)
         with self._lock:
             self.subscriber.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)

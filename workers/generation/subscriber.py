@@ -49,6 +49,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -175,6 +176,12 @@ class _RankStream:
         return out
 
 
+def _overlapping(parts: list[EncodedPart]) -> bool:
+    """Whether two parts write rows of the same tensor in common."""
+    spans = sorted((p.header.name, p.header.row_offset, p.header.rows) for p in parts)
+    return any(a[0] == b[0] and a[1] + a[2] > b[1] for a, b in zip(spans, spans[1:], strict=False))
+
+
 class WeightSubscriber:
     def __init__(
         self,
@@ -187,11 +194,15 @@ class WeightSubscriber:
         anchor_timeout_s: float = 5.0,
         rcvhwm: int = 0,
         ctx: zmq.Context | None = None,
+        pool: Executor | None = None,
     ) -> None:
+        """``pool``: threads a version's blocks are applied on (``streamrl.cores.burst_pool``;
+        None: on the calling thread)."""
         for name, tensor in image.items():
             if tensor.dtype != torch.bfloat16 or not tensor.is_contiguous() or tensor.is_cuda:
                 raise ValueError(f"{name}: the image must be contiguous bf16 tensors on the host")
         self.image, self.subscriber_id = image, subscriber_id
+        self.pool = pool
         self.version = version
         self.anchor_timeout_s = anchor_timeout_s
         self.ctx = ctx or zmq.Context.instance()
@@ -378,10 +389,8 @@ class WeightSubscriber:
         for rank, (steps, _) in enumerate(plans):
             try:
                 for step in steps:
-                    for part in step.parts:
-                        block = self._block(part)
-                        undo_log.append((block, apply_in_place(part, block)))
-                        changed.add(part.header.name)
+                    self._apply_parts(step.parts, undo_log)
+                    changed.update(part.header.name for part in step.parts)
                     # Once found wrong, a rank's rows are not checked again in this poll
                     # (the same divergence, counted once).
                     if step.check is not None and rank not in wrong:
@@ -441,6 +450,29 @@ class WeightSubscriber:
             state.repair, state.anchor, state.anchor_requested_at = True, {}, None
             self.request_anchor(rank)
         return sorted(changed)
+
+    def _apply_parts(
+        self, parts: list[EncodedPart], undo_log: list[tuple[np.ndarray, Undo]]
+    ) -> None:
+        """Apply one version step's parts (on ``pool``'s threads where given and the parts'
+        rows are disjoint, as a publisher's are; overlapping rows, which only a malformed
+        message has, go one after another), appending each applied block's undo record;
+        raises the first failure once every part has finished."""
+        blocks = [self._block(part) for part in parts]  # refused before anything is written
+        if self.pool is None or len(parts) < 2 or _overlapping(parts):
+            for part, block in zip(parts, blocks, strict=True):
+                undo_log.append((block, apply_in_place(part, block)))
+            return
+        pool = self.pool
+        futures = [pool.submit(apply_in_place, p, b) for p, b in zip(parts, blocks, strict=True)]
+        failure: Exception | None = None
+        for block, future in zip(blocks, futures, strict=True):
+            try:
+                undo_log.append((block, future.result()))
+            except (ValueError, KeyError) as exc:  # the block was left as it was
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def _image_differs(self, check: ImageChecksum) -> list[str]:
         """The tensors whose rows in our image differ from the learner rank's (by their XXH3-64

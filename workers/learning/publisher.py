@@ -48,6 +48,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import msgspec
@@ -56,6 +57,7 @@ import torch
 import zmq
 
 from streamrl.config import WeightsConfig
+from streamrl.cores import burst_pool
 from streamrl.models.lora import wire_name
 from streamrl.protocol import AnchorRequest, ImageChecksum, WeightAnchor, WeightDiff
 from streamrl.transport import Codec, bind_random, make_socket
@@ -125,26 +127,34 @@ def encode_shard(
     *,
     chunk_bytes: int,
     dense_threshold: float,
+    pool: Executor | None = None,
 ) -> list[EncodedPart]:
-    """Every changed block of ``image`` against ``base`` (``None``: every block, dense)."""
-    parts = []
-    for name, shard in image.items():
+    """Every changed block of ``image`` against ``base`` (``None``: every block, dense), in
+    ``image``'s order; the blocks are encoded on ``pool``'s threads where given."""
+
+    def encode(block: tuple[str, LocalShard, int, int]) -> EncodedPart | None:
+        name, shard, start, stop = block
         row_elems = max(math.prod(shard.full_shape[1:]), 1)
-        old = None if base is None else base[name].bits
-        for start, stop in row_blocks(shard.rows, row_elems, chunk_bytes):
-            lo, hi = start * row_elems, stop * row_elems
-            part = encode_part(
-                name,
-                shard.bits[lo:hi],
-                None if old is None else old[lo:hi],
-                full_shape=shard.full_shape,
-                row_offset=shard.row_offset + start,
-                rows=stop - start,
-                dense_threshold=dense_threshold,
-            )
-            if part is not None:
-                parts.append(part)
-    return parts
+        lo, hi = start * row_elems, stop * row_elems
+        return encode_part(
+            name,
+            shard.bits[lo:hi],
+            None if base is None else base[name].bits[lo:hi],
+            full_shape=shard.full_shape,
+            row_offset=shard.row_offset + start,
+            rows=stop - start,
+            dense_threshold=dense_threshold,
+        )
+
+    blocks = [
+        (name, shard, start, stop)
+        for name, shard in image.items()
+        for start, stop in row_blocks(
+            shard.rows, max(math.prod(shard.full_shape[1:]), 1), chunk_bytes
+        )
+    ]
+    encoded = pool.map(encode, blocks) if pool is not None else map(encode, blocks)
+    return [part for part in encoded if part is not None]
 
 
 def shard_image_checksum(image: dict[str, LocalShard]) -> ImageChecksum:
@@ -209,6 +219,8 @@ class WeightPublisher:
         binds its predecessor's, so generators' sockets reconnect to it by themselves.
         ``encoder_cores``: the cores the encoder thread may use (default: the process's)."""
         self.encoder_cores = encoder_cores
+        # The encoder fans a version's blocks out over the cores it may use (streamrl.cores).
+        self._pool = burst_pool(encoder_cores, f"encode[{rank}]")
         self.model, self.rank, self.world_size, self.config = model, rank, world_size, config
         self.shard_rank = shard_rank
         self.ctx = ctx or zmq.Context.instance()
@@ -303,6 +315,7 @@ class WeightPublisher:
             self.image,
             chunk_bytes=self.config.chunk_bytes,
             dense_threshold=self.config.dense_threshold,
+            pool=self._pool,
         )
         encode_s = time.perf_counter() - start
         chunks = chunk_parts(parts, self.config.chunk_bytes)
@@ -400,5 +413,7 @@ class WeightPublisher:
             self._lock.notify_all()
         for thread in self._threads:
             thread.join(timeout=5)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
         self.pub.close()
         self.router.close()
