@@ -99,3 +99,41 @@ def test_fp32_forward_sees_the_bf16_grid_and_the_optimizer_the_masters(mesh) -> 
         for n, p in model.named_parameters()
         if n in moved
     )
+
+
+def test_the_publisher_s_snapshot_is_the_next_forward_s_image(mesh) -> None:
+    """A one-rank bf16 learner's next forward takes the weight publisher's bf16 snapshot of
+    its masters (``offer_compute_image``) instead of casting them again: the forward reads
+    those very tensors, and logits and gradients are those of a fresh cast. An offer does not
+    outlive a release (the masters may change after one), nor serve two refreshes."""
+    from streamrl.config import WeightsConfig
+    from streamrl.workers.learning.fsdp import offer_compute_image
+    from streamrl.workers.learning.publisher import WeightPublisher, whole_tensors
+
+    offered, fresh = (shard_for_training(_off_grid_model(), mesh, "bfloat16") for _ in range(2))
+    publisher = WeightPublisher(offered, 0, 1, WeightsConfig())
+    try:
+        publisher.publish(1)
+        snapshot = whole_tensors(publisher.last_snapshot)
+        names = {n for n, _ in offered.named_parameters()}
+        assert set(snapshot) == names
+        assert offer_compute_image(offered, snapshot) == len(names)
+        head = offered.get_output_embeddings()
+        seen = {}
+        hook = head.register_forward_pre_hook(lambda m, _a: seen.update(weight=m.weight.data))
+        logits = _two_micro_batches(offered)
+        hook.remove()
+        tied_name = next(n for n, p in offered.named_parameters() if p is head.weight)
+        assert seen["weight"].data_ptr() == snapshot[tied_name].data_ptr()
+        torch.testing.assert_close(logits, _two_micro_batches(fresh), rtol=0, atol=0)
+        grads = dict(fresh.named_parameters())
+        for name, p in offered.named_parameters():
+            assert torch.equal(p.grad, grads[name].grad), name
+        assert offered.compute_image._offered == {}  # taken by the first refresh only
+        assert offer_compute_image(offered, snapshot) == len(names)
+        release_compute_image(offered)
+        assert offered.compute_image._offered == {}
+        # Not the refresh's own tensors (another dtype): left out.
+        assert offer_compute_image(offered, {n: t.float() for n, t in snapshot.items()}) == 0
+    finally:
+        publisher.close()

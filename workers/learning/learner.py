@@ -35,9 +35,9 @@ from streamrl.protocol import BatchTaken, LearnerStep, TrajectoryGroup
 from streamrl.role_specs import LearnerSpec
 from streamrl.transport import interface_holding, make_socket, resolve_host
 from streamrl.workers.learning import checkpoint
-from streamrl.workers.learning.fsdp import adamw, shard_for_training
+from streamrl.workers.learning.fsdp import adamw, offer_compute_image, shard_for_training
 from streamrl.workers.learning.lora_forward import merge_in_forward
-from streamrl.workers.learning.publisher import WeightPublisher
+from streamrl.workers.learning.publisher import WeightPublisher, whole_tensors
 from streamrl.workers.learning.train_step import TrainStep
 from streamrl.workers.learning.training_record import NoRecord, TrainingRecord
 
@@ -275,6 +275,8 @@ class Learner:
             due = every > 0 and self.version % every == 0
             checkpoint_step = self._checkpoint_requested or due
             metrics.update(self.publisher.publish(self.version, verify=checkpoint_step))
+            # The next forward takes the snapshot as its bf16 image instead of casting again.
+            offer_compute_image(self.model, whole_tensors(self.publisher.last_snapshot))
             metrics["time/wait_batch_s"] = wait_s
             metrics["train/groups"] = float(len(groups) * self.world_size)  # equal shares
             if self._checkpoint_due():

@@ -88,14 +88,16 @@ class LocalShard:
 
 
 def local_bf16_shards(
-    model: torch.nn.Module, shard_rank: int | None = None
+    model: torch.nn.Module, shard_rank: int | None = None, pool: Executor | None = None
 ) -> dict[str, LocalShard]:
     """name -> bf16 snapshot of this rank's rows, for every trained parameter (tied weights
     once; a LoRA model's adapters only, by the adapter file's names: ``streamrl.models.lora``).
     FSDP2 parameters are DTensors sharded ``Shard(0)`` with ``torch.chunk`` row ranges; plain
     parameters are the whole tensor at offset 0. ``shard_rank``: this rank's index on the
-    (1-D) FSDP mesh; by default the mesh is asked, which needs its process group."""
-    out = {}
+    (1-D) FSDP mesh; by default the mesh is asked, which needs its process group. ``pool``:
+    threads the host parameters are cast on (a GPU's are copied on the calling thread, in
+    its stream's order)."""
+    rows: list[tuple[str, torch.Tensor, tuple[int, ...], int]] = []
     adapters = hasattr(model, "peft_config")
     for name, param in model.named_parameters():
         if adapters:
@@ -115,10 +117,16 @@ def local_bf16_shards(
             if local.shape[0] != stop - offset:
                 raise ValueError(f"{name}: local rows {local.shape[0]} != {stop - offset}")
             data = local
+        rows.append((name, data, tuple(param.shape), offset))
+
+    def snapshot(row: tuple[str, torch.Tensor, tuple[int, ...], int]) -> LocalShard:
+        _name, data, shape, offset = row
         # One copy: fp32 master -> bf16 on the host (or a plain copy when already bf16).
-        bits = data.to("cpu", torch.bfloat16, copy=True).contiguous()
-        out[name] = LocalShard(as_i16(bits), tuple(param.shape), offset)
-    return out
+        return LocalShard(as_i16(data.to("cpu", torch.bfloat16, copy=True)), shape, offset)
+
+    on_host = all(data.device.type == "cpu" for _, data, _, _ in rows)
+    shards = pool.map(snapshot, rows) if pool is not None and on_host else map(snapshot, rows)
+    return {row[0]: shard for row, shard in zip(rows, shards, strict=True)}
 
 
 def encode_shard(
@@ -155,6 +163,17 @@ def encode_shard(
     ]
     encoded = pool.map(encode, blocks) if pool is not None else map(encode, blocks)
     return [part for part in encoded if part is not None]
+
+
+def whole_tensors(image: dict[str, LocalShard]) -> dict[str, torch.Tensor]:
+    """The shards that hold their whole tensor (a single rank's), as bf16 tensors of its shape
+    sharing the snapshot's memory: what a one-rank learner's compute image would cast anew
+    (``fsdp.offer_compute_image``)."""
+    return {
+        name: torch.from_numpy(shard.bits).view(torch.bfloat16).view(shard.full_shape)
+        for name, shard in image.items()
+        if shard.row_offset == 0 and shard.rows == shard.full_shape[0]
+    }
 
 
 def shard_image_checksum(image: dict[str, LocalShard]) -> ImageChecksum:
@@ -237,6 +256,7 @@ class WeightPublisher:
         self._lock = threading.Condition()
         self.version = version  # last version sent (the image anchors serve)
         self.image = local_bf16_shards(model, shard_rank)
+        self.last_snapshot = self.image  # the newest ``publish`` took (never written after)
         self._pending: _Snapshot | None = None
         self._busy = False
         self.anchors_served = 0
@@ -266,7 +286,9 @@ class WeightPublisher:
         start, now = time.perf_counter(), time.time()
         every = self.config.verify_every
         verify = verify or (every > 0 and version % every == 0)
-        snapshot = _Snapshot(version, local_bf16_shards(self.model, self.shard_rank), now, verify)
+        image = local_bf16_shards(self.model, self.shard_rank, self._pool)
+        snapshot = _Snapshot(version, image, now, verify)
+        self.last_snapshot = snapshot.image
         with self._lock:
             if self._pending is not None:
                 self.coalesced += 1  # the encoder is behind: skip straight to the newest
