@@ -248,3 +248,26 @@ def test_threads_default_to_a_share_of_the_cores() -> None:
     assert role_threads(explicit, "generator", [1], 8) == 5
     with pytest.raises(Exception, match="generator.threads must be >= 0"):
         load_config(None, ["generator.threads=-1"])
+
+
+def test_a_burst_pool_has_a_thread_per_core_it_may_use() -> None:
+    """A side thread's burst pool (streamrl.cores): a thread per given core, each pinned to
+    them (at most BURST_THREADS_MAX); none on a single core, where the work stays put."""
+    import os
+    import threading
+
+    from streamrl.cores import BURST_THREADS_MAX, burst_pool
+
+    assert burst_pool([0], "one") is None
+    own = sorted(os.sched_getaffinity(0))
+    pool = burst_pool(own, "burst")
+    if len(own) < 2:
+        assert pool is None
+        return
+    try:
+        assert pool._max_workers == min(len(own), BURST_THREADS_MAX)
+        where = pool.submit(lambda: (threading.current_thread().name, os.sched_getaffinity(0)))
+        name, cores = where.result(timeout=10)
+        assert name.startswith("burst") and cores == set(own)
+    finally:
+        pool.shutdown()
