@@ -750,7 +750,8 @@ class WeightStages(msgspec.Struct):
     adopt_s: float = 0.0
 
 
-WEIGHT_STAGES = ("arrive", "queue", "apply", "prepare", "adopt")  # WeightStages' in order
+# The stages' names, in order, read off the struct (one list to keep).
+WEIGHT_STAGES = tuple(f.removesuffix("_s") for f in WeightStages.__struct_fields__[1:])
 
 
 OUTCOME_WINDOW = 512  # GeneratorReport.outcome_*: enough for the groups between two reports

@@ -140,9 +140,8 @@ def encode_shard(
     """Every changed block of ``image`` against ``base`` (``None``: every block, dense), in
     ``image``'s order; the blocks are encoded on ``pool``'s threads where given."""
 
-    def encode(block: tuple[str, LocalShard, int, int]) -> EncodedPart | None:
-        name, shard, start, stop = block
-        row_elems = max(math.prod(shard.full_shape[1:]), 1)
+    def encode(block: tuple[str, LocalShard, int, int, int]) -> EncodedPart | None:
+        name, shard, row_elems, start, stop = block
         lo, hi = start * row_elems, stop * row_elems
         return encode_part(
             name,
@@ -155,11 +154,10 @@ def encode_shard(
         )
 
     blocks = [
-        (name, shard, start, stop)
+        (name, shard, row_elems, start, stop)
         for name, shard in image.items()
-        for start, stop in row_blocks(
-            shard.rows, max(math.prod(shard.full_shape[1:]), 1), chunk_bytes
-        )
+        for row_elems in [max(math.prod(shard.full_shape[1:]), 1)]
+        for start, stop in row_blocks(shard.rows, row_elems, chunk_bytes)
     ]
     encoded = pool.map(encode, blocks) if pool is not None else map(encode, blocks)
     return [part for part in encoded if part is not None]
