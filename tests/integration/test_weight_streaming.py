@@ -654,6 +654,45 @@ def test_a_published_version_that_never_comes_is_a_stall_and_an_unpublished_one_
         ctx.destroy(linger=0)
 
 
+def test_a_grant_waiting_across_a_learner_restart_samples_on_the_new_epoch() -> None:
+    """A grant for v3 of epoch 0 waits while v3 is being published; the learners restart from
+    their v2 checkpoint (epoch 1) and could reach v3 again only by training on this
+    generator's groups: the wait moves to epoch 1's v2 and ends once its anchors land, instead
+    of waiting for v3 for ever (the chaos lane's hang of 2026-12-02)."""
+    import zmq
+
+    from streamrl.protocol import GeneratorActivity, LearnerClockInfo
+    from streamrl.workers.generation.generator_weights import GeneratorWeights
+
+    model_dir, ranks, config, engine = tiny_engine_on_a_stream()
+    ctx = zmq.Context()
+    weights = GeneratorWeights(
+        ctx, engine, generator_spec(config, model_dir, ranks), GeneratorActivity(), lambda: None
+    )
+    try:
+        for _ in range(2):
+            ranks.step(1e-3)
+        ranks.flush()
+        weights.follow_clock(LearnerClockInfo(learner_version=2))
+        assert weights.wait_for_version(2, time.monotonic() + 30)
+        weights.follow_clock(LearnerClockInfo(learner_version=3))  # v3 said published, lost
+        asked: list[float] = []
+
+        def restarted_learners() -> bool:  # the admission reply, once a second
+            asked.append(time.monotonic())
+            weights.follow_clock(LearnerClockInfo(learner_version=2, weights_epoch=1))
+            return len(asked) < 30
+
+        assert weights.wait_for_grant(3, run_goes_on=restarted_learners)
+        assert (weights.held_epoch, engine.version) == (1, 2)
+        assert len(asked) < 30  # it ended on the anchors, not on the run stopping
+    finally:
+        weights.close()
+        engine.shutdown()
+        ranks.close()
+        ctx.destroy(linger=0)
+
+
 def test_the_evaluation_process_s_engine_takes_only_the_version_it_evaluates() -> None:
     """``GeneratorWeights.up_to`` (the evaluation process): the image follows the stream up to
     the version asked while the engine prepares nothing; at that version the engine takes

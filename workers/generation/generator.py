@@ -162,7 +162,7 @@ class Generator:
             return True
         first = self.delivery.take_grant(grant.granted)  # counted as the ledger counts grants
         with self.reporting.timing("wait_weights_s"):
-            held = self.weights.wait_for_version(
+            held = self.weights.wait_for_grant(
                 grant.min_version, run_goes_on=self._run_goes_on, meanwhile=self.delivery.pump
             )
         if not held:

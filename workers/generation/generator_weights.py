@@ -337,6 +337,39 @@ class GeneratorWeights:
                         return False
         return held()
 
+    def wait_for_grant(
+        self,
+        min_version: int,
+        run_goes_on: Callable[[], bool],
+        meanwhile: Callable[[], None] | None = None,
+    ) -> bool:
+        """Wait for the weights a grant names: ``min_version`` of the learner epoch it was
+        granted in. If the learners restart meanwhile, their new epoch may resume from a
+        checkpoint behind ``min_version`` and would reach it only by training on groups this
+        generator has not made yet (with one generator, never): so the wait moves to the new
+        epoch's newest published version instead. False only if the run stopped.
+
+        Example: granted at v7 of epoch 0 while v7 is being published; a rank dies and the
+        group resumes at its v4 checkpoint (epoch 1): the grant is sampled on epoch 1's v4."""
+        epoch = self.weights_epoch
+        while not self.wait_for_version(
+            min_version, run_goes_on=run_goes_on, epoch=epoch, meanwhile=meanwhile
+        ):
+            if self.weights_epoch == epoch:
+                return False  # the run stopped
+            log.info(
+                "generator[%d]: learners restarted while waiting for v%d of epoch %d; "
+                "waiting for v%d of epoch %d instead",
+                self.generator_id,
+                min_version,
+                epoch,
+                min(min_version, self.learner_version),
+                self.weights_epoch,
+            )
+            epoch = self.weights_epoch
+            min_version = min(min_version, self.learner_version)
+        return True
+
     def _wait_turn(self, meanwhile: Callable[[], None] | None) -> None:
         """One turn of ``wait_for_version``: adopt what is ready, wait a moment for more."""
         self.poll()
