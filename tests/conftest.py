@@ -12,6 +12,7 @@ import pytest
 from streamrl.models import streamrl_home
 
 _HOME = pytest.StashKey[Path]()  # the session's STREAMRL_HOME
+_SESSION_HOME = "STREAMRL_TEST_SESSION_HOME"  # how xdist workers find it
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -20,6 +21,13 @@ def pytest_configure(config: pytest.Config) -> None:
     the user's home. The models already converted or built there (``models/<name>``, each
     published whole: the SmolLM2 conversion takes minutes) are linked in, read-only in use;
     a model the home lacks is built in the session's own."""
+    shared = os.environ.get(_SESSION_HOME)
+    if shared and os.environ.get("PYTEST_XDIST_WORKER"):
+        # A pytest-xdist worker (`-n 2`): the controller's home, so that a model one worker
+        # builds (Gemma's conversion takes a minute) is the other's too; the controller
+        # removes it.
+        os.environ["STREAMRL_HOME"] = shared
+        return
     real_models = streamrl_home() / "models"
     home = Path(tempfile.mkdtemp(prefix="streamrl-home-"))
     (home / "models").mkdir()
@@ -28,7 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
             if (model / "config.json").is_file():
                 (home / "models" / model.name).symlink_to(model.resolve())
     config.stash[_HOME] = home
-    os.environ["STREAMRL_HOME"] = str(home)
+    os.environ["STREAMRL_HOME"] = os.environ[_SESSION_HOME] = str(home)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
