@@ -357,17 +357,17 @@ class GeneratorWeights:
         ):
             if self.weights_epoch == epoch:
                 return False  # the run stopped
+            newest = min(min_version, self.learner_version)
             log.info(
                 "generator[%d]: learners restarted while waiting for v%d of epoch %d; "
                 "waiting for v%d of epoch %d instead",
                 self.generator_id,
                 min_version,
                 epoch,
-                min(min_version, self.learner_version),
+                newest,
                 self.weights_epoch,
             )
-            epoch = self.weights_epoch
-            min_version = min(min_version, self.learner_version)
+            epoch, min_version = self.weights_epoch, newest
         return True
 
     def _wait_turn(self, meanwhile: Callable[[], None] | None) -> None:
