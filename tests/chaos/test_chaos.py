@@ -320,13 +320,20 @@ SERVED = {
         "judge-tiny-random-llama",
     ),
     "teacher": ("{teacher: {model: tiny-random-llama}, weight: 0.5}", "teacher-tiny-random-llama"),
+    # A lagged copy of the student: its new incarnation follows the learners' stream afresh.
+    "self-teacher": ("{teacher: {model: self, refresh_every: 2}, weight: 0.5}", "teacher-self"),
 }
 
 
 @pytest.mark.parametrize(
     ("how", "served"),
-    [(signal.SIGKILL, "judge"), (signal.SIGKILL, "teacher"), (signal.SIGSTOP, "teacher")],
-    ids=["kill-9-judge", "kill-9-teacher", "sigstop-teacher"],
+    [
+        (signal.SIGKILL, "judge"),
+        (signal.SIGKILL, "teacher"),
+        (signal.SIGSTOP, "teacher"),
+        (signal.SIGKILL, "self-teacher"),
+    ],
+    ids=["kill-9-judge", "kill-9-teacher", "sigstop-teacher", "kill-9-self-teacher"],
 )
 def test_a_lost_reward_role_restarts_and_every_group_is_scored_once(
     tmp_path: Path, how: int, served: str
@@ -335,7 +342,9 @@ def test_a_lost_reward_role_restarts_and_every_group_is_scored_once(
     stop) mid-run: started again on its port, the generators send it what was in flight, and
     the run finishes with every logged group scored exactly once, by one of the role's two
     incarnations (same identity: the incarnation tells them apart), none refused, nothing
-    lost; a teacher's groups each carry one logprob per response token. Each generator's
+    lost; a teacher's groups each carry one logprob per response token, and a lagged copy of
+    the student (``model: self``), whose new incarnation follows the learners' weight stream
+    afresh, scores every group within its lag bound. Each generator's
     groups reach the log in the order their scores settled: once the new incarnation has
     scored one of them, the dead one scores none after it."""
     run_dir = tmp_path / "run"
@@ -358,9 +367,21 @@ def test_a_lost_reward_role_restarts_and_every_group_is_scored_once(
     groups = [g for shard in shard_dirs(run_dir / "buffer") for g, _ in scan_shard(shard)]
     assert groups and all(g.scorers == [role["identity"]] for g in groups)
     assert all(len(g.scorer_incarnations) == 1 for g in groups)
-    if served == "teacher":
+    if served != "judge":
         for t in (t for g in groups for t in g.trajectories):
             assert t.teacher_coef == 0.5 and len(t.teacher_logprobs) == len(t.response_ids)
+    if served == "self-teacher":
+        # Never more than its bound (2 x refresh_every) behind a group (it may be ahead of an
+        # older one); at multiples of 2, but for the version the new incarnation's anchor
+        # brought it to (the learners' newest when it started).
+        lags = [(g.max_version, t.teacher_version) for g in groups for t in g.trajectories]
+        assert all(held >= 0 and v - held <= 4 for v, held in lags), sorted(set(lags))
+        held = {0: set(), 1: set()}
+        for g in groups:
+            held[g.scorer_incarnations[0]] |= {t.teacher_version for t in g.trajectories}
+        assert all(v % 2 == 0 for v in held[0]), held
+        assert len({v for v in held[1] if v % 2}) <= 1, held
+        print(f"teacher versions by incarnation: {held}")
     by = Counter(g.scorer_incarnations[0] for g in groups)
     assert by.keys() == {0, 1}, by  # the kill came mid-run: each scored some
     for sender in {g.sender for g in groups}:  # one generator's pushes to a shard, logged
