@@ -31,7 +31,9 @@ Figures per configuration (means over versions unless stated):
   encode      publisher's diff + encode time (on its thread, overlapping the next step)
   snapshot    time ``publish`` blocks the learner (the bf16 copy of the shard)
   p2a p50/max publish-to-all-applied: from ``publish(v)`` to the last subscriber holding >= v
-  apply       subscriber's time to apply one version (mean over subscribers and versions)
+  apply       subscriber's time to apply one version once its last chunk is in (mean over
+              subscribers and versions; with --whole, all of it; else what was not written
+              ahead while the rest arrived)
   h2d         (cuda) the engine's copy of the changed tensors to the GPU, per version
   anchors     anchors served; cks fail: checksum failures over all subscribers
 
@@ -47,6 +49,7 @@ the same two cores, so latency with 8 subscribers is mostly CPU contention.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -84,8 +87,13 @@ def image_hashes(image) -> dict[str, int]:
     }
 
 
-def subscriber_main(sid, pub_ep, anchor_ep, model_dir, final, learner_version, out, ready, device):
+def subscriber_main(
+    sid, pub_ep, anchor_ep, model_dir, final, learner_version, out, ready, device, ahead, cores
+):
     import torch
+
+    if cores:  # --split: the generators' host, apart from the learner's
+        os.sched_setaffinity(0, cores)
 
     from streamrl.models import load_bf16_image
     from streamrl.workers.generation.subscriber import WeightSubscriber
@@ -99,7 +107,9 @@ def subscriber_main(sid, pub_ep, anchor_ep, model_dir, final, learner_version, o
 
         engine = HFEngine(EngineArgs(Path(model_dir), device="cuda", dtype="bfloat16"))
         assert engine.shared_weights() is None
-    sub = WeightSubscriber(image, [pub_ep], [anchor_ep], sid, anchor_timeout_s=2.0)
+    sub = WeightSubscriber(
+        image, [pub_ep], [anchor_ep], sid, anchor_timeout_s=2.0, write_ahead=ahead
+    )
     time.sleep(0.5)  # connected before the first diff
     ready.put(sid)
     records = []  # (version, wall time it is usable, apply s, host-to-device copy s)
@@ -125,7 +135,14 @@ def subscriber_main(sid, pub_ep, anchor_ep, model_dir, final, learner_version, o
 
 
 def run_config(
-    model_dir, lr: float, n_subs: int, versions: int, device: str = "cpu", seed: int = 0
+    model_dir,
+    lr: float,
+    n_subs: int,
+    versions: int,
+    device: str = "cpu",
+    seed: int = 0,
+    write_ahead: bool = True,
+    split: bool = False,
 ) -> Result:
     import torch
     import torch.multiprocessing as mp
@@ -134,6 +151,14 @@ def run_config(
     from streamrl.models import load_causal_lm
     from streamrl.workers.learning.publisher import WeightPublisher, local_bf16_shards
 
+    sub_cores = None
+    if split:
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2:
+            raise SystemExit("--split needs two cores")
+        sub_cores = cores[1:]
+        # Until the run is measured: its publisher's encoder pool sees this one core.
+        os.sched_setaffinity(0, cores[:1])
     model = load_causal_lm(model_dir, "float32", device=device)
     model.config.use_cache = False
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -154,6 +179,8 @@ def run_config(
                 out,
                 ready,
                 device,
+                write_ahead,
+                sub_cores,
             ),
             daemon=True,
         )
@@ -200,6 +227,8 @@ def run_config(
     applies = [a for _, hist, *_ in results for _, _, a, _ in hist]
     copies = [c for _, hist, *_ in results for _, _, _, c in hist]
     sent = list(per_version.values())
+    if sub_cores:
+        os.sched_setaffinity(0, [*cores[:1], *sub_cores])
     return Result(
         lr=lr,
         subs=n_subs,
@@ -323,6 +352,18 @@ def main() -> None:
     parser.add_argument("--long-versions", type=int, default=50)
     parser.add_argument("--model", default=None, help="default: smollm2-135m-instruct")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="the learner and its encoder on core 0, subscribers on the other cores: hosts "
+        "apart, as learners and generators are in a cluster",
+    )
+    parser.add_argument(
+        "--whole",
+        action="store_true",
+        help="subscribers write a version once all of it is in (default: each chunk as it "
+        "arrives, as a generator's weight thread does)",
+    )
     args = parser.parse_args()
 
     import torch
@@ -342,7 +383,15 @@ def main() -> None:
     start = time.time()
     results = []
     for lr, n_subs, versions in configs:
-        result = run_config(model_dir, lr, n_subs, versions, args.device)
+        result = run_config(
+            model_dir,
+            lr,
+            n_subs,
+            versions,
+            args.device,
+            write_ahead=not args.whole,
+            split=args.split,
+        )
         results.append(result)
         print(f"  done lr={lr:g} subs={n_subs} versions={versions} ({time.time() - start:.0f}s)")
         sys.stdout.flush()

@@ -574,7 +574,8 @@ class WeightsConfig(_Section):
     dense_threshold: float = 0.25
     # ZeroMQ send high-water mark on the publisher (messages); a slow subscriber misses diffs.
     pub_hwm: int = 64
-    # Bytes per published chunk.
+    # The bytes of the bf16 image one published chunk covers, at most (its payload is at
+    # most that): a diff's chunks leave as they are encoded and are written as they arrive.
     chunk_bytes: int = 16 * 1024 * 1024
     # A subscriber that knows of a newer version (or holds an incomplete diff) but cannot move
     # for this long asks the learner ranks for anchors.

@@ -664,6 +664,8 @@ class WeightDiff(msgspec.Struct, tag="weight_diff"):
     parts: list[TensorPart]
     published_at: float
     chunk: int = 0
+    # How many chunks the version has; the publisher streams a diff's chunks as it encodes
+    # them, so only the last carries the count and the ones before it say 0.
     num_chunks: int = 1
     # True: each part's values and indices follow this header as two extra ZeroMQ frames, in
     # part order (sent zero-copy); the header's parts then carry empty ``values``/``indices``.

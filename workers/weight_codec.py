@@ -143,6 +143,11 @@ class EncodedPart:
     def nbytes(self) -> int:
         return memoryview(self.values).nbytes + memoryview(self.indices).nbytes
 
+    @property
+    def image_bytes(self) -> int:
+        """The bf16 bytes of the rows this part covers (its payload is at most that)."""
+        return 2 * self.header.rows * max(math.prod(self.header.full_shape[1:]), 1)
+
 
 def _header(name, full_shape, row_offset, rows, encoding, bits, num_changed) -> TensorPart:
     return TensorPart(

@@ -191,9 +191,13 @@ SCALES = [1e-4, 1e-3, 1e-2, 1.0]  # sparse, sparse/bitmap, mostly dense, everyth
 @pytest.mark.parametrize("pool", [False, True], ids=["one-thread", "burst-pool"])
 def test_uneven_shards_and_empty_ranks_stream_bitwise(pool: bool) -> None:
     """Every publisher encodes on a burst pool (this process's cores); subscribers apply on
-    the calling thread or on a pool of their own: the image ends bitwise the learner's."""
+    the calling thread or on a pool of their own, one of them writing chunks ahead as they
+    arrive: the image ends bitwise the learner's."""
     ranks = FakeRanks(3, WeightsConfig(chunk_bytes=4096))
-    subs = [ranks.subscriber(i, pool=ThreadPoolExecutor(2) if pool else None) for i in range(2)]
+    subs = [
+        ranks.subscriber(i, pool=ThreadPoolExecutor(2) if pool else None, write_ahead=i == 1)
+        for i in range(2)
+    ]
     time.sleep(0.5)  # let the SUB sockets connect before the first diff
     try:
         for v in range(1, 21):
@@ -236,10 +240,12 @@ def test_hwm_overflow_and_late_join_recover_by_anchor() -> None:
         ranks.close(slow, *([late] if late else []))
 
 
-def test_lost_chunks_recover_by_anchor() -> None:
+@pytest.mark.parametrize("write_ahead", [False, True], ids=["whole", "write-ahead"])
+def test_lost_chunks_recover_by_anchor(write_ahead: bool) -> None:
     ranks = FakeRanks(2, WeightsConfig(chunk_bytes=4096))
-    hint = ranks.subscriber(0, anchor_timeout_s=0.5)  # told the learner's version
-    stall = ranks.subscriber(1, anchor_timeout_s=0.5)  # notices an incomplete diff stalling
+    # One told the learner's version, one that notices an incomplete diff stalling.
+    hint = ranks.subscriber(0, anchor_timeout_s=0.5, write_ahead=write_ahead)
+    stall = ranks.subscriber(1, anchor_timeout_s=0.5, write_ahead=write_ahead)
     time.sleep(0.5)
     pub0 = ranks.publishers[0]
     try:
@@ -263,12 +269,16 @@ def test_lost_chunks_recover_by_anchor() -> None:
         ranks.close(hint, stall)
 
 
-@pytest.mark.parametrize("pool", [False, True], ids=["one-thread", "burst-pool"])
-def test_corrupted_diff_is_detected_and_repaired(pool: bool) -> None:
+@pytest.mark.parametrize(
+    ("pool", "write_ahead"),
+    [(False, False), (True, False), (True, True)],
+    ids=["one-thread", "burst-pool", "write-ahead"],
+)
+def test_corrupted_diff_is_detected_and_repaired(pool: bool, write_ahead: bool) -> None:
     """A corrupted block among a version's others (applied on a pool's threads, the others
     succeeding beside it) is refused, every block put back, and the rank re-anchored."""
-    ranks = FakeRanks(2, WeightsConfig())
-    sub = ranks.subscriber(0, pool=ThreadPoolExecutor(2) if pool else None)
+    ranks = FakeRanks(2, WeightsConfig(chunk_bytes=4096 if write_ahead else 16 << 20))
+    sub = ranks.subscriber(0, pool=ThreadPoolExecutor(2) if pool else None, write_ahead=write_ahead)
     time.sleep(0.5)
     ranks.publishers[1].send_filter = lambda v, c, f: corrupt_first_value(f) if v == 3 else f
     try:
@@ -283,9 +293,88 @@ def test_corrupted_diff_is_detected_and_repaired(pool: bool) -> None:
         ranks.close(sub)
 
 
-def test_coalesced_versions_follow_the_base_chain() -> None:
-    ranks = FakeRanks(2, WeightsConfig())
-    sub = ranks.subscriber(0)
+class HoldLastChunk:
+    """A send filter that keeps each version's last chunk back until ``release``."""
+
+    def __init__(self, publisher: WeightPublisher) -> None:
+        self.publisher, self.held = publisher, {}
+        publisher.send_filter = self
+
+    def __call__(self, version: int, chunk: int, frames: list) -> list | None:
+        if msgspec.msgpack.decode(frames[0], type=WeightDiff).num_chunks:
+            self.held[version] = frames
+            return None
+        return frames
+
+    def release(self, version: int, change=lambda frames: frames) -> None:
+        self.publisher.pub.send_multipart(change(self.held.pop(version)), copy=False)
+
+
+def written_ahead(sub: WeightSubscriber, before: dict[str, torch.Tensor]) -> None:
+    """Poll until some of the image differs from ``before`` (chunks written ahead)."""
+    deadline = time.monotonic() + 20
+    while all(torch.equal(sub.image[n], t) for n, t in before.items()):
+        assert time.monotonic() < deadline, "nothing was written ahead"
+        sub.poll()
+        time.sleep(0.005)
+
+
+def test_a_version_written_ahead_moves_whole_or_not_at_all() -> None:
+    """Writing ahead, a diff's chunks go into the image as they arrive while the version
+    stays; its last chunk moves it. A corrupted last chunk puts back every block of that
+    rank written ahead (its rows are the version held, bit for bit) and the rank is
+    re-anchored; a subscriber closed mid-version leaves the image whole at the version it
+    held."""
+    ranks = FakeRanks(2, WeightsConfig(chunk_bytes=4096))
+    sub = ranks.subscriber(0, write_ahead=True)
+    time.sleep(0.5)
+    holds = [HoldLastChunk(p) for p in ranks.publishers]
+    try:
+        for version in (1, 2):
+            before = {n: t.clone() for n, t in sub.image.items()}
+            ranks.step(1e-2)
+            ranks.flush()
+            written_ahead(sub, before)
+            assert sub.version == version - 1
+            if version == 1:  # whole: the version moves
+                for hold in holds:
+                    hold.release(version)
+                poll_until([sub], 1)
+                assert_bitwise_equal(sub.image, ranks.full)
+                assert sub.metrics()["weights/ahead_s"] > 0
+                continue
+            holds[0].release(version)
+            holds[1].release(version, corrupt_first_value)
+            deadline = time.monotonic() + 20
+            while sub.checksum_failures == 0:
+                assert time.monotonic() < deadline
+                sub.poll()
+            # Rank 1's blocks written ahead are undone; rank 0's wait, written, for rank 1.
+            assert sub.version == 1 and sub.anchors_requested == 1
+            for name, tensor in sub.image.items():
+                start, stop = shard_rows(tensor.shape[0], 1, 2)
+                assert torch.equal(tensor[start:stop], before[name][start:stop]), name
+        for publisher in ranks.publishers:
+            publisher.send_filter = None
+        poll_until([sub], 2)
+        assert_bitwise_equal(sub.image, ranks.full)
+        assert sub.anchors_applied == 1
+        # Closed mid-version: what was written ahead is undone.
+        holds = [HoldLastChunk(p) for p in ranks.publishers]
+        before = {n: t.clone() for n, t in sub.image.items()}
+        ranks.step(1e-2)
+        ranks.flush()
+        written_ahead(sub, before)
+        sub.close()
+        assert_bitwise_equal(sub.image, before)
+    finally:
+        ranks.close()
+
+
+@pytest.mark.parametrize("write_ahead", [False, True], ids=["whole", "write-ahead"])
+def test_coalesced_versions_follow_the_base_chain(write_ahead: bool) -> None:
+    ranks = FakeRanks(2, WeightsConfig(chunk_bytes=4096))
+    sub = ranks.subscriber(0, write_ahead=write_ahead)
     time.sleep(0.5)
     bases: list[tuple[int, int]] = []
 

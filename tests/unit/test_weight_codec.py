@@ -13,7 +13,12 @@ import torch
 import torch.distributed as dist
 
 from streamrl.workers.learning.fsdp import shard_for_training
-from streamrl.workers.learning.publisher import chunk_parts, encode_shard, local_bf16_shards
+from streamrl.workers.learning.publisher import (
+    chunk_parts,
+    encode_shard,
+    local_bf16_shards,
+    stream_chunks,
+)
 from streamrl.workers.weight_codec import (
     EncodedPart,
     apply_part,
@@ -156,6 +161,25 @@ def test_chunks_hold_whole_parts_within_the_bound() -> None:
     for chunk in chunks:
         assert sum(p.nbytes for p in chunk) <= 1200 or len(chunk) == 1
     assert chunk_parts([], 100) == [[]]  # a version with no change still sends one message
+
+
+def test_a_sparse_diff_streams_in_chunks_of_the_rows_it_covers() -> None:
+    """Chunks are cut by the image bytes their parts cover, not by their payload: a sparse
+    diff of many blocks leaves in several chunks (each sent as soon as the next part shows
+    it full), and only the last is marked last."""
+    rng = np.random.default_rng(0)
+    olds = [bits(500, seed=n) for n in range(8)]
+    parts = []
+    for old in olds:
+        new = old.copy()
+        new[rng.choice(500, 5, replace=False)] ^= 1  # 1% changed: a few bytes of payload
+        parts.append(encode(new, old))
+    assert sum(p.nbytes for p in parts) < 1200 < sum(p.image_bytes for p in parts)
+    streamed = list(stream_chunks(iter(parts), chunk_bytes=2000))
+    assert [last for _, last in streamed] == [False] * (len(streamed) - 1) + [True]
+    assert [p for c, _ in streamed for p in c] == parts
+    assert len(streamed) == 4  # two 1000-byte blocks of the image a chunk
+    assert list(stream_chunks(iter([]), 100)) == [([], True)]
 
 
 class _Uneven(torch.nn.Module):

@@ -106,8 +106,14 @@ class GeneratorWeights:
         # With LoRA the stream carries adapters only: the image is theirs, and each version
         # reaches the engine as merged weights (``streamrl.models.lora.LoraMerge``).
         self.lora: LoraMerge | None = None
+        # Whether no forward reads the image between polls, so the subscriber may write a
+        # version's chunks as they arrive (``WeightSubscriber.write_ahead``): the weight
+        # thread's image (the parameters it writes in place are prepacked weights, read only
+        # by ``prepare_weights`` on that thread), or one the engine does not share.
+        private = self.background
         if spec.adapter_dir:
             image = load_adapter_image(Path(spec.adapter_dir))
+            private = True
             settings = adapter_settings(spec.config)
             self.lora = LoraMerge(Path(spec.model_dir), image, settings)
             if not is_base(image):  # a given adapter: version 0 is base + adapter
@@ -119,6 +125,7 @@ class GeneratorWeights:
             image = None if own_image else engine.shared_weights()
             if image is None:
                 image = load_bf16_image(Path(spec.model_dir))
+                private = True
             elif self.background:
                 # The thread writes the image while the engine decodes: its own copy of the
                 # tensors a forward reads; the others it writes in place.
@@ -127,6 +134,7 @@ class GeneratorWeights:
         # A version's blocks are applied, and its packed copies made, on every core the
         # weight thread may use (streamrl.cores.burst_pool).
         self._pool = burst_pool(spec.slack_cores, f"weights-{self.generator_id}")
+        self._write_ahead = private
         self.subscriber = self._subscribe(image)
         self.subscriber_epoch = 0  # the learner epoch the subscriber's versions belong to
         self.last_latency_s = 0.0  # publish -> adopted by the engine, the newest version
@@ -159,6 +167,7 @@ class GeneratorWeights:
             anchor_timeout_s=self._anchor_timeout_s,
             version=version,
             pool=self._pool,
+            write_ahead=self._write_ahead,
         )
 
     def follow_clock(self, clock: LearnerClockInfo) -> None:

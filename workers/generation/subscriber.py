@@ -34,6 +34,19 @@ against its checksum as it is written; on any failure an undo log (the old value
 changed positions) puts every block back before ``poll`` returns. ``poll`` runs between decode
 steps, so the engine never sees a half-applied version.
 
+Writing ahead (``write_ahead``, where nothing decodes with the image: a weight thread's
+own copy): the publisher streams a version's chunks as it encodes them, and each ``poll``
+writes the chunks that arrived of each rank's diff from the version held (in chunk order,
+each block verified, its undo records kept) without moving the version. When the version is
+whole only the last chunks are left to write, so writing overlaps the publisher's encoding
+instead of following it. The version still moves whole or not at all: ``_apply`` takes the
+written-ahead parts as its first step's and undoes them on any failure, and a diff written
+ahead that the version taken does not start with (an anchor came instead, its messages were
+dropped) is undone first. ``close`` undoes one left half-written. So between polls a rank's
+rows may be ahead of the version held (written, waiting for the rest or for the other
+ranks): only the thread that polls may read the image, and only what a ``poll`` that moved
+the version returned, which is then whole.
+
 Example: holding v3, diffs v4 (base 3) and v5 (base 4) arrive from all ranks -> one ``poll``
 moves to v5; if rank 1's v4 was lost, rank 1 is re-anchored at v5 (or later) and the image
 moves to the newest version both ranks reach.
@@ -103,6 +116,19 @@ Steps = list[_Step]  # applied in order
 
 
 @dataclass
+class _Ahead:
+    """A rank's diff from the version the image holds, written into the image chunk by chunk
+    as its chunks arrive (``write_ahead``): how far, and the undo records that take it back
+    out (oldest first). ``_apply`` takes it whole or undoes it."""
+
+    version: int
+    chunks: int = 0  # chunks 0 .. chunks - 1 are written
+    parts: int = 0  # their parts, in chunk order
+    undo: list[tuple[np.ndarray, Undo]] = field(default_factory=list)
+    seconds: float = 0.0  # spent writing them
+
+
+@dataclass
 class _RankStream:
     """What has arrived from one learner rank and not been applied yet."""
 
@@ -115,13 +141,14 @@ class _RankStream:
     # The rows failed a whole-image verification: only an anchor (at our version or later) may
     # move them; their diffs chain from rows we know are wrong.
     repair: bool = False
+    ahead: _Ahead | None = None  # the diff from the version held, written as it arrives
 
     @staticmethod
     def _complete(chunks: dict[int, _Message]) -> list[_Message] | None:
         if not chunks:
             return None
-        n = next(iter(chunks.values())).header.num_chunks
-        if len(chunks) != n or any(i not in chunks for i in range(n)):
+        n = max(m.header.num_chunks for m in chunks.values())  # 0 until the last is in
+        if n == 0 or len(chunks) != n or any(i not in chunks for i in range(n)):
             return None
         return [chunks[i] for i in range(n)]
 
@@ -136,11 +163,12 @@ class _RankStream:
                 self.lost = max(self.lost, diff.version)
             return
         version, chunk, num_chunks = prev
+        last = num_chunks == chunk + 1  # a streamed diff's earlier chunks say 0
         if diff.version == version and diff.chunk == chunk + 1:
             return
-        if diff.version > version and diff.chunk == 0 and chunk == num_chunks - 1:
+        if diff.version > version and diff.chunk == 0 and last:
             return
-        if chunk != num_chunks - 1:
+        if not last:
             self.lost = max(self.lost, version)
         if diff.version != version and diff.chunk != 0:
             self.lost = max(self.lost, diff.version)
@@ -195,14 +223,19 @@ class WeightSubscriber:
         rcvhwm: int = 0,
         ctx: zmq.Context | None = None,
         pool: Executor | None = None,
+        write_ahead: bool = False,
     ) -> None:
         """``pool``: threads a version's blocks are applied on (``streamrl.cores.burst_pool``;
-        None: on the calling thread)."""
+        None: on the calling thread). ``write_ahead``: write a diff's chunks into the image as
+        they arrive (module doc); only where nothing reads the image between polls (a weight
+        thread's own image, not an engine's parameters that it decodes with)."""
         for name, tensor in image.items():
             if tensor.dtype != torch.bfloat16 or not tensor.is_contiguous() or tensor.is_cuda:
                 raise ValueError(f"{name}: the image must be contiguous bf16 tensors on the host")
         self.image, self.subscriber_id = image, subscriber_id
         self.pool = pool
+        self.write_ahead = write_ahead
+        self.last_ahead_s = 0.0  # the last version's seconds written ahead of its last chunk
         self.version = version
         self.anchor_timeout_s = anchor_timeout_s
         self.ctx = ctx or zmq.Context.instance()
@@ -240,6 +273,7 @@ class WeightSubscriber:
         return {
             "weights/applied_version": float(self.version),
             "weights/apply_s": self.last_apply_s,
+            "weights/ahead_s": self.last_ahead_s,
             "weights/publish_to_applied_s": self.last_latency_s,
             "weights/bytes_received": float(self.bytes_received),
             "weights/checksum_failures": float(self.checksum_failures),
@@ -353,6 +387,8 @@ class WeightSubscriber:
         weights; a version past it only when nothing up to it can be reached).
         Returns the names of tensors that changed (empty if the version did not move)."""
         self._drain()
+        if self.write_ahead:
+            self._write_ahead(up_to)
         paths = [state.paths(self.version) for state in self.ranks]
         for rank, state in enumerate(self.ranks):
             if self._needs_anchor(state, set(paths[rank])):
@@ -382,14 +418,16 @@ class WeightSubscriber:
         at ``target`` or untouched."""
         start, started_at = time.perf_counter(), time.time()
         undo_log: list[tuple[np.ndarray, Undo]] = []
+        # A rank's diff written ahead is its first step's first parts, or else undone.
+        written, ahead_s = self._take_ahead(plans, undo_log)
         changed: set[str] = set()
         checks: list[tuple[int, int, list[str]]] = []  # (rank, version, tensors that differ)
         wrong: set[int] = set()
         verify_s = 0.0
         for rank, (steps, _) in enumerate(plans):
             try:
-                for step in steps:
-                    self._apply_parts(step.parts, undo_log)
+                for k, step in enumerate(steps):
+                    self._apply_parts(step.parts[written[rank] if k == 0 else 0 :], undo_log)
                     changed.update(part.header.name for part in step.parts)
                     # Once found wrong, a rank's rows are not checked again in this poll
                     # (the same divergence, counted once).
@@ -403,14 +441,11 @@ class WeightSubscriber:
             except (ValueError, KeyError) as exc:
                 for block, record in reversed(undo_log):
                     undo(block, record)
-                self.checksum_failures += 1
-                log.warning("subscriber[%d]: rank %d rejected: %s", self.subscriber_id, rank, exc)
-                state = self.ranks[rank]
-                state.diffs, state.anchor, state.anchor_requested_at = {}, {}, None
-                self.request_anchor(rank)
+                self._reject(rank, exc)
                 return []
         now = time.time()
         self.last_apply_s = time.perf_counter() - start
+        self.last_ahead_s = ahead_s
         if target > self.version:
             published_at = self._published_at(target, now)
             self.last_latency_s = now - published_at
@@ -450,6 +485,78 @@ class WeightSubscriber:
             state.repair, state.anchor, state.anchor_requested_at = True, {}, None
             self.request_anchor(rank)
         return sorted(changed)
+
+    def _reject(self, rank: int, exc: Exception) -> None:
+        """A rank's diff failed (malformed, checksum mismatch): drop what it sent, anchor it."""
+        self.checksum_failures += 1
+        log.warning("subscriber[%d]: rank %d rejected: %s", self.subscriber_id, rank, exc)
+        state = self.ranks[rank]
+        state.diffs, state.anchor, state.anchor_requested_at = {}, {}, None
+        self.request_anchor(rank)
+
+    def _write_ahead(self, up_to: int | None) -> None:
+        """Write each rank's chunks of its diff from the version held into the image as they
+        arrive, in chunk order (module doc), so that when the version is whole only its last
+        chunk is left to write. The version does not move here: ``_apply`` takes a rank's
+        written-ahead diff whole or undoes it. Nothing past ``up_to`` is written."""
+        limit = None if up_to is None else max(up_to, self.version)
+        for rank, state in enumerate(self.ranks):
+            ahead = state.ahead
+            if ahead is not None and ahead.version not in state.diffs:
+                self._undo_ahead(state)  # its messages are gone (trimmed, or the rank reset)
+                ahead = None
+            if ahead is None:
+                starts = [
+                    v
+                    for v, chunks in state.diffs.items()
+                    if (limit is None or v <= limit)
+                    and chunks[min(chunks)].header.base_version == self.version
+                ]
+                if state.repair or self.version < 0 or not starts:
+                    continue
+                ahead = state.ahead = _Ahead(min(starts))
+            chunks = state.diffs[ahead.version]
+            start = time.perf_counter()
+            try:
+                while ahead.chunks in chunks:
+                    msg = chunks[ahead.chunks]
+                    if msg.header.base_version != self.version:
+                        raise ValueError(f"v{ahead.version} chunk {ahead.chunks}: another base")
+                    self._apply_parts(msg.parts, ahead.undo)
+                    ahead.chunks += 1
+                    ahead.parts += len(msg.parts)
+            except (ValueError, KeyError) as exc:
+                self._undo_ahead(state)
+                self._reject(rank, exc)
+            finally:
+                ahead.seconds += time.perf_counter() - start
+
+    def _take_ahead(
+        self, plans: list[tuple[Steps, bool]], undo_log: list[tuple[np.ndarray, Undo]]
+    ) -> tuple[list[int], float]:
+        """Per rank, how many of its first step's parts are already written (their undo
+        records moved to ``undo_log``); a diff written ahead that the plan does not start
+        with (an anchor instead, a version not taken) is undone. Seconds written ahead."""
+        written, seconds = [], 0.0
+        for state, (steps, used_anchor) in zip(self.ranks, plans, strict=True):
+            ahead = state.ahead
+            starts_with = ahead is not None and steps and steps[0].version == ahead.version
+            if starts_with and not used_anchor:
+                undo_log.extend(ahead.undo)
+                written.append(ahead.parts)
+                seconds += ahead.seconds
+                state.ahead = None
+            else:
+                self._undo_ahead(state)
+                written.append(0)
+        return written, seconds
+
+    @staticmethod
+    def _undo_ahead(state: _RankStream) -> None:
+        if state.ahead is not None:
+            for block, record in reversed(state.ahead.undo):
+                undo(block, record)
+            state.ahead = None
 
     def _apply_parts(
         self, parts: list[EncodedPart], undo_log: list[tuple[np.ndarray, Undo]]
@@ -526,6 +633,10 @@ class WeightSubscriber:
             self.last_progress = now
 
     def close(self) -> None:
+        """Stop receiving; the image is left whole at the version held (a diff written ahead
+        is undone: a restarted learner group's subscriber takes the image over)."""
+        for state in self.ranks:
+            self._undo_ahead(state)
         self.sub.close()
         for dealer in self.dealers:
             dealer.close()

@@ -21,9 +21,11 @@ subscribers follow the ``base_version`` chain. The learner never waits for the n
 Wire format: one ZeroMQ multipart message per chunk: a msgpack ``WeightDiff``/``WeightAnchor``
 header (``payload_frames=True``, parts with empty ``values``/``indices``), then two frames per
 part (values, indices) sent with ``copy=False`` straight from the numpy buffers. A chunk holds
-whole blocks up to ``chunk_bytes`` of payload; ``row_blocks`` cuts large shards so that every
-block fits. Every rank sends at least one (possibly empty) message per version, so that
-subscribers know its rows reached that version.
+whole blocks covering up to ``chunk_bytes`` of the image; ``row_blocks`` cuts large shards so
+that every block fits. A diff's chunks leave as they are encoded (``stream_chunks``), so its
+``num_chunks`` is 0 on every chunk but the last, which carries the count. Every rank sends at
+least one (possibly empty) message per version, so that subscribers know its rows reached that
+version.
 
 Memory cost (host RAM, bf16 = 2 bytes x parameters of this rank's shard = S):
 steady state S (the published image, which anchors are served from); plus S for the snapshot
@@ -47,7 +49,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -139,6 +141,23 @@ def encode_shard(
 ) -> list[EncodedPart]:
     """Every changed block of ``image`` against ``base`` (``None``: every block, dense), in
     ``image``'s order; the blocks are encoded on ``pool``'s threads where given."""
+    return list(
+        encoded_blocks(
+            image, base, chunk_bytes=chunk_bytes, dense_threshold=dense_threshold, pool=pool
+        )
+    )
+
+
+def encoded_blocks(
+    image: dict[str, LocalShard],
+    base: dict[str, LocalShard] | None,
+    *,
+    chunk_bytes: int,
+    dense_threshold: float,
+    pool: Executor | None = None,
+) -> Iterator[EncodedPart]:
+    """``encode_shard``'s parts as they are encoded, in order (the pool works ahead), so
+    that the first can be sent while the rest are still being encoded."""
 
     def encode(block: tuple[str, LocalShard, int, int, int]) -> EncodedPart | None:
         name, shard, row_elems, start, stop = block
@@ -160,7 +179,7 @@ def encode_shard(
         for start, stop in row_blocks(shard.rows, row_elems, chunk_bytes)
     ]
     encoded = pool.map(encode, blocks) if pool is not None else map(encode, blocks)
-    return [part for part in encoded if part is not None]
+    return (part for part in encoded if part is not None)
 
 
 def whole_tensors(image: dict[str, LocalShard]) -> dict[str, torch.Tensor]:
@@ -186,18 +205,32 @@ def shard_image_checksum(image: dict[str, LocalShard]) -> ImageChecksum:
     )
 
 
-def chunk_parts(parts: list[EncodedPart], chunk_bytes: int) -> list[list[EncodedPart]]:
-    """Greedy packing of whole parts into chunks of at most ``chunk_bytes`` payload (one part
-    bigger than that gets a chunk of its own). Always at least one, possibly empty, chunk."""
-    chunks: list[list[EncodedPart]] = [[]]
+def stream_chunks(
+    parts: Iterable[EncodedPart], chunk_bytes: int
+) -> Iterator[tuple[list[EncodedPart], bool]]:
+    """Greedy packing of whole parts, in order, into chunks covering at most ``chunk_bytes``
+    of the image's rows each (``EncodedPart.image_bytes``; one part covering more gets a
+    chunk of its own), yielded as ``(chunk, last)`` as soon as the next part shows it full.
+    Always at least one, possibly empty, chunk.
+
+    Why the image's bytes and not the payload's: a sparse diff of SmolLM2-135M carries 8 MB
+    for a 270 MB image, one 16 MB chunk by payload, so a subscriber could start on nothing
+    until the whole version was encoded; by the rows covered it is ~17 chunks, and each is
+    written into the subscriber's image while the publisher encodes the next."""
+    chunk: list[EncodedPart] = []
     size = 0
     for part in parts:
-        if chunks[-1] and size + part.nbytes > chunk_bytes:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(part)
-        size += part.nbytes
-    return chunks
+        if chunk and size + part.image_bytes > chunk_bytes:
+            yield chunk, False
+            chunk, size = [], 0
+        chunk.append(part)
+        size += part.image_bytes
+    yield chunk, True
+
+
+def chunk_parts(parts: list[EncodedPart], chunk_bytes: int) -> list[list[EncodedPart]]:
+    """``stream_chunks`` as a list (an anchor, encoded whole before it is sent)."""
+    return [chunk for chunk, _last in stream_chunks(parts, chunk_bytes)]
 
 
 def message_frames(encoder: msgspec.msgpack.Encoder, header, chunk: list[EncodedPart]) -> list:
@@ -329,23 +362,25 @@ class WeightPublisher:
                     self._lock.notify_all()
 
     def _send_version(self, snapshot: _Snapshot) -> None:
+        """Encode and send ``snapshot`` against the image last sent, each chunk as soon as
+        its parts are encoded (``stream_chunks``): subscribers write the first chunks while
+        the rest are encoded. ``num_chunks`` is known, and sent, on the last chunk only."""
         start = time.perf_counter()
-        parts = encode_shard(
+        parts = encoded_blocks(
             snapshot.image,
             self.image,
             chunk_bytes=self.config.chunk_bytes,
             dense_threshold=self.config.dense_threshold,
             pool=self._pool,
         )
-        encode_s = time.perf_counter() - start
-        chunks = chunk_parts(parts, self.config.chunk_bytes)
-        check, verify_s = None, 0.0
-        if snapshot.verify:
-            check = shard_image_checksum(snapshot.image)
-            verify_s = time.perf_counter() - start - encode_s
-            self.images_checksummed += 1
-        sent = 0
-        for i, chunk in enumerate(chunks):
+        check, verify_s, send_s = None, 0.0, 0.0
+        sent = changed = 0
+        for i, (chunk, last) in enumerate(stream_chunks(parts, self.config.chunk_bytes)):
+            send_start = time.perf_counter()
+            if last and snapshot.verify:
+                check = shard_image_checksum(snapshot.image)
+                verify_s = time.perf_counter() - send_start
+                self.images_checksummed += 1
             header = WeightDiff(
                 version=snapshot.version,
                 base_version=self.version,
@@ -354,28 +389,31 @@ class WeightPublisher:
                 parts=[p.header for p in chunk],
                 published_at=snapshot.taken_at,
                 chunk=i,
-                num_chunks=len(chunks),
+                num_chunks=i + 1 if last else 0,
                 payload_frames=True,
-                image_checksum=check if i == len(chunks) - 1 else None,
+                image_checksum=check,
             )
+            changed += sum(p.header.num_changed for p in chunk)
             frames = message_frames(self._pub_encoder, header, chunk)
             if self.send_filter is not None:
                 frames = self.send_filter(snapshot.version, i, frames)
-                if frames is None:
-                    continue
-            # PUB never blocks: at the HWM libzmq drops the whole message for that subscriber.
-            self.pub.send_multipart(frames, copy=False)
-            sent += sum(memoryview(f).nbytes for f in frames)
+            if frames is not None:
+                # PUB never blocks: at the HWM libzmq drops the whole message for that
+                # subscriber.
+                self.pub.send_multipart(frames, copy=False)
+                sent += sum(memoryview(f).nbytes for f in frames)
+            send_s += time.perf_counter() - send_start
         with self._lock:
             self.image, self.version = snapshot.image, snapshot.version
         total = sum(s.bits.size for s in snapshot.image.values())
         self.last_metrics = {
             "weights/version": float(snapshot.version),
-            "weights/changed_frac": sum(p.header.num_changed for p in parts) / max(total, 1),
+            "weights/changed_frac": changed / max(total, 1),
             "weights/bytes_sent": float(sent),
             "weights/bytes_full": float(2 * total),
-            "weights/encode_s": encode_s,
-            "weights/send_s": time.perf_counter() - start - encode_s - verify_s,
+            # Encoding and sending interleave: encode_s is the rest of the version's time.
+            "weights/encode_s": time.perf_counter() - start - send_s,
+            "weights/send_s": send_s - verify_s,
             "weights/image_checksum_s": verify_s,
             "weights/images_checksummed": float(self.images_checksummed),
             "weights/anchors_served": float(self.anchors_served),
