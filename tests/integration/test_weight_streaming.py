@@ -185,6 +185,21 @@ def tiny_engine_on_a_stream():
     return model_dir, ranks, config, engine
 
 
+def assert_same_pack(layer) -> None:
+    """A packed layer's copies (``PackedLinear``; a merged projection's weight and bias) are
+    bitwise those its parameters give now."""
+    from streamrl.workers.engines.fast_decode import MergedProjection
+
+    held = (layer.packed, layer.bias) if isinstance(layer, MergedProjection) else (layer.packed,)
+    fresh = layer.pack({})
+    fresh = fresh if isinstance(fresh, tuple) else (fresh,)
+    for a, b in zip(held, fresh, strict=True):
+        assert (a is None) == (b is None), layer
+        if a is not None:  # oneDNN's blocked layout: compared as the values it holds
+            a, b = (t.to_dense() if t.is_mkldnn else t for t in (a, b))
+            assert torch.equal(a, b), layer
+
+
 SCALES = [1e-4, 1e-3, 1e-2, 1.0]  # sparse, sparse/bitmap, mostly dense, everything changes
 
 
@@ -369,6 +384,36 @@ def test_a_version_written_ahead_moves_whole_or_not_at_all() -> None:
         assert_bitwise_equal(sub.image, before)
     finally:
         ranks.close()
+
+
+def test_a_tensor_written_ahead_is_final_once_its_rank_has_moved_past_it() -> None:
+    """``ahead_final`` names only tensors that already hold the version's values in every
+    rank's rows, and none of those the chunk still to come carries."""
+    ranks = FakeRanks(2, WeightsConfig(chunk_bytes=4096))
+    sub = ranks.subscriber(0, write_ahead=True)
+    time.sleep(0.5)
+    holds = [HoldLastChunk(p) for p in ranks.publishers]
+    try:
+        before = {n: t.clone() for n, t in sub.image.items()}
+        ranks.step(1e-2)
+        ranks.flush()
+        written_ahead(sub, before)
+        version, final, changed = sub.ahead_final()
+        assert version == 1 and final and final <= changed <= set(sub.image)
+        held = {
+            part.name
+            for hold in holds
+            for part in msgspec.msgpack.decode(hold.held[1][0], type=WeightDiff).parts
+        }
+        assert not final & held
+        for name in final:
+            assert torch.equal(sub.image[name], ranks.full[name].to(torch.bfloat16)), name
+        for hold in holds:
+            hold.release(1)
+        poll_until([sub], 1)
+        assert sub.took_ahead and sub.ahead_final() is None
+    finally:
+        ranks.close(sub)
 
 
 @pytest.mark.parametrize("write_ahead", [False, True], ids=["whole", "write-ahead"])
@@ -621,6 +666,13 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: 
         assert weights.wait_for_version(ranks.version, time.monotonic() + 30)
         assert adopted == sorted(adopted) and adopted[-1] == ranks.version
         assert_bitwise_equal({n: p.data for n, p in engine.params.items()}, ranks.full)
+        # Every packed copy, built with the rest or ahead of it a group at a time, is the
+        # one the final weights give.
+        for layers in engine._packed.values():
+            for layer in layers:
+                assert_same_pack(layer)
+        if background:
+            assert weights.tensors_prepared_ahead > 0
         assert weights.held_epoch == 0 and timers.weights_pause_s > 0
         assert 0 <= weights.last_latency_s < 30
         # The latency split by stage: the version adopted last, each stage measured, and

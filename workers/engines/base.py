@@ -134,5 +134,14 @@ class Engine(ABC):
         copies into its own layout, as vLLM and SGLang load weights)."""
         return functools.partial(self.update_weights, list(named_tensors), version)
 
+    def weight_groups(self) -> list[frozenset[str]] | None:
+        """Parameter names whose engine copies are built together (a merged q/k/v pack reads
+        all three), covering every parameter: where given, ``prepare_weights`` may be called
+        for a version's tensors a few groups at a time as they arrive (each group whole,
+        final in the image, and the calls' adoptions made together), so the preparation
+        overlaps the rest of the version's arrival. None (the default): a whole version per
+        call (vLLM and SGLang load a version in one pass)."""
+        return None
+
     def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's resources."""

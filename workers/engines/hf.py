@@ -256,6 +256,26 @@ class HFEngine(Engine):
                     live.add(id(param))
         return {names[i] for i in live if i in names}
 
+    def weight_groups(self) -> list[frozenset[str]]:
+        """Each packed copy's parameters (a ``PackedLinear``'s weight; a merged projection's
+        weights and biases) joined with every group they share one with; each other
+        parameter alone."""
+        names = {id(p): n for n, p in self.params.items()}
+        group_of = {name: frozenset([name]) for name in self.params}
+        for layers in self._packed.values():
+            for layer in layers:
+                sources = layer.sources if isinstance(layer, MergedProjection) else [layer.source]
+                members = {
+                    names[id(p)]
+                    for source in sources
+                    for p in (source.weight, source.bias)
+                    if p is not None and id(p) in names
+                }
+                merged = frozenset().union(*(group_of[n] for n in members))
+                for name in merged:
+                    group_of[name] = merged
+        return list(set(group_of.values()))
+
     def prepare_weights(
         self,
         named_tensors: list[tuple[str, torch.Tensor]],

@@ -36,7 +36,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -65,6 +65,26 @@ class _Prepared:
     published_at: float  # wall time the learner published it (``time.time()`` if unknown)
     stages: WeightStages  # up to its preparation (``adopt_s`` is filled at adoption)
     prepared_at: float  # wall time
+
+
+@dataclass
+class _PreparedAhead:
+    """What the engine prepared of a version while its chunks arrived (``_prepare_ahead``):
+    the tensors, and their adoptions, made with the rest's once the version is whole."""
+
+    subscriber: WeightSubscriber  # whose version it is (a learner restart brings a new one)
+    version: int
+    names: set[str] = field(default_factory=set)
+    adopts: list[Callable[[], None]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _in_turn(adopts: list[Callable[[], None]]) -> Callable[[], None]:
+    def adopt() -> None:
+        for one in adopts:
+            one()
+
+    return adopt
 
 
 class GeneratorWeights:
@@ -135,6 +155,13 @@ class GeneratorWeights:
         # weight thread may use (streamrl.cores.burst_pool).
         self._pool = burst_pool(spec.slack_cores, f"weights-{self.generator_id}")
         self._write_ahead = private
+        # Prepared as it arrives, a group of tensors at a time (``Engine.weight_groups``): on
+        # the weight thread, for an engine that prepares in groups; not for LoRA, whose
+        # merged layers are made from the whole version's adapters.
+        groups = engine.weight_groups() if self.background and self.lora is None else None
+        self._groups = groups
+        self._ahead: _PreparedAhead | None = None
+        self.tensors_prepared_ahead = 0  # over the run, a figure for tests and logs
         self.subscriber = self._subscribe(image)
         self.subscriber_epoch = 0  # the learner epoch the subscriber's versions belong to
         self.last_latency_s = 0.0  # publish -> adopted by the engine, the newest version
@@ -252,20 +279,35 @@ class GeneratorWeights:
             # not in yet.
             moved = sub.version != self.engine.version or changed
             if sub.version < 0 or not moved:
+                self._prepare_ahead(sub)
                 return False
+            # What was prepared while the version arrived counts if the version taken is the
+            # one written ahead, and nothing after it.
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None and not (
+                ahead.subscriber is sub and ahead.version == sub.version and sub.took_ahead
+            ):
+                ahead = None
+            done = ahead.names if ahead is not None else set()
             if self.lora is not None:
                 named = self.lora.merged(sub.image, changed)
             else:
-                named = [(n, sub.image[n]) for n in changed]
+                named = [(n, sub.image[n]) for n in changed if n not in done]
             received = time.perf_counter()
             adopt = self.engine.prepare_weights(named, sub.version, pool=self._pool)
+            if ahead is not None:
+                adopt = _in_turn([*ahead.adopts, adopt])
             prepare_s = time.perf_counter() - received
             log.info(
-                "generator[%d]: version %d applied to the image in %.3f s, prepared in %.3f s",
+                "generator[%d]: version %d applied to the image in %.3f s, prepared in %.3f s "
+                "(%d of %d tensors ahead, in %.3f s)",
                 self.generator_id,
                 sub.version,
                 received - start,
                 prepare_s,
+                len(done),
+                len(changed),
+                ahead.seconds if ahead is not None else 0.0,
             )
             published_at = time.time()  # an anchor: no publish time to measure from
             stages = WeightStages(version=sub.version, prepare_s=prepare_s)
@@ -284,6 +326,28 @@ class GeneratorWeights:
                 )
                 self._handoff.notify_all()
         return True
+
+    def _prepare_ahead(self, sub: WeightSubscriber) -> None:
+        """While a version arrives (written ahead): have the engine prepare each group of its
+        tensors that no part still to come can change (``WeightSubscriber.ahead_final``), so
+        that once the version is whole only the rest is left to prepare."""
+        found = sub.ahead_final() if self._groups is not None else None
+        if found is None:
+            return
+        version, final, changed = found
+        ahead = self._ahead
+        if ahead is None or ahead.subscriber is not sub or ahead.version != version:
+            ahead = self._ahead = _PreparedAhead(sub, version)
+        ready = {n for group in self._groups if group <= final for n in group & changed}
+        ready -= ahead.names
+        if not ready:
+            return
+        start = time.perf_counter()
+        named = [(n, sub.image[n]) for n in sorted(ready)]
+        ahead.adopts.append(self.engine.prepare_weights(named, version, pool=self._pool))
+        ahead.names |= ready
+        ahead.seconds += time.perf_counter() - start
+        self.tensors_prepared_ahead += len(ready)
 
     def receive_only(self) -> None:
         """Drain the sockets without moving the version the subscriber holds (the evaluation

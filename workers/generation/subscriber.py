@@ -85,6 +85,7 @@ from streamrl.workers.weight_codec import (
     as_i16,
     image_checksum,
     image_digests,
+    shard_rows,
     undo,
 )
 
@@ -126,6 +127,10 @@ class _Ahead:
     parts: int = 0  # their parts, in chunk order
     undo: list[tuple[np.ndarray, Undo]] = field(default_factory=list)
     seconds: float = 0.0  # spent writing them
+    # The tensors written, in the order they came: a rank's parts follow its image's order,
+    # a tensor's blocks together, so each but the last is finished.
+    names: list[str] = field(default_factory=list)
+    whole: bool = False  # every chunk written (the last one named the count)
 
 
 @dataclass
@@ -236,6 +241,9 @@ class WeightSubscriber:
         self.pool = pool
         self.write_ahead = write_ahead
         self.last_ahead_s = 0.0  # the last version's seconds written ahead of its last chunk
+        # Whether the last version taken was each rank's written-ahead diff alone (the image's
+        # tensors are then exactly what ``ahead_final`` said they would be).
+        self.took_ahead = False
         self.version = version
         self.anchor_timeout_s = anchor_timeout_s
         self.ctx = ctx or zmq.Context.instance()
@@ -419,7 +427,8 @@ class WeightSubscriber:
         start, started_at = time.perf_counter(), time.time()
         undo_log: list[tuple[np.ndarray, Undo]] = []
         # A rank's diff written ahead is its first step's first parts, or else undone.
-        written, ahead_s = self._take_ahead(plans, undo_log)
+        written, taken, ahead_s = self._take_ahead(plans, undo_log)
+        self.took_ahead = all(taken) and all(len(steps) == 1 for steps, _ in plans)
         changed: set[str] = set()
         checks: list[tuple[int, int, list[str]]] = []  # (rank, version, tensors that differ)
         wrong: set[int] = set()
@@ -525,31 +534,62 @@ class WeightSubscriber:
                     self._apply_parts(msg.parts, ahead.undo)
                     ahead.chunks += 1
                     ahead.parts += len(msg.parts)
+                    ahead.whole = msg.header.num_chunks == ahead.chunks
+                    for part in msg.parts:
+                        if not ahead.names or ahead.names[-1] != part.header.name:
+                            ahead.names.append(part.header.name)
             except (ValueError, KeyError) as exc:
                 self._undo_ahead(state)
                 self._reject(rank, exc)
             finally:
                 ahead.seconds += time.perf_counter() - start
 
+    def ahead_final(self) -> tuple[int, set[str], set[str]] | None:
+        """While every rank writes ahead the same version: it, the image's tensors no part of
+        it can change any more (finished in every rank's stream, or of no rows there; all of
+        them once a rank's diff is whole), and those it changed so far. None otherwise.
+
+        Example: two ranks writing v5, rank 0 through q, k, v of layer 3 and rank 1 through
+        q: q is finished in both (final), k and v are not (rank 1 may still send them)."""
+        aheads = [state.ahead for state in self.ranks]
+        if any(a is None for a in aheads) or len({a.version for a in aheads}) != 1:
+            return None
+        world, final = len(self.ranks), set(self.image)
+        for rank, ahead in enumerate(aheads):
+            if ahead.whole:
+                continue
+            done = set(ahead.names[:-1])
+            for name in final:
+                tensor = self.image[name]
+                start, stop = shard_rows(tensor.shape[0] if tensor.dim() else 1, rank, world)
+                if start == stop:
+                    done.add(name)  # this rank holds none of its rows: it sends none
+            final &= done
+        changed = {name for ahead in aheads for name in ahead.names}
+        return aheads[0].version, final, changed
+
     def _take_ahead(
         self, plans: list[tuple[Steps, bool]], undo_log: list[tuple[np.ndarray, Undo]]
-    ) -> tuple[list[int], float]:
+    ) -> tuple[list[int], list[bool], float]:
         """Per rank, how many of its first step's parts are already written (their undo
-        records moved to ``undo_log``); a diff written ahead that the plan does not start
-        with (an anchor instead, a version not taken) is undone. Seconds written ahead."""
-        written, seconds = [], 0.0
+        records moved to ``undo_log``) and whether it had a diff written ahead that its plan
+        starts with; one that the plan does not start with (an anchor instead, a version not
+        taken) is undone. Seconds written ahead."""
+        written, taken, seconds = [], [], 0.0
         for state, (steps, used_anchor) in zip(self.ranks, plans, strict=True):
             ahead = state.ahead
             starts_with = ahead is not None and steps and steps[0].version == ahead.version
             if starts_with and not used_anchor:
                 undo_log.extend(ahead.undo)
                 written.append(ahead.parts)
+                taken.append(True)
                 seconds += ahead.seconds
                 state.ahead = None
             else:
                 self._undo_ahead(state)
                 written.append(0)
-        return written, seconds
+                taken.append(False)
+        return written, taken, seconds
 
     @staticmethod
     def _undo_ahead(state: _RankStream) -> None:
