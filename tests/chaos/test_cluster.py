@@ -44,6 +44,7 @@ import pytest
 from support import (
     alive,
     assert_logs_exact,
+    assert_still_running,
     events,
     finish_run,
     killed_on_error,
@@ -397,7 +398,7 @@ def test_a_lost_worker_node_s_roles_restart_on_the_head(
                 240,
                 "a checkpoint and step 2",
             )
-            assert proc.poll() is None, "the run ended before the fault"
+            assert_still_running(proc)
             by_role = _by_role(run_dir)
             before = set(json.loads((run_dir / "pids.json").read_text())["roles"])
             lost = sorted(role for role, node in placed.items() if node == worker)
