@@ -351,7 +351,10 @@ def test_a_lost_reward_role_restarts_and_every_group_is_scored_once(
     run_dir = tmp_path / "run"
     reward, label = SERVED[served]
     rule = "{name: target_token_share, args: {token_id: 27}}"
-    proc = _launch(run_dir, f"rewards=[{rule}, {reward}]")
+    # No periodic compaction: the log keeps every group it received, consumed or not, so the
+    # checks below see the dead incarnation's groups too (a compaction a minute into a slow
+    # run drops the consumed ones, and with a fault at step 2 those are all of them).
+    proc = _launch(run_dir, f"rewards=[{rule}, {reward}]", "buffer.compact_every_s=0")
     with killed_on_error(proc):
         victim = _kill_at_random_step(run_dir, proc, "reward role 1", how)
     out, summary = finish_run(proc, run_dir)
