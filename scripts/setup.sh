@@ -18,12 +18,7 @@ done
 PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-# --no-compile: Python compiles what a run imports on first import; byte-compiling every
-# installed file up front (torch's, vLLM's) cost about a minute of each fresh setup.
-pip() {
-    if [ "$1" = install ]; then shift; set -- install --no-compile "$@"; fi
-    .venv/bin/python -m pip --disable-pip-version-check -q "$@"
-}
+pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 pip install "$TORCH_SPEC"
 .venv/bin/python -c "import torch; print(f'torch=={torch.__version__.split(\"+\")[0]}')" \
     > .venv/constraints.txt
