@@ -49,12 +49,12 @@ def launch_tiny(
     )
 
 
-def assert_still_running(proc: subprocess.Popen, before: str = "the fault") -> None:
+def assert_still_running(proc: subprocess.Popen) -> None:
     """Fail, with the run's last output, if the launched run has already exited."""
     if proc.poll() is None:
         return
     out = proc.stdout.read() if proc.stdout else ""
-    raise AssertionError(f"the run ended (exit {proc.returncode}) before {before}:\n{out[-4000:]}")
+    raise AssertionError(f"the run ended (exit {proc.returncode}) before the fault:\n{out[-4000:]}")
 
 
 def replay_cli(run_dir: Path, *args: str) -> subprocess.CompletedProcess:

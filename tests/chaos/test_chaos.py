@@ -53,6 +53,12 @@ def _launch(run_dir: Path, *overrides: str) -> subprocess.Popen:
     return launch_tiny(run_dir, f"run.max_steps={STEPS}", "run.heartbeat_timeout_s=5", *overrides)
 
 
+def _run_to_step(run_dir: Path, proc: subprocess.Popen, at: int) -> None:
+    """Wait until the run has trained step ``at``; fail with its output if it ended first."""
+    wait_until(lambda: proc.poll() is not None or steps_done(run_dir) >= at, 240, f"step {at}")
+    assert_still_running(proc)
+
+
 def _kill_at_random_step(
     run_dir: Path, proc: subprocess.Popen, role: str, how: int, pause: bool = False
 ) -> int:
@@ -60,8 +66,7 @@ def _kill_at_random_step(
     ``pause``: pause admission (``admin pause``) just before the signal."""
     at = random.Random(f"{SEED}-{role}-{how}").randrange(2, STEPS // 2 + 1)
     print(f"CHAOS_SEED={SEED}: {signal.Signals(how).name} {role} at step {at}")
-    wait_until(lambda: proc.poll() is not None or steps_done(run_dir) >= at, 240, f"step {at}")
-    assert_still_running(proc)
+    _run_to_step(run_dir, proc, at)
     if pause:
         assert cli(["admin", "pause", "--run", str(run_dir)]) == 0
     victim = pid_of(run_dir, role)
@@ -157,8 +162,7 @@ def test_a_restart_far_past_its_checkpoint_does_not_livelock(tmp_path: Path) -> 
     with killed_on_error(proc):
         at = random.Random(f"{SEED}-livelock").randrange(11, 13)
         print(f"CHAOS_SEED={SEED}: SIGKILL learner rank 1 at step {at}")
-        wait_until(lambda: proc.poll() is not None or steps_done(run_dir) >= at, 240, f"step {at}")
-        assert_still_running(proc)
+        _run_to_step(run_dir, proc, at)
         os.kill(pid_of(run_dir, "learner rank 1"), signal.SIGKILL)
     out, summary = finish_run(proc, run_dir)
     assert summary["version"] == steps
@@ -294,8 +298,7 @@ def test_evaluations_across_a_learner_restart_are_of_live_weights_once_each(
     with killed_on_error(proc):
         at = random.Random(f"{SEED}-eval").choice([6, 7])
         print(f"CHAOS_SEED={SEED}: SIGKILL learner rank 1 at step {at}")
-        wait_until(lambda: proc.poll() is not None or steps_done(run_dir) >= at, 240, f"step {at}")
-        assert_still_running(proc)
+        _run_to_step(run_dir, proc, at)
         os.kill(pid_of(run_dir, "learner rank 1"), signal.SIGKILL)
     out, summary = finish_run(proc, run_dir, timeout=240)
     assert summary["version"] == steps
