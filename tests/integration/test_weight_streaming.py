@@ -655,9 +655,22 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: 
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
     prompts = [[1, 5, 9, 2], [3, 4], [7, 7, 7]]
     try:
-        for scale in SCALES * 2:
+        for i, scale in enumerate(SCALES * 2):
+            # On the weight thread, the last version's last chunks are held until some of it
+            # is prepared ahead: what a version slower to arrive than to poll gives.
+            holds = [HoldLastChunk(p) for p in ranks.publishers] if background and i == 7 else []
+            before = weights.tensors_prepared_ahead
             ranks.step(scale)
             weights.learner_version = ranks.version
+            if holds:
+                ranks.flush()
+                deadline = time.monotonic() + 30
+                while weights.tensors_prepared_ahead <= before:
+                    assert time.monotonic() < deadline, "nothing was prepared ahead"
+                    time.sleep(0.01)
+                for hold in holds:
+                    hold.publisher.send_filter = None
+                    hold.release(ranks.version)
             deadline = time.monotonic() + 30
             while engine.version < ranks.version:
                 assert time.monotonic() < deadline, engine.version
