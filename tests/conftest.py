@@ -19,7 +19,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Point ``STREAMRL_HOME`` at a fresh directory for this session, before collection (some
     test modules resolve a model at import), so that nothing a test builds or writes lands in
     the user's home. The models already converted or built there (``models/<name>``, each
-    published whole: the SmolLM2 conversion takes minutes) are linked in, read-only in use;
+    published whole: converting a GGUF takes up to a minute) are linked in, read-only in use;
     a model the home lacks is built in the session's own."""
     shared = os.environ.get(_SESSION_HOME)
     if shared and os.environ.get("PYTEST_XDIST_WORKER"):

@@ -2,7 +2,7 @@
 its four chunk packages) converted to a directory ``AutoModelForCausalLM`` loads as Gemma 3's
 text model, whose greedy continuations are sane (skipped where the package is not installed).
 
-The first resolve converts the GGUF (about 1.5 min on 2 cores, once per ``$STREAMRL_HOME``;
+The first resolve converts the GGUF (about 40 s on 2 cores, once per ``$STREAMRL_HOME``;
 the test session links the user's converted copy in); then the test takes ~20 s.
 """
 

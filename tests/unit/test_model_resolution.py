@@ -200,3 +200,35 @@ def test_validate_checks_paths_but_builds_nothing(tmp_path: Path) -> None:
     _one_line("has no tokenizer", check_model, str(bare))
     _one_line("no such .gguf file", check_model, str(tmp_path / "absent.gguf"))
     _one_line("model '/no/such/model' not found", check_model, "/no/such/model")
+
+
+def _tiny_gguf(path: Path, tokens: list[str]) -> Path:
+    """A GGUF file holding a vocabulary and no tensors (what GGUFReader parses slowly)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(tokens)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_conversion_parses_each_gguf_file_once(tmp_path: Path) -> None:
+    """transformers builds a ``gguf.GGUFReader`` for the config, the tokenizer and the weights
+    in turn; during one conversion they get the same reader per file, and afterwards the
+    module's own class is back."""
+    import gguf
+
+    original = gguf.GGUFReader
+    a = _tiny_gguf(tmp_path / "a.gguf", ["<s>", "a", "b"])
+    b = _tiny_gguf(tmp_path / "b.gguf", ["<s>", "c"])
+    with gguf_source._one_reader_per_file():
+        first = gguf.GGUFReader(a)
+        assert gguf.GGUFReader(str(a)) is first and gguf.GGUFReader(b) is not first
+        assert isinstance(first, original)
+        tokens = first.fields["tokenizer.ggml.tokens"]
+        assert [bytes(tokens.parts[i]).decode() for i in tokens.data] == ["<s>", "a", "b"]
+    assert gguf.GGUFReader is original
+    assert gguf.GGUFReader(a) is not first  # a fresh parse outside a conversion
