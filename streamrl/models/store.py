@@ -5,6 +5,8 @@ the random test models (``streamrl.models.builtin`` and ``streamrl.models.tiny``
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -23,20 +25,29 @@ def streamrl_home() -> Path:
 
 
 def publish_atomically(build, target: Path) -> Path:
-    """Build a model directory in a temp dir and rename it into place (safe under races)."""
+    """Build a model directory in a temp dir and rename it into place (safe under races).
+    One process on this host builds a target at a time (a lock file in the temp directory,
+    released if the builder dies): another asking meanwhile waits and takes that copy
+    instead of converting the same model again (two test workers, two runs started
+    together). Hosts sharing a home still race safely, by the rename."""
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        build(staging)
+    key = hashlib.sha1(str(target.resolve()).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"streamrl-model-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").is_file():
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
         try:
-            staging.rename(target)
-        except OSError:  # another process won the race; its copy is identical
+            build(staging)
+            try:
+                staging.rename(target)
+            except OSError:  # another process won the race; its copy is identical
+                shutil.rmtree(staging, ignore_errors=True)
+        except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+            raise
     return target
 
 

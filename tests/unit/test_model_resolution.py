@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,31 @@ def test_a_conversion_parses_each_gguf_file_once(tmp_path: Path) -> None:
         assert [bytes(tokens.parts[i]).decode() for i in tokens.data] == ["<s>", "a", "b"]
     assert gguf.GGUFReader is original
     assert gguf.GGUFReader(a) is not first  # a fresh parse outside a conversion
+
+
+def _publish_slowly(target: str, log: str) -> None:
+    from streamrl.models.store import publish_atomically
+
+    def build(out: Path) -> None:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(1.0)
+        (out / "config.json").write_text("{}")
+
+    publish_atomically(build, Path(target))
+
+
+def test_two_processes_asking_for_one_model_build_it_once(tmp_path: Path) -> None:
+    """The second waits for the first's copy rather than converting the model again."""
+    import multiprocessing
+
+    target, log = tmp_path / "models" / "m", tmp_path / "builds.txt"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_publish_slowly, args=(str(target), str(log))) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert len(log.read_text().split()) == 1 and (target / "config.json").is_file()
+    assert [p.name for p in target.parent.iterdir()] == ["m"]  # no staging copy left
