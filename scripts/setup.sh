@@ -53,7 +53,7 @@ fi
 # does not compile on this Python (a template, a test fixture in some package) is left as pip
 # leaves it, so failures here are not fatal; up-to-date files are skipped on a second run.
 SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-.venv/bin/python -m compileall -qq -j 0 "$SITE" streamrl workers buffers || true
+.venv/bin/python -W ignore -m compileall -qq -j 0 "$SITE" streamrl workers buffers || true
 if [ "$WITH_VLLM" = 1 ]; then
     .venv/bin/python -c "import vllm; print(f'vllm {vllm.__version__} installed')"
 fi
