@@ -398,8 +398,15 @@ def test_a_tensor_written_ahead_is_final_once_its_rank_has_moved_past_it() -> No
         ranks.step(1e-2)
         ranks.flush()
         written_ahead(sub, before)
-        version, final, changed = sub.ahead_final()
-        assert version == 1 and final and final <= changed <= set(sub.image)
+        # Until every rank's chunks have arrived ahead (one rank's may come first), there is
+        # nothing to name or nothing yet final in every rank's rows.
+        deadline = time.monotonic() + 20
+        while not (found := sub.ahead_final()) or not found[1]:
+            assert time.monotonic() < deadline, "no tensor became final while written ahead"
+            sub.poll()
+            time.sleep(0.005)
+        version, final, changed = found
+        assert version == 1 and final <= changed <= set(sub.image)
         held = {
             part.name
             for hold in holds
