@@ -24,6 +24,16 @@ def alive(pid: int) -> bool:
     return True
 
 
+# Fewer role processes, for a test whose subject is not how roles of one kind work together
+# (FSDP2 across ranks, several generators, a sharded checkpoint keep two of each elsewhere).
+# Each role is a process that imports torch and transformers: a 5-step tiny run with two
+# learners and two generators costs about 36 CPU-seconds, with one of each about 19 (AMD EPYC,
+# 2026-12-03); CI's two cores are busy throughout, so CPU-seconds are its wall time.
+ONE_LEARNER = ("learner.count=1",)
+ONE_GENERATOR = ("generator.count=1",)
+ONE_OF_EACH = ONE_LEARNER + ONE_GENERATOR
+
+
 def launch_tiny(
     run_dir: Path, *args: str, env: dict[str, str] | None = None, new_session: bool = False
 ) -> subprocess.Popen:

@@ -68,7 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         from streamrl.bench.quality import main as quality
 
         return quality(argv[1:])
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # Overrides may follow flags (`throughput cfg.yaml --steps 3 a.b=1`), as in `launch`.
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     if args.bench == "throughput":
         from streamrl.bench.throughput import BenchError, bench_throughput
 

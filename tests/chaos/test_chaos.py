@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 from support import (
+    ONE_GENERATOR,
+    ONE_LEARNER,
+    ONE_OF_EACH,
     alive,
     assert_nothing_lost,
     assert_still_running,
@@ -77,7 +80,7 @@ def _kill_at_random_step(
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["kill-9", "sigstop"])
 def test_a_lost_generator_is_replaced(tmp_path: Path, how: int) -> None:
     run_dir = tmp_path / "run"
-    proc = _launch(run_dir)
+    proc = _launch(run_dir, *ONE_LEARNER)
     with killed_on_error(proc):
         # Paused, the run cannot finish on generator 0 alone before the silence is seen.
         stopped = how == signal.SIGSTOP
@@ -97,7 +100,7 @@ def test_a_lost_generator_is_replaced(tmp_path: Path, how: int) -> None:
 
 def test_a_killed_buffer_shard_restarts_on_its_log(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _launch(run_dir)
+    proc = _launch(run_dir, *ONE_OF_EACH)
     with killed_on_error(proc):
         victim = _kill_at_random_step(run_dir, proc, "buffer shard 0", signal.SIGKILL)
     out, summary = finish_run(proc, run_dir)
@@ -115,7 +118,7 @@ def test_a_killed_learner_rank_restarts_the_group_from_its_checkpoint(tmp_path: 
     its version, and generators re-anchor. Steps after that checkpoint are trained again on
     new groups; the groups they had consumed are counted (``rolled_back``), not hidden."""
     run_dir = tmp_path / "run"
-    proc = _launch(run_dir, "run.checkpoint_every=2")
+    proc = _launch(run_dir, "run.checkpoint_every=2", *ONE_GENERATOR)
     with killed_on_error(proc):
         wait_until(lambda: (run_dir / "checkpoints" / "latest").is_file(), 240, "a checkpoint")
         victim = _kill_at_random_step(run_dir, proc, "learner rank 1", signal.SIGKILL)
@@ -158,6 +161,7 @@ def test_a_restart_far_past_its_checkpoint_does_not_livelock(tmp_path: Path) -> 
         "run.heartbeat_timeout_s=5",
         "run.checkpoint_every=8",
         "buffer.max_staleness=1",
+        *ONE_GENERATOR,
     )
     with killed_on_error(proc):
         at = random.Random(f"{SEED}-livelock").randrange(11, 13)
@@ -179,7 +183,7 @@ def test_a_restart_far_past_its_checkpoint_does_not_livelock(tmp_path: Path) -> 
 
 def test_a_learner_rank_lost_without_a_checkpoint_fails_fast_naming_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _launch(run_dir, "run.checkpoint_every=0")
+    proc = _launch(run_dir, "run.checkpoint_every=0", *ONE_GENERATOR)
     try:
         victim = _kill_at_random_step(run_dir, proc, "learner rank 1", signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
@@ -210,6 +214,7 @@ def test_a_run_killed_whole_resumes_in_a_new_epoch(tmp_path: Path, checkpoint_ev
         f"buffer.max_staleness={eta}",
         "buffer.shards=2",
         "learner.ppo_epochs=8",  # a slower learner: generators fill the buffer ahead of it
+        *ONE_GENERATOR,  # two learner ranks: a sharded checkpoint resumed
         new_session=True,
     )
     checkpoint = checkpoint_every or None
@@ -357,7 +362,7 @@ def test_a_lost_reward_role_restarts_and_every_group_is_scored_once(
     # No periodic compaction: the log keeps every group it received, consumed or not, so the
     # checks below see the dead incarnation's groups too (a compaction a minute into a slow
     # run drops the consumed ones, and with a fault at step 2 those are all of them).
-    proc = _launch(run_dir, f"rewards=[{rule}, {reward}]", "buffer.compact_every_s=0")
+    proc = _launch(run_dir, f"rewards=[{rule}, {reward}]", "buffer.compact_every_s=0", *ONE_LEARNER)
     with killed_on_error(proc):
         victim = _kill_at_random_step(run_dir, proc, "reward role 1", how)
     out, summary = finish_run(proc, run_dir)

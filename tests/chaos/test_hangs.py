@@ -14,7 +14,14 @@ import os
 from pathlib import Path
 
 import pytest
-from support import assert_nothing_lost, events, finish_run, killed_on_error, launch_tiny
+from support import (
+    ONE_OF_EACH,
+    assert_nothing_lost,
+    events,
+    finish_run,
+    killed_on_error,
+    launch_tiny,
+)
 
 from streamrl.buffers.durable_log import scan_shard, shard_dirs
 
@@ -38,6 +45,7 @@ def test_a_reward_role_wedged_in_a_forward_is_restarted(tmp_path: Path) -> None:
         f"run.max_steps={STEPS}",
         "run.stall_timeout_s=8",
         f"rewards=[{RULE}, {JUDGE}]",
+        *ONE_OF_EACH,
         env=env,
     )
     with killed_on_error(proc):
@@ -75,6 +83,7 @@ def test_a_hanging_rule_reward_refuses_its_group_and_the_run_goes_on(tmp_path: P
         f"run.max_steps={STEPS}",
         "scoring.rule_timeout_s=2",
         "rewards=[{name: 'hang_rule:sometimes_hangs'}]",
+        *ONE_OF_EACH,
         env=env,
     )
     with killed_on_error(proc):

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import ONE_OF_EACH
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -26,7 +27,7 @@ def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("bench")
     result = _cli(
         "bench", "throughput", "configs/tiny.yaml", "--steps", "3", "--warmup", "1",
-        "--staleness", "1", "--out", str(out),
+        "--staleness", "1", "--out", str(out), *ONE_OF_EACH,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "async η=1:" in result.stdout and "efficiency" in result.stdout
@@ -92,7 +93,7 @@ def test_bench_quality_runs_arms_over_seeds_and_resumes(tmp_path: Path) -> None:
     args = [
         "bench", "quality", "--config", "configs/tiny.yaml", "--out", str(tmp_path),
         "--seeds", "0", "--arms", "sync,async-eta1",
-        "run.max_steps=2", "eval.every=1", "eval.max_prompts=4",
+        "run.max_steps=2", "eval.every=1", "eval.max_prompts=4", *ONE_OF_EACH,
     ]  # fmt: skip
     result = _cli(*args)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support import alive, launch_tiny, wait_until
+from support import ONE_GENERATOR, ONE_LEARNER, alive, launch_tiny, wait_until
 
 from streamrl.cli import main as cli
 from streamrl.transport import free_port
@@ -56,7 +56,7 @@ def _assert_loopback_only(root_pid: int) -> None:
 
 def test_admin_endpoint_on_a_live_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "live"
-    proc = launch_tiny(run_dir, "run.max_steps=400", "buffer.max_staleness=2")
+    proc = launch_tiny(run_dir, "run.max_steps=400", "buffer.max_staleness=2", *ONE_LEARNER)
     try:
         url = wait_until(
             lambda: (
@@ -173,7 +173,9 @@ def test_launch_joins_a_loopback_cluster(tmp_path: Path) -> None:
     try:
         wait_until(lambda: _port_open(port), 60, "the Ray head")
         _assert_loopback_only(head.pid)
-        proc = launch_tiny(run_dir, "run.max_steps=3", "--address", f"127.0.0.1:{port}", env=env)
+        proc = launch_tiny(
+            run_dir, "run.max_steps=3", *ONE_GENERATOR, "--address", f"127.0.0.1:{port}", env=env
+        )
         try:
             output, _ = proc.communicate(timeout=300)
         finally:

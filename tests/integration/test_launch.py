@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support import alive, replay_cli
+from support import ONE_LEARNER, ONE_OF_EACH, alive, replay_cli
 
 from streamrl.config import load_config
 from streamrl.controller.run import Controller
@@ -81,6 +81,7 @@ def test_learning_signal_flows(tmp_path: Path) -> None:
     _, steps, _ = _run(
         tmp_path,
         "run.max_steps=20",
+        *ONE_OF_EACH,
         "generator.group_size=8",
         "learner.lr=3e-3",
         "buffer.max_staleness=1",
@@ -156,6 +157,7 @@ def test_wandb_offline_logs_every_step_and_what_the_model_answered(tmp_path: Pat
     summary, steps, _ = _run(
         tmp_path,
         "run.max_steps=2",
+        *ONE_OF_EACH,
         "logging.wandb=offline",
         "eval.every=1",
         "eval.max_prompts=4",
@@ -224,6 +226,7 @@ def test_a_multi_turn_run_trains_on_episodes_and_counts_how_they_ended(tmp_path:
     summary, steps, pids = _run(
         tmp_path,
         "run.max_steps=3",
+        *ONE_LEARNER,  # two generators play: _assert_clean_finish checks both
         "data.source=guess",
         "env.name=guess",
         "env.max_turns=2",
@@ -255,6 +258,7 @@ def test_a_run_whose_groups_are_all_dropped_ends_itself_with_its_reason(tmp_path
     summary, steps, pids = _run(
         tmp_path,
         "run.max_steps=50",
+        *ONE_OF_EACH,
         "buffer.drop_zero_variance=true",
         "run.stop_when_starved_s=5",
         "rewards=[{name: target_token_share, args: {token_id: 999999}}]",

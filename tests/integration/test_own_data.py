@@ -11,6 +11,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+from support import ONE_OF_EACH
 
 from streamrl.config import load_config
 from streamrl.controller.run import Controller
@@ -33,7 +34,7 @@ def gsm_rows(n: int, start: int = 0) -> list[dict]:
 def run(tmp_path: Path, *overrides: str) -> tuple[dict, list[dict]]:
     config = load_config(
         ROOT / "configs" / "tiny.yaml",
-        [f"run.output_dir={tmp_path}", "run.max_steps=6", "eval.every=3", *overrides],
+        [f"run.output_dir={tmp_path}", "run.max_steps=6", "eval.every=3", *ONE_OF_EACH, *overrides],
     )
     summary = Controller(config, console=io.StringIO()).run()
     lines = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()

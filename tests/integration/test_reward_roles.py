@@ -9,7 +9,15 @@ import math
 from pathlib import Path
 
 import pytest
-from support import assert_nothing_lost, finish_run, killed_on_error, launch_tiny
+from support import (
+    ONE_GENERATOR,
+    ONE_LEARNER,
+    ONE_OF_EACH,
+    assert_nothing_lost,
+    finish_run,
+    killed_on_error,
+    launch_tiny,
+)
 
 from streamrl.buffers.durable_log import scan_shard, shard_dirs
 from streamrl.protocol import unpack_float32
@@ -45,7 +53,7 @@ def _logged(run_dir: Path) -> list:
 
 
 def test_a_judge_beside_a_rule_scores_every_group_once_and_weights_them(tmp_path: Path) -> None:
-    out, summary, run_dir = _run(tmp_path, f"{RULE}, {JUDGE}")
+    out, summary, run_dir = _run(tmp_path, f"{RULE}, {JUDGE}", *ONE_LEARNER)  # two generators
     assert summary["version"] == 4
     (role,) = summary["scoring"]["roles"]
     assert role["label"] == "judge-tiny-random-llama" and role["failures"] == 0
@@ -71,7 +79,7 @@ def test_a_judge_beside_a_rule_scores_every_group_once_and_weights_them(tmp_path
 
 def test_a_reward_model_alone_scores_a_real_run(tmp_path: Path) -> None:
     """The RLHF shape: the reward model's score is the reward (no rule beside it)."""
-    out, summary, run_dir = _run(tmp_path, MODEL)
+    out, summary, run_dir = _run(tmp_path, MODEL, *ONE_OF_EACH)
     assert summary["version"] == 4
     (role,) = summary["scoring"]["roles"]
     assert role["label"] == "rm" and role["identity"].startswith("rm@")
@@ -88,11 +96,11 @@ def test_a_reward_model_alone_scores_a_real_run(tmp_path: Path) -> None:
 
 
 ENGINES = {
-    "hf": [],
+    "hf": [*ONE_OF_EACH],
     "vllm": [
+        *ONE_OF_EACH,
         "generator.engine=vllm",
         "model.tiny_hidden=128",
-        "generator.count=1",
         "generator.engine_options.kv_cache_mb=64",
         # The evaluation's own vLLM engine would start beside the generator's; that the
         # teacher never sees an evaluation is checked on the HF engine.
@@ -145,8 +153,12 @@ def test_a_teacher_beside_a_rule_gives_every_token_its_logprob(tmp_path: Path, e
 
 
 STUDENTS = {
-    "full": [],
-    "lora": ["model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj, down_proj]}"],
+    "full": [*ONE_OF_EACH],
+    # Two learner ranks: the copy merges adapters streamed from both.
+    "lora": [
+        *ONE_GENERATOR,
+        "model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj, down_proj]}",
+    ],
 }
 
 
