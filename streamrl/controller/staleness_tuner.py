@@ -17,9 +17,12 @@ decides, one step of the bound at a time, within ``[min, max]``:
   generation speed, is what the learner waits on.
 - **lower**: the learner waited less than ``LOWER_WHEN_LEARNER_WAITS``: it sets the pace, and
   a smaller bound makes the data fresher at no cost as long as generation still overlaps
-  training: a batch's generation time at most ``LOWER_MARGIN`` of the smaller bound's worth of
-  training time (the generators' busy seconds over the learner's). Never to 0 for pace (that
-  is synchronous: no overlap); only the guard goes there. A lower step the next window undoes
+  training: a batch's generation time plus a version's way to the generators (publish ->
+  applied, the window's median) at most ``LOWER_MARGIN`` of the smaller bound's worth of
+  training time. A generator can start on the batch a version allows only once that version
+  is applied, so at a bound of 1 with a 1 s step, 0.7 s of generation and 0.5 s of latency it
+  would wait for weights every cycle. Never to 0 for pace (that is synchronous: no overlap);
+  only the guard goes there. A lower step the next window undoes
   (the learner started waiting) is not tried again for four windows.
 
 A decision goes through the same live path as an admin ``PATCH /config`` (admission, shards,
@@ -67,6 +70,9 @@ class WindowFigures:
     # Generation time per trained batch over training time per batch (the generators' busy
     # seconds over the learner's): the bound that lets them overlap is about its ceiling.
     gen_over_train: float | None
+    # Publish -> applied (the slowest generator's, median over the window) over training time
+    # per batch: how much of a bound's overlap a version's way to the generators uses up.
+    latency_over_train: float | None
     ess: float | None  # mean policy/is_ess over the steps that report it
     k3: float | None  # mean policy/offpolicy_k3
 
@@ -88,10 +94,19 @@ class WindowFigures:
             values = [r[key] for r in records if r.get(key) is not None]
             return sum(values) / len(values) if values else None
 
+        latencies = sorted(
+            r["weights/publish_to_applied_s_max"]
+            for r in records
+            if r.get("weights/publish_to_applied_s_max")
+        )
+        per_batch = trained / len(records)
+        latency = latencies[len(latencies) // 2] if latencies else None
+
         return cls(
             learner_wait=min(waited / span, 1.0) if span > 0 else 0.0,
             generators_held=held / (span * n_gen) if span > 0 else 0.0,
             gen_over_train=generating / trained if trained > 0 and generating > 0 else None,
+            latency_over_train=latency / per_batch if latency and per_batch > 0 else None,
             ess=mean("policy/is_ess"),
             k3=mean("policy/offpolicy_k3"),
         )
@@ -100,6 +115,8 @@ class WindowFigures:
         out = {"learner_wait": self.learner_wait, "generators_held": self.generators_held}
         if self.gen_over_train is not None:
             out["gen_over_train"] = self.gen_over_train
+        if self.latency_over_train is not None:
+            out["latency_over_train"] = self.latency_over_train
         if self.ess is not None:
             out["ess"] = self.ess
         if self.k3 is not None:
@@ -167,13 +184,17 @@ class StalenessTuner:
             and bound + 1 not in self.blocked
         ):
             return Decision(bound, bound + 1, f"raise: {waits}", figures)
-        # Lower only where generation would still overlap training (its time per batch at
-        # most the smaller bound's worth of training, with a margin), and never to 0 for
-        # pace (synchronous: no overlap at all); only the guard goes there.
+        # Lower only where generation would still overlap training (its time per batch plus
+        # a version's publish -> applied at most the smaller bound's worth of training, with
+        # a margin), and never to 0 for pace (synchronous: no overlap at all); only the guard
+        # goes there.
         lower = bound - 1
-        ratio = f.gen_over_train
-        overlaps = ratio is not None and ratio <= LOWER_MARGIN * lower
+        if f.gen_over_train is None:
+            return None
+        needed = f.gen_over_train + (f.latency_over_train or 0.0)
+        overlaps = needed <= LOWER_MARGIN * lower
         if f.learner_wait < LOWER_WHEN_LEARNER_WAITS and lower >= max(t.min, 1) and overlaps:
             if lower not in self.blocked:
-                return Decision(bound, lower, f"lower: {waits}, gen/train {ratio:.2f}", figures)
+                why = f"(gen + latency)/train {needed:.2f}"
+                return Decision(bound, lower, f"lower: {waits}, {why}", figures)
         return None

@@ -23,6 +23,7 @@ class Steps:
         ess: float | None = 1.0,
         k3: float = 0.0,
         generating: float = 0.5,
+        latency: float | None = None,
     ) -> dict:
         self.t += 1.0
         self.admission += held / 2
@@ -41,6 +42,8 @@ class Steps:
         }
         if ess is not None:
             record["policy/is_ess"] = ess
+        if latency is not None:
+            record["weights/publish_to_applied_s_max"] = latency
         return record
 
 
@@ -89,6 +92,29 @@ def test_lowers_when_the_learner_sets_the_pace_and_remembers_a_lower_step_that_h
     slow = StalenessTuner(StalenessTuning(auto=True, window=3))
     slow.observe(steps.record(0.0, 0.3), 2)
     assert run_window(slow, steps, 2, 3, learner_wait=0.0, held=0.3, generating=0.95) is None
+
+
+def test_a_lower_step_counts_a_version_s_way_to_the_generators() -> None:
+    """Issue 56: at a bound of 1 a generator starts on its next batch only once the version
+    that allows it is applied, so publish -> applied takes from the overlap the lower bound
+    leaves: 0.5 s of generation a 1 s step overlaps at 1 (0.5 <= 0.8), not with 0.4 s of
+    latency on top (0.9 > 0.8)."""
+    fast = StalenessTuner(StalenessTuning(auto=True, window=3))
+    steps = Steps()
+    fast.observe(steps.record(0.0, 0.3), 2)
+    decision = run_window(fast, steps, 2, 3, learner_wait=0.0, held=0.3, latency=0.1)
+    assert decision is not None and decision.new == 1
+    assert decision.figures["latency_over_train"] == pytest.approx(0.1)
+    assert "(gen + latency)/train 0.60" in decision.reason
+    late = StalenessTuner(StalenessTuning(auto=True, window=3))
+    late.observe(steps.record(0.0, 0.3), 2)
+    assert run_window(late, steps, 2, 3, learner_wait=0.0, held=0.3, latency=0.4) is None
+    # The median over the window: one slow version does not hold the bound.
+    spiky = StalenessTuner(StalenessTuning(auto=True, window=3))
+    spiky.observe(steps.record(0.0, 0.3), 2)
+    records = [steps.record(0.0, 0.3, latency=x) for x in (0.1, 2.0, 0.1)]
+    decisions = [spiky.observe(r, 2) for r in records]
+    assert decisions[-1] is not None and decisions[-1].new == 1
 
 
 def test_the_quality_guard_lowers_and_blocks_raises() -> None:
