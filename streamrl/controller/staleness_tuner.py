@@ -75,6 +75,11 @@ class WindowFigures:
     latency_over_train: float | None
     ess: float | None  # mean policy/is_ess over the steps that report it
     k3: float | None  # mean policy/offpolicy_k3
+    # KL(behaviour || learner) of the tokens sampled one version behind (how far a version
+    # moves the policy: the learning rate's doing) and two or more behind (what a bound above
+    # 1 adds); means of drift/k3_lag*.
+    drift_lag1: float | None = None
+    drift_lag2plus: float | None = None
 
     @classmethod
     def of(cls, records: list[dict[str, Any]], before: dict[str, Any]) -> WindowFigures:
@@ -109,6 +114,8 @@ class WindowFigures:
             latency_over_train=latency / per_batch if latency and per_batch > 0 else None,
             ess=mean("policy/is_ess"),
             k3=mean("policy/offpolicy_k3"),
+            drift_lag1=mean("drift/k3_lag1"),
+            drift_lag2plus=_max_or_none(mean("drift/k3_lag2"), mean("drift/k3_lag3plus")),
         )
 
     def as_dict(self) -> dict[str, float]:
@@ -121,7 +128,16 @@ class WindowFigures:
             out["ess"] = self.ess
         if self.k3 is not None:
             out["offpolicy_k3"] = self.k3
+        if self.drift_lag1 is not None:
+            out["drift_k3_lag1"] = self.drift_lag1
+        if self.drift_lag2plus is not None:
+            out["drift_k3_lag2plus"] = self.drift_lag2plus
         return out
+
+
+def _max_or_none(*values: float | None) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
 
 
 @dataclass

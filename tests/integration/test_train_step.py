@@ -535,3 +535,27 @@ def test_fused_adamw_updates_as_the_multi_tensor_one(model_dir: Path) -> None:
     assert max(float(u.abs().max()) for u in reference.values()) > 1e-4  # lr 1e-3 moved them
     for name, update in reference.items():
         torch.testing.assert_close(fused_update[name], update, rtol=1e-4, atol=2e-7)
+
+
+def test_drift_is_measured_by_the_versions_of_lag() -> None:
+    """``drift/k3_lag*`` (the staleness tuner's guard): KL(behaviour || learner) on the
+    tokens sampled one, two, three or more versions behind the learner's weights; none on
+    tokens of its own version, which are the numerics' (``mismatch/*``)."""
+    model_dir = resolve_model(TINY)
+    groups, _ = _engine_groups(model_dir, False)
+    _process_group()
+    try:
+        config = _config(
+            "learner.groups_per_step=2", "learner.micro_batch_size=8", "learner.lr=1e-2"
+        )
+        step = build_train_step(config, model_dir, CPU, 1)
+        fresh = step(groups, version=0)  # sampled with these weights; the step moves them
+        one_behind = step(groups, version=1)
+        two_behind = step(groups, version=2)
+    finally:
+        dist.destroy_process_group()
+    assert not [k for k in fresh if k.startswith("drift/")], fresh
+    assert one_behind["mismatch/tokens"] == 0 and "drift/k3_lag2" not in one_behind
+    assert one_behind["drift/k3_lag1"] > max(100 * fresh["mismatch/k3"], 1e-6), one_behind
+    assert "drift/k3_lag1" not in two_behind
+    assert two_behind["drift/k3_lag2"] > max(100 * fresh["mismatch/k3"], 1e-6), two_behind

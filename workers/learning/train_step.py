@@ -654,7 +654,8 @@ class TrainStep:
         count = on_policy.sum()
         diff = (learner.float() - behavior).abs()
         gap = torch.where(on_policy, diff, 0.0)
-        k3 = torch.where(on_policy, kl_lib.estimate(behavior, learner.float(), "k3"), 0.0)
+        per_token_k3 = kl_lib.estimate(behavior, learner.float(), "k3")
+        k3 = torch.where(on_policy, per_token_k3, 0.0)
         metrics.add("mismatch/tokens", count)
         mean_of = count.clamp(min=1)
         metrics.mean("mismatch/logprob_abs_mean", gap.sum() / mean_of, count)
@@ -664,6 +665,18 @@ class TrainStep:
         metrics.add("mismatch/after_update_tokens", late)
         late_gap = torch.where(after_update, diff, 0.0).sum() / late.clamp(min=1)
         metrics.mean("mismatch/after_update_logprob_abs_mean", late_gap, late)
+        # The same KL on the tokens sampled versions behind, by how many: how far one
+        # version of lag moves the policy (the learning rate's doing) apart from how many
+        # versions the bound lets in (the staleness tuner's guard reads both).
+        lag = version - versions
+        for name, at_lag in (
+            ("drift/k3_lag1", lag == 1),
+            ("drift/k3_lag2", lag == 2),
+            ("drift/k3_lag3plus", lag >= 3),
+        ):
+            at = mask & at_lag
+            n = at.sum()
+            metrics.mean(name, torch.where(at, per_token_k3, 0.0).sum() / n.clamp(min=1), n)
 
     # ------------------------------------------------------------------ updates
 
