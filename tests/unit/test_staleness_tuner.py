@@ -24,6 +24,8 @@ class Steps:
         k3: float = 0.0,
         generating: float = 0.5,
         latency: float | None = None,
+        lag1: float | None = None,
+        lag2: float | None = None,
     ) -> dict:
         self.t += 1.0
         self.admission += held / 2
@@ -44,6 +46,10 @@ class Steps:
             record["policy/is_ess"] = ess
         if latency is not None:
             record["weights/publish_to_applied_s_max"] = latency
+        if lag1 is not None:
+            record["drift/k3_lag1"] = lag1
+        if lag2 is not None:
+            record["drift/k3_lag2"] = lag2
         return record
 
 
@@ -133,6 +139,28 @@ def test_the_quality_guard_lowers_and_blocks_raises() -> None:
     decision = run_window(tuner, steps, 1, 2, learner_wait=0.3, held=0.3, k3=0.2)
     assert decision.new == 0  # the guard may go to 0
     assert run_window(tuner, steps, 0, 2, learner_wait=0.3, held=0.3, k3=0.2) is None  # min
+
+
+def test_the_guard_reads_the_kl_the_bound_adds_not_the_learning_rate_s() -> None:
+    """Issue 56: the default job's window that tripped the old guard at bound 2 (EPYC, seed
+    0): KL 0.0375 one version behind, 0.0677 two behind, 0.0526 in all. One version's drift is
+    the learning rate's and every asynchronous run carries it; the bound added 0.030."""
+    tuning = StalenessTuning(auto=True, window=2, min=0)
+    early = StalenessTuner(tuning)
+    steps = Steps()
+    early.observe(steps.record(0.3, 0.0), 2)
+    figures = dict(learner_wait=0.3, held=0.0, k3=0.0526, lag1=0.0375, lag2=0.0677)
+    assert run_window(early, steps, 2, 2, **figures) is None  # kept: not the bound's doing
+    # Where the tokens two versions behind carry much more than one version's drift, the
+    # bound is the cause: lowered.
+    far = StalenessTuner(tuning)
+    far.observe(steps.record(0.3, 0.0), 2)
+    decision = run_window(far, steps, 2, 2, learner_wait=0.3, held=0.0, lag1=0.01, lag2=0.09)
+    assert decision.new == 1 and "KL the bound adds 0.0800 > 0.05" in decision.reason
+    assert decision.figures["drift_k3_lag2plus"] == pytest.approx(0.09)
+    # At a bound of 1 the one-version drift is the bound's (over a synchronous run).
+    decision = run_window(far, steps, 1, 2, learner_wait=0.3, held=0.0, lag1=0.08)
+    assert decision.new == 0 and "KL the bound adds 0.0800" in decision.reason
 
 
 def test_a_change_by_someone_else_opens_a_fresh_window() -> None:
