@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from streamrl.cli_overrides import parse_with_overrides
 from streamrl.config import Override, launch_config
 
 
@@ -453,19 +454,12 @@ def _admin(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    # Overrides may follow flags (`launch cfg.yaml --learners 2 a.b=1`): argparse leaves those
-    # behind as unknown arguments, so collect every `key=value` among them.
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # its own parser: flags after `bench` are not streamrl's
         from streamrl.bench.cli import main as bench
 
         return bench(argv[1:])
-    args, extra = parser.parse_known_args(argv)
-    stray = [a for a in extra if a.startswith("-") or "=" not in a]
-    if stray or (extra and not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
-    if extra:
-        args.overrides = [*args.overrides, *extra]
+    args = parse_with_overrides(parser, argv)
     handlers = {
         "launch": _launch,
         "validate": _validate,

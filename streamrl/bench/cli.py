@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from streamrl.cli_overrides import parse_with_overrides
 from streamrl.config import ConfigError, default_config_path
 
 
@@ -69,13 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return quality(argv[1:])
     parser = _parser()
-    # Overrides may follow flags (`throughput cfg.yaml --steps 3 a.b=1`), as in `launch`.
-    args, extra = parser.parse_known_args(argv)
-    stray = [a for a in extra if a.startswith("-") or "=" not in a]
-    if stray or (extra and not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
-    if extra:
-        args.overrides = [*args.overrides, *extra]
+    args = parse_with_overrides(parser, argv)  # `throughput cfg.yaml --steps 3 a.b=1`
     if args.bench == "throughput":
         from streamrl.bench.throughput import BenchError, bench_throughput
 

@@ -69,3 +69,22 @@ def test_admin_port_in_use_is_one_line_and_writes_nothing(tmp_path: Path) -> Non
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0], result.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_overrides_after_flags_join_the_overrides_and_a_stray_flag_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`streamrl launch` and `streamrl bench throughput` alike (``cli_overrides``)."""
+    from streamrl.bench.cli import _parser as bench_parser
+    from streamrl.cli_overrides import parse_with_overrides
+
+    args = parse_with_overrides(
+        bench_parser(), ["throughput", "c.yaml", "a.b=1", "--steps", "3", "c.d=2"]
+    )
+    assert (args.config, args.overrides, args.steps) == ("c.yaml", ["a.b=1", "c.d=2"], 3)
+    with pytest.raises(SystemExit) as exit_:
+        parse_with_overrides(bench_parser(), ["throughput", "c.yaml", "--steps", "3", "--bogus"])
+    assert exit_.value.code == 2
+    assert (
+        capsys.readouterr().err.strip().splitlines()[-1].endswith("unrecognized arguments: --bogus")
+    )
