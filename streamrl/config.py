@@ -235,6 +235,13 @@ class TeacherSpec(_Section):
     # The sampled token's reverse KL (teacher - behaviour logprob) in each token's advantage;
     # false: the top-k forward KL alone (it needs top_k).
     sampled_kl: bool = True
+    # The top-k target's temperature relative to the sampling temperature: the teacher's
+    # top-k logprobs come from its logits over (sampling temperature x target_tau). Below 1
+    # the target is sharper than the teacher samples, pulling the student toward the
+    # teacher's likeliest token, the one a greedy evaluation reads; 1 matches the teacher's
+    # distribution. The sampled token's logprob (the reverse KL) stays at the sampling
+    # temperature. Needs top_k.
+    target_tau: Annotated[float, msgspec.Meta(gt=0.0, le=2.0)] = 1.0
     # ``model: self`` only. The teacher holds the newest multiple of this version the groups
     # it is sent were sampled at (version 12 with 5: version 10), so it lags the student by
     # 0 to ``refresh_every - 1`` versions plus what the stream takes to arrive.
@@ -944,6 +951,13 @@ def _finalize(config: Config) -> Config:
                 r.teacher is None or r.teacher.sampled_kl or r.teacher.top_k > 0,
                 f"rewards[{i}].teacher: with sampled_kl false the teacher teaches through its "
                 "top-k alone: set top_k",
+            )
+            for i, r in enumerate(config.rewards)
+        ),
+        *(
+            (
+                r.teacher is None or r.teacher.target_tau == 1.0 or r.teacher.top_k > 0,
+                f"rewards[{i}].teacher: target_tau sharpens the top-k target: set top_k",
             )
             for i, r in enumerate(config.rewards)
         ),

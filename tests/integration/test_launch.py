@@ -188,7 +188,7 @@ def test_wandb_offline_logs_every_step_and_what_the_model_answered(tmp_path: Pat
 
 # The tiny Llama with heads of 32 (vLLM's CPU attention has no kernel for 16), and Gemma3
 # (tied head, scaled embeddings, sliding-window layers; the learner shares no prompts there:
-# train_step.has_sliding_window).
+# shared_prompts.has_sliding_window).
 VLLM_RUNS = {
     "llama": ["model.tiny_hidden=128"],
     "gemma3": ["model.name=tiny-random-gemma3"],

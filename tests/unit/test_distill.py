@@ -49,18 +49,29 @@ def _alone(model, prompt: list[int], response: list[int], temperature: float) ->
     return logprobs.gather(-1, torch.tensor(response)[:, None])[:, 0].tolist()
 
 
-def test_the_teacher_gives_each_response_token_its_logprob_as_alone(teacher) -> None:
-    """Rows of different lengths in one left-padded batch score as each does alone, at its
-    own temperature; an empty response gets an empty array."""
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_teacher_gives_each_response_token_its_logprob_as_alone(teacher, shared) -> None:
+    """Responses of different lengths, several to one prompt, score in one batch as each
+    does alone, at its own temperature, whether a prompt's responses share one row
+    (``shared_rows``) or each has its own left-padded row; an empty response gets an empty
+    array."""
+    assert teacher.share_prompts  # the tiny llama takes a 4-D mask
     reference = load_causal_lm(resolve_model(TINY), dtype="float32").eval()
     cases = [
         ([5, 6, 7], [8, 9], 1.0),
         ([5], [10, 11, 12, 13, 14], 1.0),
+        ([5, 6, 7], [12], 1.0),
         ([20, 21, 22, 23, 24, 25], [26], 0.7),
         ([30, 31], [], 1.0),
         ([40, 41], [42, 43, 44], 0.7),
+        ([5, 6, 7], [8, 10, 11], 1.0),
+        ([40, 41], [45], 0.7),
     ]
-    out = teacher.score([_item(p, r, t) for p, r, t in cases])
+    teacher.share_prompts = shared
+    try:
+        out = teacher.score([_item(p, r, t) for p, r, t in cases])
+    finally:
+        teacher.share_prompts = True
     assert teacher.identity.startswith("teacher-tiny@")
     for (prompt, response, temperature), answer in zip(cases, out, strict=True):
         got = unpack_float32(answer.logprobs)
@@ -83,6 +94,16 @@ def test_a_top_k_teacher_sends_its_likeliest_tokens_at_each_position() -> None:
     assert logprobs == pytest.approx(expected.values.flatten().tolist(), abs=1e-4)
     chosen = unpack_float32(answer.logprobs)
     assert all(chosen[i] <= logprobs[3 * i] + 1e-6 for i in range(2))  # the top is the top
+    # A sharper target: the same tokens, their logprobs at 0.7 x 0.5; the sampled token's
+    # logprob (the reverse KL's) still at the sampling temperature.
+    sharp = TeacherScorer(resolve_model(TINY), "teacher-tiny", top_k=3, target_tau=0.5)
+    (answer,) = sharp.score([_item([5, 6, 7], [8, 9], 0.7)])
+    expected = torch.log_softmax(logits.float() / 0.5, -1).topk(3, dim=-1)
+    assert unpack_int32(answer.top_ids) == ids
+    assert unpack_float32(answer.top_logprobs) == pytest.approx(
+        expected.values.flatten().tolist(), abs=1e-4
+    )
+    assert unpack_float32(answer.logprobs) == pytest.approx(chosen, abs=1e-6)
 
 
 def test_a_sequence_beyond_the_teachers_positions_is_refused(teacher) -> None:
@@ -240,6 +261,8 @@ def test_a_teacher_entry_is_checked_at_load() -> None:
         _config("rewards=[{teacher: {model: x}, name: numeric_match}]")
     with pytest.raises(ConfigError, match="sampled_kl false .* set top_k"):
         _config("rewards=[{teacher: {model: x, sampled_kl: false}}]")
+    with pytest.raises(ConfigError, match="target_tau sharpens the top-k target: set top_k"):
+        _config("rewards=[{teacher: {model: x, target_tau: 0.5}}]")
     with pytest.raises(ConfigError, match="two teachers with top_k"):
         _config("rewards=[{teacher: {model: x, top_k: 4}}, {teacher: {model: y, top_k: 4}}]")
     routed = "rewards=[{teacher: {model: x, top_k: 4, sources: [a]}}, " + (
@@ -393,3 +416,15 @@ def test_a_lora_runs_adapter_teaches_as_its_merged_model(tmp_path: Path, monkeyp
         assert not torch.equal(untrained[name].data, weight), name
     config = _config(f"rewards=[{{teacher: {{model: {adapter}}}}}]")
     _check_teachers(config, base, {0: str(merged)})  # the base's tokenizer: accepted
+
+
+def test_a_prompt_is_held_once_for_all_its_responses() -> None:
+    """``shared_rows``' docstring example: one row, and each response's first token
+    predicted from the prompt's last column."""
+    from streamrl.workers.reward_roles.teacher import shared_rows
+
+    rows = shared_rows([([1, 5], [7, 9]), ([1, 5], [8]), ([2], [3])], 0, torch.float32)
+    assert rows.input_ids.tolist() == [[1, 5, 7, 9, 8], [2, 3, 0, 0, 0]]
+    assert rows.keep == 5  # from column 0, the shorter prompt's last
+    assert [(r, c.tolist()) for r, c in rows.where] == [(0, [1, 2]), (0, [1]), (1, [0])]
+    assert rows.positions[0].tolist() == [0, 1, 2, 3, 2]  # [8] sits where [7] did

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from streamrl.protocol import TrajectoryGroup
+from streamrl.workers.shared_prompts import additive_mask, shared_prompt_attention
 
 
 @dataclass
@@ -112,9 +113,7 @@ class MicroBatch:
         rank's ``ComputeImage`` does not, so the mask is made in that dtype here."""
         inputs = {"input_ids": self.input_ids}
         if self.attention is not None:
-            blocked = torch.finfo(torch.bfloat16).min
-            mask = torch.zeros(self.attention.shape, dtype=dtype, device=self.attention.device)
-            inputs["attention_mask"] = mask.masked_fill_(~self.attention, blocked)[:, None]
+            inputs["attention_mask"] = additive_mask(self.attention, dtype)
             inputs["position_ids"] = self.positions
         return inputs
 
@@ -283,7 +282,7 @@ def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor, hidden: int) -> M
     ids[columns < torch.tensor(lengths)[:, None]] = tokens.long()
     attention = positions = None
     if shared:
-        attention, positions = _shared_prompt_attention(
+        attention, positions = shared_prompt_attention(
             [chunk[m[0]].num_prompt_tokens for m in sequences], segments, width
         )
     # Response token j of a trajectory is predicted from column first + j - 1; token 0 from
@@ -358,32 +357,6 @@ def _teacher_top_k(
     logprobs[where] = _joined((t.teacher_top_logprobs for t in taught), torch.float32).view(-1, k)
     coef = torch.tensor([t.teacher_top_coef for t in chunk], dtype=torch.float32)
     return ids, logprobs, coef
-
-
-def _shared_prompt_attention(
-    prompts: list[int], segments: list[tuple[int, int, int]], width: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The shared-prompt layout's attention ([S, W, W] bool) and position ids ([S, W]).
-
-    Column c of a sequence belongs to segment 0 (the prompt), k >= 1 (the k-th response) or
-    -1 (padding). A query sees the keys at or before it in the prompt or in its own segment;
-    padding sees only itself (a row with nothing to attend to would be NaN). A response's
-    positions continue its prompt's, as when it was sampled."""
-    count = len(prompts)
-    segment = torch.full((count, width), -1, dtype=torch.long)
-    positions = torch.zeros((count, width), dtype=torch.long)
-    for s, p in enumerate(prompts):
-        segment[s, :p] = 0
-        positions[s, :p] = torch.arange(p)
-    numbers = [0] * count
-    for s, column, n in segments:
-        numbers[s] += 1
-        segment[s, column : column + n] = numbers[s]
-        positions[s, column : column + n] = torch.arange(prompts[s], prompts[s] + n)
-    query, key = segment[:, :, None], segment[:, None, :]
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    attention = causal & ((key == 0) | (key == query)) & (query >= 0)
-    return attention | torch.eye(width, dtype=torch.bool), positions
 
 
 def in_step_order(batches: list[MicroBatch], values: list[torch.Tensor]) -> torch.Tensor:

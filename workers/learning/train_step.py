@@ -51,6 +51,7 @@ from streamrl.workers.learning.batching import (
     split_groups,
 )
 from streamrl.workers.learning.fsdp import clip_and_step, reshard, set_gradient_sync
+from streamrl.workers.shared_prompts import has_sliding_window
 
 log = logging.getLogger(__name__)
 
@@ -175,17 +176,6 @@ def _prompt_sharing_hidden(config: Config, policy: torch.nn.Module, critic) -> i
         log.info("learner.share_prompts is off for this model: it has sliding-window layers")
         return 0
     return int(model_config.hidden_size)
-
-
-def has_sliding_window(model_config) -> bool:
-    """Whether some attention layer of the model attends within a window (Gemma 2/3,
-    Mistral v0.1, Qwen2 with use_sliding_window)."""
-    types = getattr(model_config, "layer_types", None)
-    if types:
-        return "sliding_attention" in types
-    if getattr(model_config, "use_sliding_window", True) is False:
-        return False
-    return getattr(model_config, "sliding_window", None) is not None
 
 
 class TrainStep:

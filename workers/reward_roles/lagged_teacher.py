@@ -76,6 +76,7 @@ class LaggedTeacher:
             device=device,
             compute_dtype=compute_dtype,
             top_k=teacher.top_k,
+            target_tau=teacher.target_tau,
             model=self.engine.model,
         )
         self.identity = self.scorer.identity

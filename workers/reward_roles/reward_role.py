@@ -81,7 +81,12 @@ def make_scorer(
 
         assert reward.teacher is not None
         return TeacherScorer(
-            model_dir, label, device=device, compute_dtype=dtype, top_k=reward.teacher.top_k
+            model_dir,
+            label,
+            device=device,
+            compute_dtype=dtype,
+            top_k=reward.teacher.top_k,
+            target_tau=reward.teacher.target_tau,
         )
     if reward.kind == "judge":
         from streamrl.workers.reward_roles.judge import JudgeScorer

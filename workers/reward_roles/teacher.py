@@ -10,10 +10,15 @@ them into the per-token reverse-KL advantage ``teacher - sampled`` (on-policy di
 With ``top_k`` it also sends, per response position, its k likeliest tokens and their
 logprobs (the learner's forward-KL term, ``losses.distill_topk``).
 
-Rows are left-padded so that every response ends in the last column, with position ids that
-count real tokens only, and only the last ``longest response`` columns reach the output head
-(``logits_to_keep``): a row's logprobs do not depend on what it is batched with (the tests
-hold this to bf16 rounding), and a batch never builds [rows, sequence, vocabulary] logits.
+Rows: where the model takes a 4-D mask (eager or SDPA attention, no sliding-window layer), a
+row per distinct prompt holds it once and then each of its responses (``shared_rows``, the
+learner's shared-prompt layout): a group's 8 samples of the default job cost 29 + 8 x ~10
+tokens instead of 8 x 39. Otherwise a row per response, left-padded so that every response
+ends in the last column, with position ids that count real tokens only (``plain_rows``).
+Either way only the columns from the first prediction on reach the output head
+(``logits_to_keep``): a response's logprobs do not depend on what it is batched with (the
+tests hold this to bf16 rounding), and a batch never builds [rows, sequence, vocabulary]
+logits.
 
 Example: prompt [1, 5], response [7, 9] at temperature 0.7 -> 8 bytes: log p(7 | 1 5) and
 log p(9 | 1 5 7), each from the teacher's logits over 0.7.
@@ -22,6 +27,7 @@ log p(9 | 1 5 7), each from the teacher's logits over 0.7.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,6 +36,11 @@ from streamrl.models import load_causal_lm, load_tokenizer
 from streamrl.protocol import unpack_int32
 from streamrl.rewards.model import weights_hash
 from streamrl.rewards.scorer import ScoreItem, TokenAnswer, scorer_identity
+from streamrl.workers.shared_prompts import (
+    additive_mask,
+    can_share_prompts,
+    shared_prompt_attention,
+)
 
 # Rows x kept columns of one forward: bounds the logits a batch holds (about 200 MB of bf16
 # logits for a 49k vocabulary).
@@ -53,11 +64,13 @@ class TeacherScorer:
         device: str = "cpu",
         compute_dtype: torch.dtype | str = torch.float32,
         top_k: int = 0,
+        target_tau: float = 1.0,
         model: torch.nn.Module | None = None,
     ) -> None:
         """``model``: score with this one (a lagged teacher's, whose weights it moves) rather
-        than load ``model_dir``'s."""
-        self.device, self.top_k = device, top_k
+        than load ``model_dir``'s. ``target_tau``: the top-k's temperature over the sampling
+        temperature (``TeacherSpec.target_tau``)."""
+        self.device, self.top_k, self.target_tau = device, top_k, target_tau
         self.tokenizer = load_tokenizer(model_dir)
         self.identity = scorer_identity(label, weights_hash(model_dir))
         config = json.loads((Path(model_dir) / "config.json").read_text())
@@ -66,6 +79,11 @@ class TeacherScorer:
         if model is None:
             model = load_causal_lm(model_dir, dtype=dtype_name, device=device).eval()
         self.model = model
+        self.dtype = next(model.parameters()).dtype
+        # A group's responses over one copy of its prompt (``shared_rows``) where the model
+        # takes a 4-D mask: the default job's group is 8 x (29 + ~10) tokens one by one,
+        # 29 + 8 x ~10 shared.
+        self.share_prompts = can_share_prompts(getattr(model, "config", None))
 
     @torch.inference_mode()
     def score(self, items: list[ScoreItem]) -> list[TokenAnswer]:
@@ -79,10 +97,11 @@ class TeacherScorer:
                     f"{self.max_tokens} positions"
                 )
         out = [TokenAnswer(b"")] * len(items)
-        # Same temperature together, then by length: little padding per forward.
+        # Same temperature together, then by length (a prompt's responses next to each
+        # other, to share it): little padding per forward.
         order = sorted(
             (n for n, (_, response) in enumerate(sequences) if response),
-            key=lambda n: (items[n].temperature, len(sequences[n][0]) + len(sequences[n][1])),
+            key=lambda n: (items[n].temperature, len(sequences[n][0]), sequences[n][0]),
         )
         start = 0
         while start < len(order):
@@ -108,43 +127,108 @@ class TeacherScorer:
             rows.append(n)
         return rows
 
+    def _layout(self, sequences: list[tuple[list[int], list[int]]]) -> Rows:
+        pad = self.tokenizer.pad_token_id or 0
+        if self.share_prompts:
+            return shared_rows(sequences, pad, self.dtype)
+        return plain_rows(sequences, pad)
+
     def _answers(
         self, sequences: list[tuple[list[int], list[int]]], temperature: float
     ) -> list[TokenAnswer]:
         """Per row, its response tokens' logprobs (and top-k) from one forward."""
-        width = max(len(p) + len(r) for p, r in sequences)
-        longest = max(len(r) for _, r in sequences)
-        pad = self.tokenizer.pad_token_id or 0
-        ids = torch.full((len(sequences), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(sequences), width), dtype=torch.long)
-        for row, (prompt, response) in enumerate(sequences):
-            tokens = prompt + response
-            ids[row, width - len(tokens) :] = torch.tensor(tokens)
-            attention[row, width - len(tokens) :] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        ids, attention = ids.to(self.device), attention.to(self.device)
-        # Column c predicts token c + 1: the last ``longest`` tokens are predicted by the
-        # ``longest`` columns before the last one.
-        logits = self.model(
-            input_ids=ids,
-            attention_mask=attention,
-            position_ids=positions.to(self.device),
-            logits_to_keep=longest + 1,
-        ).logits[:, :-1]
+        layout = self._layout(sequences)
+        ids, kwargs = layout.input_ids.to(self.device), layout.model_inputs(self.device)
+        logits = self.model(input_ids=ids, **kwargs, logits_to_keep=layout.keep).logits
         answers = []
-        for row, (_, response) in enumerate(sequences):
-            # One row's [r, V] in float32 at a time: never the batch's.
-            z = logits[row, longest - len(response) :].float() / temperature
+        for (_, response), (row, columns) in zip(sequences, layout.where, strict=True):
+            # One response's [r, V] in float32 at a time: never the batch's.
+            z = logits[row, columns].float() / temperature
             lse = torch.logsumexp(z, dim=-1, keepdim=True)
             target = torch.tensor(response, device=z.device)[:, None]
             chosen = (z.gather(1, target) - lse)[:, 0].cpu()
             answer = TokenAnswer(chosen.numpy().astype("<f4").tobytes())
             if self.top_k:
-                top = z.topk(self.top_k, dim=-1)
+                # A sharper target (target_tau < 1) has the same top-k, in the same order.
+                zt = z if self.target_tau == 1.0 else z / self.target_tau
+                lse_t = lse if self.target_tau == 1.0 else torch.logsumexp(zt, -1, keepdim=True)
+                top = zt.topk(self.top_k, dim=-1)
                 answer = TokenAnswer(
                     answer.logprobs,
                     top.indices.cpu().numpy().astype("<i4").tobytes(),
-                    (top.values - lse).cpu().numpy().astype("<f4").tobytes(),
+                    (top.values - lse_t).cpu().numpy().astype("<f4").tobytes(),
                 )
             answers.append(answer)
         return answers
+
+
+@dataclass
+class Rows:
+    """One forward's rows, and where each response's predictions are among its kept logits."""
+
+    input_ids: torch.Tensor  # [S, W]
+    # [S, W] 0/1 (left-padded rows, one response each) or [S, W, W] bool (shared prompts)
+    attention: torch.Tensor
+    positions: torch.Tensor  # [S, W] position ids
+    keep: int  # ``logits_to_keep``: the last ``keep`` columns
+    # Per response, in order: its row and the kept columns that predict its tokens.
+    where: list[tuple[int, torch.Tensor]]
+    dtype: torch.dtype = torch.float32  # the forward's, for a 4-D mask
+
+    def model_inputs(self, device: str) -> dict[str, torch.Tensor]:
+        mask = self.attention
+        if mask.dim() == 3:
+            mask = additive_mask(mask, self.dtype)
+        return {"attention_mask": mask.to(device), "position_ids": self.positions.to(device)}
+
+
+def plain_rows(sequences: list[tuple[list[int], list[int]]], pad: int) -> Rows:
+    """A row per response, left-padded so that every response ends in the last column, with
+    position ids that count real tokens only. Column c predicts token c + 1: the last
+    ``longest`` tokens are predicted by the ``longest`` columns before the last one."""
+    width = max(len(p) + len(r) for p, r in sequences)
+    longest = max(len(r) for _, r in sequences)
+    ids = torch.full((len(sequences), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, (prompt, response) in enumerate(sequences):
+        tokens = prompt + response
+        ids[row, width - len(tokens) :] = torch.tensor(tokens)
+        attention[row, width - len(tokens) :] = 1
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    where = [(row, torch.arange(longest - len(r), longest)) for row, (_, r) in enumerate(sequences)]
+    return Rows(ids, attention, positions, longest + 1, where)
+
+
+def shared_rows(sequences: list[tuple[list[int], list[int]]], pad: int, dtype: torch.dtype) -> Rows:
+    """A row per distinct prompt, ``[prompt | response 1 | response 2 | ...]``, right-padded,
+    with the 4-D mask and position ids of ``workers.shared_prompts``: each response sees the
+    prompt and its own tokens, at the positions it was sampled at. A response's first token
+    is predicted by its prompt's last column, each later one by the column before it.
+
+    Example: prompt [1, 5] with responses [7, 9] and [8] -> one row [1, 5, 7, 9, 8]; kept
+    columns from 1 (the prompt's last) on: [7, 9] from columns [0, 1], [8] from [0]."""
+    rows: dict[tuple[int, ...], int] = {}
+    prompts: list[int] = []
+    ends: list[int] = []
+    tokens: list[list[int]] = []
+    segments: list[tuple[int, int, int]] = []
+    absolute: list[tuple[int, list[int]]] = []
+    for prompt, response in sequences:
+        row = rows.setdefault(tuple(prompt), len(rows))
+        if row == len(prompts):
+            prompts.append(len(prompt))
+            ends.append(len(prompt))
+            tokens.append(list(prompt))
+        column = ends[row]
+        segments.append((row, column, len(response)))
+        absolute.append((row, [prompts[row] - 1, *range(column, column + len(response) - 1)]))
+        tokens[row] += response
+        ends[row] += len(response)
+    width = max(ends)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    for row, row_tokens in enumerate(tokens):
+        ids[row, : len(row_tokens)] = torch.tensor(row_tokens)
+    attention, positions = shared_prompt_attention(prompts, segments, width)
+    start = min(prompts) - 1
+    where = [(row, torch.tensor(columns) - start) for row, columns in absolute]
+    return Rows(ids, attention, positions, width - start, where, dtype)
