@@ -22,7 +22,6 @@ from streamrl.workers.learning.publisher import (
 from streamrl.workers.weight_codec import (
     EncodedPart,
     apply_part,
-    changed_positions,
     decode_positions,
     encode_part,
     encode_positions,
@@ -64,23 +63,6 @@ def test_positions_round_trip(n: int) -> None:
         data = encode_positions(positions, n)
         assert len(data) == -(-n // 255) + k  # a byte per window, a byte per position
         np.testing.assert_array_equal(decode_positions(data, n), positions)
-
-
-@pytest.mark.parametrize("size", [1, 63, 64, 1001, 40_003])
-@pytest.mark.parametrize("start", [0, 1, 2, 3])
-def test_changed_positions_by_words_are_the_elementwise_ones(size: int, start: int) -> None:
-    # Slices that start off an 8-byte boundary (a block's rows need not), changes in the
-    # head, the tail and next to each other in one word.
-    old = bits(size + 8)
-    new = changed(old, 0.01)
-    new[[start, start + size - 1]] ^= 1
-    if size > 8:
-        new[start + 5 : start + 8] ^= 2
-    a, b = new[start : start + size], old[start : start + size]
-    np.testing.assert_array_equal(changed_positions(a, b), np.flatnonzero(a != b))
-    np.testing.assert_array_equal(changed_positions(b, b), np.array([], dtype=np.int64))
-    with pytest.raises(ValueError, match="compare of"):
-        changed_positions(a, old)
 
 
 def test_a_sparse_index_that_does_not_fit_its_block_is_refused() -> None:
