@@ -74,11 +74,13 @@ ARMS: dict[str, list[str]] = {
         "buffer.drop_zero_variance=false",
     ],
     # On-policy distillation from ``--teacher`` (docs/design.md §7d): the forward KL over
-    # its top-8 (configs/distill.yaml's), alone or beside the config's rewards.
+    # its top-8 (configs/distill.yaml's, its target sharpened), alone or beside the config's
+    # rewards.
     "distill": [
         "run.mode=async",
         "buffer.max_staleness=1",
-        f"rewards=[{{teacher: {{model: '{TEACHER}', top_k: 8, sampled_kl: false}}}}]",
+        f"rewards=[{{teacher: {{model: '{TEACHER}', top_k: 8, sampled_kl: false, "
+        "target_tau: 0.5}}]",
     ],
     "rl-distill": [
         "run.mode=async",

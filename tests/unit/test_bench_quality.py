@@ -183,8 +183,10 @@ def test_the_distillation_arms_name_their_teacher() -> None:
     out = Path("/tmp/bq")
     rules = [r.display_name() for r in load_config(TINY).rewards]
     alone = load_config(TINY, arm_overrides("distill", 0, out, [], teacher="runs/t"))
-    assert [(r.kind, r.served_model, r.teacher.top_k) for r in alone.rewards] == [
-        ("teacher", "runs/t", 8)
+    assert [
+        (r.kind, r.served_model, r.teacher.top_k, r.teacher.target_tau) for r in alone.rewards
+    ] == [
+        ("teacher", "runs/t", 8, 0.5)  # configs/distill.yaml's recipe
     ]
     both = load_config(TINY, arm_overrides("rl-distill", 0, out, [], teacher="runs/t"))
     assert [r.display_name() for r in both.rewards] == [*rules, "teacher-t"]
