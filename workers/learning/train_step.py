@@ -51,7 +51,7 @@ from streamrl.workers.learning.batching import (
     split_groups,
 )
 from streamrl.workers.learning.fsdp import clip_and_step, reshard, set_gradient_sync
-from streamrl.workers.shared_prompts import has_sliding_window
+from streamrl.workers.shared_prompts import can_share_prompts, has_sliding_window
 
 log = logging.getLogger(__name__)
 
@@ -167,13 +167,11 @@ def _prompt_sharing_hidden(config: Config, policy: torch.nn.Module, critic) -> i
     """The hidden size that lets micro-batches share prompts (``batching``), or 0: sharing
     needs a 4-D attention mask, which eager and SDPA attention take and flash kernels do not."""
     model_config = getattr(policy, "config", None)
-    attention = getattr(model_config, "_attn_implementation", None)
-    if not config.learner.share_prompts or attention not in ("eager", "sdpa"):
+    if not config.learner.share_prompts:
         return 0
-    if has_sliding_window(model_config):
-        # The shared-prompt mask is one 4-D mask for every layer: a windowed layer (Gemma 3)
-        # would see past its window, and the learner would score what no engine sampled.
-        log.info("learner.share_prompts is off for this model: it has sliding-window layers")
+    if not can_share_prompts(model_config):
+        if has_sliding_window(model_config):
+            log.info("learner.share_prompts is off for this model: it has sliding-window layers")
         return 0
     return int(model_config.hidden_size)
 
