@@ -428,3 +428,37 @@ def test_a_prompt_is_held_once_for_all_its_responses() -> None:
     assert rows.keep == 5  # from column 0, the shorter prompt's last
     assert [(r, c.tolist()) for r, c in rows.where] == [(0, [1, 2]), (0, [1]), (1, [0])]
     assert rows.positions[0].tolist() == [0, 1, 2, 3, 2]  # [8] sits where [7] did
+
+
+def test_a_forward_keeps_no_more_logits_than_its_budget(teacher) -> None:
+    """``TOKENS_PER_FORWARD`` bounds the kept logits in either layout: in the shared one a
+    prompt with many long responses widens every row of its forward, and the batch is cut
+    where the next response would take it past the bound."""
+    from streamrl.workers.reward_roles import teacher as module
+
+    # A one-token response to another prompt, then 8 x 300 tokens to one prompt: counted
+    # as left-padded rows, [that, 5 long] fits (6 x 301); shared, its two rows keep
+    # 2 x 1503 columns.
+    long_group = [([1, 2, 3], list(range(10, 310))) for _ in range(8)]
+    short = [([4, 5], [6, 7]) for _ in range(40)]
+    sequences = [([8], [9]), *long_group, *short]
+    items = [_item(p, r) for p, r in sequences]
+    order = list(range(len(sequences)))
+    for shared in (True, False):
+        teacher.share_prompts = shared
+        try:
+            start, forwards = 0, []
+            while start < len(order):
+                rows = teacher._batch(order, start, sequences, items)
+                forwards.append(rows)
+                start += len(rows)
+        finally:
+            teacher.share_prompts = True
+        assert sorted(n for rows in forwards for n in rows) == order  # each response once
+        for rows in forwards:
+            taken = [sequences[n] for n in rows]
+            assert len(rows) == 1 or module.kept_cells(taken, shared) <= module.TOKENS_PER_FORWARD
+            if shared:
+                assert module.shared_rows(taken, 0, torch.float32).keep * len(
+                    {tuple(p) for p, _ in taken}
+                ) == module.kept_cells(taken, True)

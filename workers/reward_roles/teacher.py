@@ -115,14 +115,14 @@ class TeacherScorer:
     def _batch(
         self, order: list[int], start: int, sequences: list, items: list[ScoreItem]
     ) -> list[int]:
-        """The rows of the next forward: one temperature, within ``TOKENS_PER_FORWARD``."""
+        """The rows of the next forward: one temperature, its kept logits (``kept_cells``
+        in this scorer's layout) within ``TOKENS_PER_FORWARD``."""
         rows = [order[start]]
-        longest = len(sequences[order[start]][1])
         for n in order[start + 1 :]:
             if items[n].temperature != items[rows[0]].temperature:
                 break
-            longest = max(longest, len(sequences[n][1]))
-            if (len(rows) + 1) * (longest + 1) > TOKENS_PER_FORWARD:
+            taken = [sequences[m] for m in [*rows, n]]
+            if kept_cells(taken, self.share_prompts) > TOKENS_PER_FORWARD:
                 break
             rows.append(n)
         return rows
@@ -180,6 +180,20 @@ class Rows:
         if mask.dim() == 3:
             mask = additive_mask(mask, self.dtype)
         return {"attention_mask": mask.to(device), "position_ids": self.positions.to(device)}
+
+
+def kept_cells(sequences: list[tuple[list[int], list[int]]], shared: bool) -> int:
+    """Rows x kept columns of the logits a forward of ``sequences`` holds: ``plain_rows``
+    keeps the longest response + 1 columns of every row; ``shared_rows`` keeps, in each
+    prompt's row, from the shortest prompt's last column to the longest row's end (rows are
+    right-padded, so one prompt with many long responses widens them all)."""
+    if not shared:
+        return len(sequences) * (max(len(r) for _, r in sequences) + 1)
+    ends: dict[tuple[int, ...], int] = {}
+    for prompt, response in sequences:
+        ends[tuple(prompt)] = ends.get(tuple(prompt), len(prompt)) + len(response)
+    shortest = min(len(prompt) for prompt, _ in sequences)
+    return len(ends) * (max(ends.values()) - shortest + 1)
 
 
 def plain_rows(sequences: list[tuple[list[int], list[int]]], pad: int) -> Rows:
