@@ -15,6 +15,7 @@ from typing import Any
 import ray
 
 from streamrl.controller.specs import GeneratorSpec, LearnerSpec, RewardRoleSpec, ShardSpec
+from streamrl.cores import favour_side_threads
 from streamrl.malloc import keep_freed_memory
 from streamrl.transport import resolve_host
 
@@ -85,6 +86,7 @@ class LearnerActor:
         return os.getpid()
 
     def run(self, max_steps: int) -> int:
+        favour_side_threads()  # the weight path first on a shared core (streamrl.cores)
         return self.learner.run(max_steps)
 
     def export_hf(self, out_dir: str) -> None:
@@ -126,6 +128,7 @@ class GeneratorActor:
         return os.getpid()
 
     def run(self) -> dict[str, int]:
+        favour_side_threads()
         try:
             return self.generator.run()
         finally:
@@ -150,6 +153,7 @@ class RewardRoleActor:
         return os.getpid()
 
     def serve(self) -> None:
+        favour_side_threads()
         try:
             self.role.serve()
         finally:

@@ -60,6 +60,11 @@ def init_ray(address: str | None) -> None:
         # "local": always a fresh embedded instance. Without it ray.init joins any cluster
         # `ray start` left running on this machine (and refuses num_cpus there).
         kwargs.update(address="local", num_cpus=os.cpu_count() or 2, _node_ip_address="127.0.0.1")
+        # Ray starts its workers at nice 15 by default; ours start at 0, on a par with the
+        # controller, so that each role's side threads stay ahead of its compute threads
+        # (which go to +10: streamrl.cores.favour_side_threads). A cluster's own setting holds
+        # under --address (there compute goes from 15 to 19).
+        kwargs["_system_config"] = {"worker_niceness": 0}
     else:
         _check_reachable(address)
         kwargs["address"] = address

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import zmq
 
+from streamrl.cores import side_thread
 from streamrl.protocol import (
     EvalReport,
     GeneratorActivity,
@@ -60,6 +61,7 @@ class HeartbeatThread:
         self.thread.start()
 
     def _run(self) -> None:
+        side_thread()  # a beat is due on time even on a core the decode saturates
         encoder = msgspec.msgpack.Encoder()
         while not self._stop.is_set():
             self.beat.time = time.time()

@@ -43,7 +43,7 @@ import msgspec
 import torch
 import zmq
 
-from streamrl.cores import burst_pool
+from streamrl.cores import burst_pool, side_thread
 from streamrl.models import load_bf16_image
 from streamrl.models.lora import LoraMerge, adapter_settings, is_base, load_adapter_image
 from streamrl.protocol import GeneratorActivity, LearnerClockInfo, WeightStages
@@ -360,6 +360,7 @@ class GeneratorWeights:
         """Receive and prepare versions until closed; waits while one is prepared and not
         adopted (the prepared update may read the image). On the run's cores when given:
         where the generator's core is busy decoding, the work goes to one with slack."""
+        side_thread()  # ahead of the decode on a core both want (streamrl.cores)
         if cores:
             os.sched_setaffinity(0, cores)  # this thread only (Linux affinity is per thread)
             log.info("generator[%d]: weight thread on cores %s", self.generator_id, cores)

@@ -59,7 +59,7 @@ import torch
 import zmq
 
 from streamrl.config import WeightsConfig
-from streamrl.cores import burst_pool
+from streamrl.cores import burst_pool, side_thread
 from streamrl.models.lora import wire_name
 from streamrl.protocol import AnchorRequest, ImageChecksum, WeightAnchor, WeightDiff
 from streamrl.transport import Codec, bind_random, make_socket
@@ -340,6 +340,7 @@ class WeightPublisher:
     # ------------------------------------------------------------------ encoder thread
 
     def _encode_loop(self) -> None:
+        side_thread()  # ahead of the learner's step on a core both want (streamrl.cores)
         if self.encoder_cores:
             # This thread only (Linux affinity is per thread): on a rank pinned to one core,
             # encoding a version (0.3-0.8 s for SmolLM2) would otherwise delay the next step
@@ -450,6 +451,7 @@ class WeightPublisher:
         ]
 
     def _serve_anchors(self) -> None:
+        side_thread()
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         while not self._stop.is_set():
