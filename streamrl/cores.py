@@ -75,9 +75,11 @@ def burst_pool(cores: list[int] | None, name: str) -> ThreadPoolExecutor | None:
 
     def start() -> None:
         side_thread()
-        if cores:
-            os.sched_setaffinity(0, cores)  # this thread only (Linux affinity is per thread)
-        started.wait(timeout=30)
+        try:
+            if cores:
+                os.sched_setaffinity(0, cores)  # this thread only (Linux affinity is per thread)
+        finally:  # a core refused breaks the pool at its first use, not this wait
+            started.wait(timeout=30)
 
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name, initializer=start)
     # Every thread now, from the caller (a role's setup, at the nice it started with): an
