@@ -7,30 +7,43 @@ import os
 import pytest
 
 _PRIORITIES = """
-import json, os, threading, time
+import json, os, threading
 from streamrl.cores import COMPUTE_NICE, burst_pool, favour_side_threads, side_thread
 
 pool = burst_pool(sorted(os.sched_getaffinity(0))[:2], "burst")
-pool_tids = sorted(pool.submit(threading.get_native_id).result() for _ in range(50))
-started = threading.Event()
+started, favoured, side_nice = threading.Event(), threading.Event(), []
 
 def side():
     side_thread()
     started.set()
-    time.sleep(5)
+    favoured.wait(30)
+    side_nice.append(os.getpriority(os.PRIO_PROCESS, 0))
 
-threading.Thread(target=side, daemon=True).start()
+side_worker = threading.Thread(target=side)
+side_worker.start()
 started.wait()
 base = os.getpriority(os.PRIO_PROCESS, 0)
 lowered = favour_side_threads()
+favoured.set()
+side_worker.join()
 later = []
 worker = threading.Thread(target=lambda: later.append(os.getpriority(os.PRIO_PROCESS, 0)))
 worker.start(); worker.join()
-nice = {int(t): os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")}
+# First used now, after favour_side_threads: threads it started now would be at the target.
+both = threading.Barrier(2)  # each task waits for the other: one on each pool thread
+
+def where():
+    both.wait(30)
+    return threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0)
+
+# (no pool on one core: the work stays on the calling thread)
+pool_seen = {f.result() for f in [pool.submit(where), pool.submit(where)]} if pool else set()
 print(json.dumps({"base": base, "lowered": lowered, "again": favour_side_threads(),
                   "main": os.getpriority(os.PRIO_PROCESS, 0), "later": later[0],
-                  "pool": sorted({nice[t] for t in set(pool_tids)}),
-                  "threads": len(set(pool_tids)), "target": min(19, base + COMPUTE_NICE)}))
+                  "side": side_nice[0],
+                  "pool": sorted({n for _, n in pool_seen}),
+                  "threads": len({t for t, _ in pool_seen}),
+                  "target": min(19, base + COMPUTE_NICE)}))
 """
 
 
@@ -53,5 +66,6 @@ def test_a_role_s_compute_threads_yield_to_its_side_threads() -> None:
         pytest.skip("this process already runs at nice 19")
     assert seen["lowered"] >= 1 and seen["again"] == 0  # once per process
     assert seen["main"] == seen["later"] == seen["target"]
+    assert seen["side"] == seen["base"]
     if len(os.sched_getaffinity(0)) >= 2:
         assert seen["threads"] == 2 and seen["pool"] == [seen["base"]]
