@@ -40,6 +40,7 @@ import torch
 import xxhash
 
 from streamrl.protocol import TensorPart
+from streamrl.workers.diff_kernels import WINDOW, sparse_diff
 
 
 def as_i16(t: torch.Tensor) -> np.ndarray:
@@ -79,8 +80,9 @@ def shard_rows(full_rows: int, rank: int, world: int) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------- positions
-
-WINDOW = 255  # elements per window of the sparse index: a window's count and offsets fit a byte
+# The format in numpy. Applying decodes with these; encoding runs the compiled pass of
+# ``diff_kernels`` (one read of the two images instead of four passes over them), which the
+# tests hold to ``encode_positions``.
 
 
 def window_count(size: int) -> int:
@@ -178,19 +180,17 @@ def encode_part(
     head = (name, full_shape, row_offset, rows)
     if old is None:
         return EncodedPart(_header(*head, "dense", new, new.size), new)
-    changed = new != old
-    positions = np.flatnonzero(changed)
-    num_changed = positions.size
+    found = sparse_diff(new, old, limit=int(dense_threshold * new.size))
+    if found is None:  # more than dense_threshold changed
+        return EncodedPart(_header(*head, "dense", new, int(np.count_nonzero(new != old))), new)
+    sparse, values = found
+    num_changed = values.size
     if num_changed == 0:
         return None
-    if num_changed > dense_threshold * new.size:
-        return EncodedPart(_header(*head, "dense", new, num_changed), new)
-    sparse = encode_positions(positions, new.size)
-    if math.ceil(new.size / 8) < len(sparse):
-        encoding, indices = "bitmap", np.packbits(changed)
+    if math.ceil(new.size / 8) < sparse.size:
+        encoding, indices = "bitmap", np.packbits(new != old)
     else:
-        encoding, indices = "sparse", np.frombuffer(sparse, dtype=np.uint8)
-    values = new[positions]
+        encoding, indices = "sparse", sparse
     if indices.nbytes + values.nbytes >= new.nbytes:
         return EncodedPart(_header(*head, "dense", new, num_changed), new)
     return EncodedPart(_header(*head, encoding, new, num_changed), values, indices)

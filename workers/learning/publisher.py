@@ -63,6 +63,7 @@ from streamrl.cores import burst_pool, side_thread
 from streamrl.models.lora import wire_name
 from streamrl.protocol import AnchorRequest, ImageChecksum, WeightAnchor, WeightDiff
 from streamrl.transport import Codec, bind_random, make_socket
+from streamrl.workers.diff_kernels import compile_kernels
 from streamrl.workers.weight_codec import (
     EncodedPart,
     as_i16,
@@ -271,6 +272,7 @@ class WeightPublisher:
         self.encoder_cores = encoder_cores
         # The encoder fans a version's blocks out over the cores it may use (streamrl.cores).
         self._pool = burst_pool(encoder_cores, f"encode[{rank}]")
+        compile_kernels()
         self.model, self.rank, self.world_size, self.config = model, rank, world_size, config
         self.shard_rank = shard_rank
         self.ctx = ctx or zmq.Context.instance()

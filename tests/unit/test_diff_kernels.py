@@ -1,0 +1,56 @@
+"""The compiled sparse diff against the codec's numpy reference of the same format.
+
+References: ``encode_positions`` (the format written in numpy) and plain
+fancy indexing (which elements changed, what they hold). Blocks of every length modulo 4 and
+at every alignment, so the scalar head and tail around the 64-bit words are exercised.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamrl.workers.diff_kernels import sparse_diff
+from streamrl.workers.weight_codec import encode_positions
+
+
+def pair(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    old = rng.integers(-(2**15), 2**15, n, dtype=np.int16)
+    new = old.copy()
+    where = rng.random(n) < fraction
+    new[where] ^= rng.integers(1, 2**15, int(where.sum()), dtype=np.int16)  # any bit, sign too
+    return new, old
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 254, 255, 256, 1021, 70_001])
+@pytest.mark.parametrize("fraction", [0.0, 0.02, 0.3, 1.0])
+def test_the_diff_is_the_reference_format(n: int, fraction: float) -> None:
+    new, old = pair(n, fraction, seed=n)
+    index, values = sparse_diff(new, old, limit=n)
+    positions = np.flatnonzero(new != old)
+    assert index.tobytes() == encode_positions(positions, n)
+    np.testing.assert_array_equal(values, new[positions])
+
+
+@pytest.mark.parametrize(("skip_new", "skip_old"), [(0, 0), (1, 1), (3, 3), (1, 2), (2, 0)])
+def test_any_alignment_of_either_image(skip_new: int, skip_old: int) -> None:
+    """Blocks are row ranges of a larger image, so they start anywhere; when the two images
+    are not aligned alike the kernel compares element by element and must agree."""
+    new_all, old_all = pair(10_007, 0.05, seed=7)
+    new, old = new_all[skip_new : skip_new + 9_000], old_all[skip_old : skip_old + 9_000]
+    index, values = sparse_diff(new, old, limit=9_000)
+    positions = np.flatnonzero(new != old)
+    assert index.tobytes() == encode_positions(positions, 9_000)
+    np.testing.assert_array_equal(values, new[positions])
+
+
+def test_more_changes_than_the_limit_give_none() -> None:
+    new, old = pair(4_000, 0.1, seed=3)
+    changes = int((new != old).sum())
+    assert sparse_diff(new, old, limit=changes - 1) is None
+    index, values = sparse_diff(new, old, limit=changes)
+    assert values.size == changes
+    assert sparse_diff(new, old, limit=0) is None
+    unchanged = sparse_diff(old, old.copy(), limit=0)
+    assert unchanged is not None and unchanged[1].size == 0
