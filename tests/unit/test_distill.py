@@ -462,3 +462,30 @@ def test_a_forward_keeps_no_more_logits_than_its_budget(teacher) -> None:
                 assert module.shared_rows(taken, 0, torch.float32).keep * len(
                     {tuple(p) for p, _ in taken}
                 ) == module.kept_cells(taken, True)
+
+
+def test_kept_cells_a_row_at_a_time_match_the_layouts() -> None:
+    """``KeptCells.after`` foretells what ``add`` then counts, and both agree with the rows
+    the layouts build (the shared layout's kept columns per prompt row, the plain one's)."""
+    import random
+
+    from streamrl.workers.reward_roles.teacher import KeptCells, plain_rows, shared_rows
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1, 50) for _ in range(rng.randrange(1, 6))] for _ in range(4)]
+    sequences = [
+        (rng.choice(prompts), [rng.randrange(1, 50) for _ in range(rng.randrange(1, 9))])
+        for _ in range(30)
+    ]
+    for shared in (True, False):
+        kept = KeptCells(shared)
+        for n, (prompt, response) in enumerate(sequences):
+            foretold = kept.after(prompt, response)
+            kept.add(prompt, response)
+            assert kept.cells == foretold
+            taken = sequences[: n + 1]
+            if shared:
+                rows = shared_rows(taken, 0, torch.float32)
+                assert kept.cells == rows.keep * len({tuple(p) for p, _ in taken})
+            else:
+                assert kept.cells == plain_rows(taken, 0).keep * len(taken)
