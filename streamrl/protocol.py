@@ -614,16 +614,20 @@ class AdmissionReply(msgspec.Struct, tag="admission_reply", omit_defaults=True):
 
 # --------------------------------------------------------------------------- weights
 
+SPARSE_WINDOW = (
+    255  # elements per window of a sparse part's index: its count and offsets fit a byte
+)
+
 
 class TensorPart(msgspec.Struct):
     """Rows ``[row_offset, row_offset + rows)`` of one tensor (a block of one learner rank's
     dim-0 shard; large shards are cut into several blocks), for one version.
 
     ``encoding``: ``dense`` (``values`` holds the whole block), ``sparse`` (``indices`` are the
-    block's changed positions, a byte per 255-element window counting them then a byte per
-    position for its offset in its window: ``weight_codec.encode_positions``; ``values`` the
-    new bf16 values at them) or ``bitmap`` (``indices`` is a packed bitmap over the block's
-    elements).
+    block's changed positions, a byte per ``SPARSE_WINDOW``-element window counting them then
+    a byte per position for its offset in its window: ``weight_codec.encode_positions``;
+    ``values`` the new bf16 values at them) or ``bitmap`` (``indices`` is a packed bitmap over
+    the block's elements).
     ``checksum`` is XXH3-64 of the complete new bf16 block, verified after applying.
     """
 

@@ -18,6 +18,8 @@ Example: ``new = [5, 7, 9]``, ``old = [5, 6, 9]`` -> counts ``[1]``, offsets ``[
 
 Each kernel compiles on first use and is cached on disk beside this file (or in numba's
 user cache where that is not writable), so a process pays the compile (~1 s) once per machine.
+Only processes that encode import this module (``weight_codec.encode_part`` imports it where
+it is used): a generator never loads numba.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-WINDOW = 255  # elements per window of the sparse index: a window's count and offsets fit a byte
+from streamrl.protocol import SPARSE_WINDOW as WINDOW
 
 _LANE = np.uint64(0xFFFF)
 

@@ -39,8 +39,8 @@ import numpy as np
 import torch
 import xxhash
 
+from streamrl.protocol import SPARSE_WINDOW as WINDOW
 from streamrl.protocol import TensorPart
-from streamrl.workers.diff_kernels import WINDOW, sparse_diff
 
 
 def as_i16(t: torch.Tensor) -> np.ndarray:
@@ -180,6 +180,11 @@ def encode_part(
     head = (name, full_shape, row_offset, rows)
     if old is None:
         return EncodedPart(_header(*head, "dense", new, new.size), new)
+    # Imported here: numba (llvmlite) loads only in processes that encode, never in a
+    # generator's (a subscriber decodes with numpy), where it would cost memory and trips
+    # vLLM's engine construction (``vllm_engine.llvmlite_scannable``).
+    from streamrl.workers.diff_kernels import sparse_diff
+
     found = sparse_diff(new, old, limit=int(dense_threshold * new.size))
     if found is None:  # more than dense_threshold changed
         return EncodedPart(_header(*head, "dense", new, int(np.count_nonzero(new != old))), new)

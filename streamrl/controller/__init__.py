@@ -17,6 +17,8 @@
 - ``roles``: one typed id and slot per started role; role health for ``/status``.
 - ``supervisor``: generators replaced when dead or silent, added and retired on demand.
 - ``recovery``: buffer shards and the learner group started, and restarted when one dies.
+- ``resume``: ``--resume``: the weight clock forked at the checkpoint, then the shards told,
+  the admission budget and the prompt stream restored.
 - ``reward_roles``: the reward roles of served rewards (reward models, judges) started before
   the generators, and restarted on their ports when one dies (docs/design.md §7c).
 - ``processes``: a process named by pid and start time, so a reused pid is never signalled.

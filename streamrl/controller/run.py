@@ -33,6 +33,7 @@ finish, ``_finish`` drains the generators and exports. Its collaborators share a
 | ``roles.Roles``                | one slot per role: actor, loop ref, pid, endpoints        |
 | ``supervisor.GeneratorPool``   | starting, replacing, scaling generators                    |
 | ``recovery.Recovery``          | restarting a buffer shard or the learner group             |
+| ``resume``                     | ``--resume``: the clock's fork, budget and prompts restored |
 | ``intake.ReportIntake``        | reports -> ``RunState`` methods; rate windows              |
 | ``state.RunState``             | what is known, and the budget rules (pure methods)         |
 """
@@ -52,10 +53,10 @@ from typing import Any
 import msgspec
 import zmq
 
-from streamrl import checkpoint_layout
 from streamrl.admin.audit import AuditLog
 from streamrl.admin.auth import AUDIT_FILE
 from streamrl.config import Config
+from streamrl.controller import resume
 from streamrl.controller.admission import AdmissionServer
 from streamrl.controller.context import RunContext
 from streamrl.controller.drops import DropWatch
@@ -65,7 +66,6 @@ from streamrl.controller.preflight import Checked, preflight
 from streamrl.controller.records import outcome, run_summary, step_record
 from streamrl.controller.recovery import (
     Recovery,
-    announce_epoch,
     run_learners,
     start_learner_group,
     start_shard,
@@ -76,12 +76,11 @@ from streamrl.controller.rundir import (
     RunError,
     last_line,
     prepare_run_dir,
-    resume_clock,
 )
 from streamrl.controller.specs import SpecFactory, bind_host_for
 from streamrl.controller.staleness import AdmissionPolicy
 from streamrl.controller.staleness_tuner import Decision, StalenessTuner
-from streamrl.controller.state import RunState, load_prompt_ledger, shard_drops
+from streamrl.controller.state import RunState
 from streamrl.controller.stopping import rules_for
 from streamrl.controller.supervisor import GeneratorPool
 from streamrl.eval_answers import AnswersLog
@@ -216,20 +215,15 @@ class Controller:
                 file=self.console,
                 flush=True,
             )
-        checkpoint = checkpoint_layout.latest(ctx.run_dir / "checkpoints")
-        if cfg.run.resume:
-            # A resume is a new epoch (``streamrl.clock``) forked at the checkpoint: whatever
-            # the logs hold from weights after it (an unclean end) is off the timeline.
-            version, extra = checkpoint_layout.read_meta(checkpoint) if checkpoint else (0, {})
-            epoch, forks = resume_clock(ctx.run_dir, version if checkpoint else None, extra)
-            state.weights_epoch, state.forks = epoch, forks
+        # A resume is a new epoch (``streamrl.clock``) forked at the checkpoint.
+        checkpoint = resume.fork_clock(ctx) if cfg.run.resume else None
         ctx.start_epoch(state.weights_epoch, state.forks)
         learners = start_learner_group(ctx, epoch=state.weights_epoch)
         ctx.specs.weight_endpoints = [slot.endpoints for slot in learners]
         self.rewards.launch_followers()  # lagged teachers subscribe to the learners' weights
         start_version = ray.get(learners[0].actor.version.remote())
         if cfg.run.resume:
-            self._resume_from(start_version, checkpoint is not None)
+            resume.restore(ctx, start_version, checkpoint is not None)
         if cfg.eval.every > 0 and cfg.eval.before_train:
             with state.lock:
                 state.ask_eval(start_version)  # generator 0's first call evaluates
@@ -246,38 +240,6 @@ class Controller:
             file=self.console,
             flush=True,
         )
-
-    def _resume_from(self, version: int, from_checkpoint: bool) -> None:
-        """``--resume``: the shards hear the new epoch first (they drop the dead tail and
-        cancel nothing: no learner of the old run is alive), then the budget of the batches
-        already trained on is spent, and the prompt stream continues where the checkpointed
-        model left off (prompts.json, plus what the old epoch's take receipts name for steps
-        after it). Without a checkpoint the stream starts over."""
-        ctx, cfg, state = self.ctx, self.config, self.state
-        state.version = version
-        ctx.refresh_shard_stats()
-        dead_before = self._dead_timeline()  # the logs count every process's drops
-        announce_epoch(ctx, state.weights_epoch, version, state.forks)
-        ctx.refresh_shard_stats()
-        state.restore_admission(version, cfg.learner.groups_per_step, cfg.buffer.max_reuse)
-        if from_checkpoint:
-            receipts = state.receipts_after(state.weights_epoch - 1, version)
-            lost = [i for r in receipts for i in r.prompt_indices if i >= 0]
-            state.prompts = load_prompt_ledger(ctx.run_dir, version, lost)
-            state.checkpointed = version
-        dead = self._dead_timeline() - dead_before
-        print(
-            f"resumed at version {version} in learner epoch {state.weights_epoch}, prompt "
-            f"{state.prompts.next_index} of the stream; {dead} logged group(s) sampled after "
-            "the checkpoint dropped",
-            file=self.console,
-            flush=True,
-        )
-
-    def _dead_timeline(self) -> int:
-        """Groups the shards dropped as sampled from weights a fork took back, so far."""
-        shards = list(self.state.shards.values())
-        return sum(shard_drops(s).get("dead_timeline", 0) for s in shards)
 
     def _start_admin(self) -> None:
         from streamrl.controller.live import start_live_admin

@@ -182,6 +182,11 @@ def kind(request, model_name, model_dir) -> str:
 
 @pytest.fixture(scope="module")
 def engine(kind, model_dir, dtype):
+    # Built where numba (llvmlite) is loaded, as in a test process that encoded weights before:
+    # vLLM's construction scans every module (``vllm_engine.llvmlite_scannable``).
+    from streamrl.workers.diff_kernels import compile_kernels
+
+    compile_kernels()
     eng = build(kind, model_dir, dtype)
     yield eng
     eng.shutdown()

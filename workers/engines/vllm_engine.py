@@ -315,6 +315,39 @@ def _bind_process_groups(bind_host: str) -> None:
 # ── the engine ───────────────────────────────────────────────────────────────────────────────
 
 
+class _Forwarding:
+    """Forwards every attribute to ``target`` and has a dict of its own (``llvmlite_scannable``)."""
+
+    def __init__(self, target: Any) -> None:
+        self.__dict__["target"] = target
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["target"], name)
+
+
+@contextlib.contextmanager
+def llvmlite_scannable() -> Iterator[None]:
+    """While vLLM builds its engine, llvmlite's ``binding.ffi.lib`` (loaded in any process that
+    imported numba: the weight encoder's, a test's) is a forwarding proxy. vLLM 0.32's kernel
+    registration (``vllm/triton_utils/dispatcher.py``) reads ``vars(value).get("kernel")`` for
+    every attribute of every loaded module that has a ``__dict__``, and that object answers any
+    attribute, ``__dict__`` too, with a C-function wrapper, so the scan raises
+    ``AttributeError``. The proxy's own dict has no ``kernel``; llvmlite's calls go through
+    it unchanged, and the original is back once the engine is built."""
+    import sys
+
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    if ffi is None:
+        yield
+        return
+    lib = ffi.lib
+    ffi.lib = _Forwarding(lib)
+    try:
+        yield
+    finally:
+        ffi.lib = lib
+
+
 class VLLMEngine(Engine):
     _alive = 0  # engines built and not shut down in this process (see ``shutdown``)
 
@@ -349,24 +382,25 @@ class VLLMEngine(Engine):
         # process (a role's, a test's) may inherit it.
         set_num_threads, preload = torch.set_num_threads, os.environ.get("LD_PRELOAD")
         try:
-            self.llm = vllm.LLM(
-                model=str(model_dir),
-                dtype=args.dtype,
-                seed=args.seed,
-                # CPU: no torch.compile warm-up at start; CUDA: graphs (reloads are in place).
-                enforce_eager=torch.device(device).type == "cpu",
-                # Exact per-token versions: with async scheduling the step already launched when
-                # an update lands would be tagged with the new version (the CPU forces it off).
-                async_scheduling=False,
-                kv_cache_memory_bytes=options.kv_cache_mb
-                << 20,  # else it asks for a share of all RAM
-                enable_prefix_caching=False,  # see the module docstring
-                skip_tokenizer_init=True,
-                generation_config="vllm",  # no sampling defaults from the model's files
-                logprobs_mode="processed_logprobs",
-                max_model_len=args.max_model_len,
-                max_num_seqs=options.max_batch_size or 256,
-            )
+            with llvmlite_scannable():
+                self.llm = vllm.LLM(
+                    model=str(model_dir),
+                    dtype=args.dtype,
+                    seed=args.seed,
+                    # CPU: no torch.compile warm-up at start; CUDA: graphs (reloads are in place).
+                    enforce_eager=torch.device(device).type == "cpu",
+                    # Exact per-token versions: with async scheduling the step already launched when
+                    # an update lands would be tagged with the new version (the CPU forces it off).
+                    async_scheduling=False,
+                    kv_cache_memory_bytes=options.kv_cache_mb
+                    << 20,  # else it asks for a share of all RAM
+                    enable_prefix_caching=False,  # see the module docstring
+                    skip_tokenizer_init=True,
+                    generation_config="vllm",  # no sampling defaults from the model's files
+                    logprobs_mode="processed_logprobs",
+                    max_model_len=args.max_model_len,
+                    max_num_seqs=options.max_batch_size or 256,
+                )
         finally:
             torch.set_num_threads = set_num_threads
             if preload is None:
