@@ -614,9 +614,8 @@ class AdmissionReply(msgspec.Struct, tag="admission_reply", omit_defaults=True):
 
 # --------------------------------------------------------------------------- weights
 
-SPARSE_WINDOW = (
-    255  # elements per window of a sparse part's index: its count and offsets fit a byte
-)
+# Elements per window of a sparse part's index: a window's count and offsets fit a byte.
+SPARSE_WINDOW = 255
 
 
 class TensorPart(msgspec.Struct):

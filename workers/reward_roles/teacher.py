@@ -199,37 +199,33 @@ class KeptCells:
     shared: bool
     rows: int = 0
     longest: int = 0  # plain: the longest response; shared: the furthest row end
-    shortest: int = 0  # shared: the shortest prompt (0 while empty)
+    shortest: int = 0  # shared: the shortest prompt (plain: 0, so one formula counts both)
     ends: dict[tuple[int, ...], int] = field(default_factory=dict)  # shared: a row's end
 
     def after(self, prompt: list[int], response: list[int]) -> int:
         """The cells once ``(prompt, response)`` is added (nothing changes)."""
-        if not self.shared:
-            return (self.rows + 1) * (max(self.longest, len(response)) + 1)
-        key = tuple(prompt)
-        end = self.ends.get(key, len(prompt)) + len(response)
-        rows = len(self.ends) + (key not in self.ends)
-        shortest = min(self.shortest, len(prompt)) if self.ends else len(prompt)
-        return rows * (max(self.longest, end) - shortest + 1)
+        rows, longest, shortest, _, _ = self._grown(prompt, response)
+        return rows * (longest - shortest + 1)
 
     def add(self, prompt: list[int], response: list[int]) -> None:
-        if not self.shared:
-            self.rows += 1
-            self.longest = max(self.longest, len(response))
-            return
-        key = tuple(prompt)
-        self.shortest = min(self.shortest, len(prompt)) if self.ends else len(prompt)
-        self.ends[key] = self.ends.get(key, len(prompt)) + len(response)
-        self.longest = max(self.longest, self.ends[key])
-        self.rows = len(self.ends)
+        self.rows, self.longest, self.shortest, key, end = self._grown(prompt, response)
+        if self.shared:
+            self.ends[key] = end
 
     @property
     def cells(self) -> int:
-        if not self.rows:
-            return 0
-        if not self.shared:
-            return self.rows * (self.longest + 1)
         return self.rows * (self.longest - self.shortest + 1)
+
+    def _grown(
+        self, prompt: list[int], response: list[int]
+    ) -> tuple[int, int, int, tuple[int, ...] | None, int]:
+        """(rows, longest, shortest, the prompt's key, its row's end) with the sequence in."""
+        if not self.shared:
+            return self.rows + 1, max(self.longest, len(response)), 0, None, 0
+        key = tuple(prompt)
+        end = self.ends.get(key, len(prompt)) + len(response)
+        shortest = min(self.shortest, len(prompt)) if self.ends else len(prompt)
+        return len(self.ends) + (key not in self.ends), max(self.longest, end), shortest, key, end
 
 
 def kept_cells(sequences: list[tuple[list[int], list[int]]], shared: bool) -> int:
