@@ -410,6 +410,11 @@ class GeneratorConfig(_Section):
     group_size: Annotated[int, msgspec.Meta(ge=1)] = 4
     # Prompts one engine call decodes together.
     prompts_per_call: Annotated[int, msgspec.Meta(ge=1)] = 2
+    # job author: probe sampling. K >= 2: each group's prompt is chosen among K candidates by
+    # one sampled response of each, the least likely (a peaked policy's groups whose samples
+    # would all be alike are passed over); the probe is the group's first response
+    # (streamrl.workers.generation.probing). 1: off.
+    probe_candidates: Annotated[int, msgspec.Meta(ge=1, le=16)] = 1
     # job author: the sampling distribution (the learner replays temperature; top_p and top_k
     # must stay off, see _finalize) and the response length.
     temperature: Annotated[float, msgspec.Meta(gt=0)] = 1.0
@@ -932,6 +937,11 @@ def _finalize(config: Config) -> Config:
         (
             len(config.rewards) >= 1 or bool(config.env.name),
             "rewards must name at least one reward",
+        ),
+        (
+            config.generator.probe_candidates == 1 or not config.env.name,
+            f"generator.probe_candidates: an episode (env.name={config.env.name}) is not "
+            "probed by one response; set generator.probe_candidates=1",
         ),
         (
             not (config.env.name and config.rewards),

@@ -532,6 +532,10 @@ class Grant(msgspec.Struct, omit_defaults=True):
     granted: int = 0
     min_version: int = 0
     prompt_indices: list[int] = []
+    # Probe sampling (``generator.probe_candidates`` K >= 2): K - 1 fresh prompt indices more
+    # per granted group, among which the generator chooses its groups' prompts by a probe
+    # each (``workers.generation.probing``); the ones not chosen are passed over.
+    candidates: list[int] = []
 
 
 class Directives(msgspec.Struct, omit_defaults=True):
@@ -804,6 +808,9 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     # totals of this process.
     reward_timeouts: int = 0
     rules_wait_s: float = 0.0
+    # Probe sampling: the tokens of probes whose prompts were passed over (counted in
+    # ``tokens_generated`` too; ``controller.generation_yield`` calls them lost to ``probe``).
+    probe_tokens_passed_over: int = 0
 
 
 class ShardReport(msgspec.Struct, tag="shard_report"):

@@ -44,10 +44,14 @@ class AdmissionServer:
         state: RunState,
         host: str = LOOPBACK,
         evaluates_in_order: bool = False,
+        probe_candidates: int = 1,
     ) -> None:
         """``evaluates_in_order``: generator 0 hands evaluations to its own process, which
-        answers each version asked in turn (``eval.runs_on``): ask the oldest due."""
+        answers each version asked in turn (``eval.runs_on``): ask the oldest due.
+        ``probe_candidates``: prompts offered per granted group (``generator.probe_candidates``;
+        1: the granted ones alone)."""
         self.policy, self.state = policy, state
+        self.probe_candidates = probe_candidates
         self._evaluates_in_order = evaluates_in_order
         state.policy = policy
         self.sock = make_socket(ctx, zmq.ROUTER, maxmsgsize=MAX_REQUEST_BYTES)
@@ -111,13 +115,13 @@ class AdmissionServer:
     def _grant(self, request: AdmissionRequest) -> Grant:
         """The policy's grant and the prompts for it (call under ``state.lock``)."""
         decision = self.policy.request(request.n_groups)
-        # Nothing granted, nothing recorded: the ledger must not grow an entry per id asked.
-        indices = (
-            self.state.prompts.grant(request.generator_id, decision.granted, self._keep())
-            if decision.granted
-            else []
-        )
-        return Grant(decision.granted, decision.min_version, indices)
+        if not decision.granted:  # nothing recorded: the ledger must not grow an entry per ask
+            return Grant(0, decision.min_version)
+        prompts, keep = self.state.prompts, self._keep()
+        indices = prompts.grant(request.generator_id, decision.granted, keep)
+        # Probe sampling: fresh candidates beside them (``Grant.candidates``).
+        candidates = prompts.draw(decision.granted * (self.probe_candidates - 1), keep)
+        return Grant(decision.granted, decision.min_version, indices, candidates)
 
     def _keep(self) -> Callable[[int], bool] | None:
         """The difficulty sampler's choice of fresh prompts (None: every one is asked)."""

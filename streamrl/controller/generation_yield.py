@@ -6,9 +6,11 @@ tokens of its groups by fate (``ShardStats.tokens_by_fate``: "trained" at a grou
 else the reason it was dropped unused) and those it stores now; the rest of what was generated
 never reached a shard. So, over the run:
 
-    generated = trained + zero_variance + stale + filtered + in_buffer + refused
+    generated = trained + zero_variance + probe + stale + filtered + in_buffer + refused
 
 - ``zero_variance``: every sample of the group scored alike (``buffer.drop_zero_variance``);
+- ``probe``: probe responses whose prompts were passed over (``generator.probe_candidates``),
+  counted by their generators;
 - ``stale``: older than the staleness bound, or sampled from weights a learner restart took back;
 - ``filtered``: refused at a shard for another reason (duplicate, too large, overflow, invalid);
 - ``in_buffer``: stored, not trained yet (at the end: never trained);
@@ -21,8 +23,8 @@ never reached a shard. So, over the run:
 shard restart ``refused`` also holds what the dead process had counted.
 
 Example: 1,000 tokens generated, shards counted trained 340, zero_variance 600, stale 10, with
-20 stored: ``useful`` 0.34, ``lost`` {zero_variance 0.60, stale 0.01, filtered 0, in_buffer
-0.02, refused 0.03}.
+20 stored: ``useful`` 0.34, ``lost`` {zero_variance 0.60, probe 0, stale 0.01, filtered 0,
+in_buffer 0.02, refused 0.03}.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ LOSS_OF_FATE = {
     "capacity": "filtered",
     "invalid": "filtered",
 }
-LOSSES = ("zero_variance", "stale", "filtered", "in_buffer", "refused")
+LOSSES = ("zero_variance", "probe", "stale", "filtered", "in_buffer", "refused")
 
 
 @dataclass
@@ -100,6 +102,7 @@ def generation_yield(
         if fate != "trained":
             lost[LOSS_OF_FATE.get(fate, "filtered")] += tokens
     lost["in_buffer"] = stored
+    lost["probe"] = sum(g.probe_tokens_passed_over for g in generators)
     generated = sum(g.tokens_generated for g in generators)
     reached = fates["trained"] + sum(lost.values())
     # Reports arrive at their own pace: a shard may count a group before its generator's

@@ -103,14 +103,24 @@ class PromptLedger:
             if self.retry:
                 indices.append(self.retry.popleft())
             else:
-                while keep is not None and not keep(self.next_index):
-                    self.next_index += 1
-                indices.append(self.next_index)
-                self.next_index += 1
+                indices.extend(self.draw(1, keep))
         first = self.granted.get(generator_id, 0)
         self.granted[generator_id] = first + n
         queue = self.outstanding.setdefault(generator_id, deque())
         queue.extend(enumerate(indices, start=first))
+        return indices
+
+    def draw(self, n: int, keep: Callable[[int], bool] | None = None) -> list[int]:
+        """``n`` fresh indices that no grant owes: probe sampling's candidates
+        (``Grant.candidates``). The stream moves past them; one the generator does not choose
+        is passed over, as the difficulty sampler passes over (``keep``, which applies here
+        too)."""
+        indices = []
+        for _ in range(n):
+            while keep is not None and not keep(self.next_index):
+                self.next_index += 1
+            indices.append(self.next_index)
+            self.next_index += 1
         return indices
 
     def delivered(self, generator_id: int, groups_pushed: int) -> None:

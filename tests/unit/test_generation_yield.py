@@ -25,6 +25,7 @@ def test_every_generated_token_is_trained_or_lost_for_one_reason() -> None:
     assert y.generated == 1000 and y.trained == 340 and y.useful == 0.34
     assert y.lost == {
         "zero_variance": 600,
+        "probe": 0,
         "stale": 10,
         "filtered": 20,
         "in_buffer": 20,
@@ -56,7 +57,8 @@ def test_streamrl_admin_status_shows_it() -> None:
     shard = _shard(0, {"trained": 250, "zero_variance": 750}, 0)
     y = generation_yield([_generator(0, 1000)], [shard])
     text = format_status({"run": "r", "generation": y.summary()}, now=0.0)
-    assert "generation: useful 25% of 1000 tokens; lost: zero_variance 75% stale 0%" in text
+    lost = "lost: zero_variance 75% probe 0% stale 0%"
+    assert f"generation: useful 25% of 1000 tokens; {lost}" in text
 
 
 def test_the_unit_is_the_policy_token_not_an_environment_s() -> None:

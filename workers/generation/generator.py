@@ -170,7 +170,7 @@ class Generator:
         self.evaluations.shut()  # sampling: the evaluation process waits
         with self.reporting.timing("busy_s"), self.reporting.progress.working():
             epoch = self.weights.held_epoch
-            groups = self.sampler.generate_groups(grant.prompt_indices, epoch)
+            groups = self.sampler.generate_groups(grant.prompt_indices, epoch, grant.candidates)
             self.delivery.deliver(groups, first)  # scored by the reward roles meanwhile
         self.evaluations.open()
         self.reporting.timers.calls += 1

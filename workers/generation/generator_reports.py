@@ -146,6 +146,7 @@ def generator_report(
         generator_id=generator_id,
         applied_version=weights.engine.version,
         tokens_generated=sampler.tokens_generated,
+        probe_tokens_passed_over=sampler.probe_tokens_passed_over,
         groups_pushed=groups_pushed,
         checksum_failures=sub.checksum_failures,
         anchors_applied=sub.anchors_applied,

@@ -7,7 +7,9 @@ child process under a time bound, ``workers.generation.rule_worker``), or with a
 raised or outran ``scoring.rule_timeout_s`` comes back refused (``TrajectoryGroup.unscored``,
 its rewards NaN): pushed as it is, the shard drops and counts it (docs/design.md §7c). The
 sampling parameters are the generator's, with the live ``temperature`` (docs/design.md §8);
-``tokens_generated`` counts every sampled token (policy tokens only, for episodes).
+``tokens_generated`` counts every sampled token (policy tokens only, for episodes). With
+``generator.probe_candidates`` each group's prompt is chosen among its grant's candidates by a
+probe response each (``workers.generation.probing``).
 
 Example: prompts [p, q], group size 2 -> the engine gets [p, p, q, q] in one call and two
 groups come back, each tagged with the learner epoch the call started on.
@@ -29,9 +31,10 @@ from streamrl.models import encode_prompt, stop_token_ids
 from streamrl.protocol import OUTCOME_WINDOW, Trajectory, TrajectoryGroup, pack_int32
 from streamrl.rewards import RewardInput
 from streamrl.rewards.mix import RewardMix
-from streamrl.workers.engines import Engine, SamplingParams
+from streamrl.workers.engines import Engine, GenerationOutput, SamplingParams
 from streamrl.workers.engines.base import StepHook
 from streamrl.workers.generation.episodes import EpisodeRunner
+from streamrl.workers.generation.probing import sample_probed
 from streamrl.workers.generation.rule_worker import RuleWorker
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,8 @@ class Sampler:
         # total: reported for the difficulty sampler (controller.difficulty).
         self.outcomes: deque[tuple[int, bool]] = deque(maxlen=OUTCOME_WINDOW)
         self.outcomes_total = 0
+        # Probe sampling: the tokens of probes whose prompts were passed over (``probing``).
+        self.probe_tokens_passed_over = 0
 
     def set_temperature(self, temperature: float) -> None:
         """The live knob: the next call samples at ``temperature``."""
@@ -93,16 +98,25 @@ class Sampler:
             self.params = dataclasses.replace(self.params, temperature=temperature)
             log.info("generator[%d]: temperature -> %s", self.generator_id, temperature)
 
-    def generate_groups(self, prompt_indices: list[int], epoch: int) -> list[TrajectoryGroup]:
+    def generate_groups(
+        self, prompt_indices: list[int], epoch: int, candidates: list[int] | None = None
+    ) -> list[TrajectoryGroup]:
         """The groups of the granted prompts (indices into the prompt stream), tagged with
         ``epoch``: the learner epoch the call starts on. Tokens sampled after an in-flight
         switch to a restarted group's weights count as the old epoch's (the shard may drop
-        the group: a regeneration, never a group trained on weights no learner has)."""
+        the group: a regeneration, never a group trained on weights no learner has).
+        ``candidates`` (probe sampling, ``Grant.candidates``): K - 1 more prompt indices per
+        granted one; each group's prompt is then chosen among its grant's (``probing``)."""
         size = self.config.generator.group_size
-        prompts = [self.prompts[i] for i in prompt_indices]
         created = time.time()
+        prompts = [self.prompts[i] for i in prompt_indices]
         refused = [""] * len(prompts)  # per group: why its rules refused it ("": scored)
-        if self.episodes is not None:
+        if candidates:  # each group's prompt chosen by its probe among the grant's
+            prompt_indices, trajectories, refused = self._probed_trajectories(
+                prompt_indices, candidates
+            )
+            prompts = [self.prompts[i] for i in prompt_indices]
+        elif self.episodes is not None:
             trajectories = self._episode_trajectories(prompts)
         else:
             trajectories, refused = self._response_trajectories(prompts)
@@ -178,11 +192,41 @@ class Sampler:
         round trip to the rule worker for the whole call), and per prompt why its group is
         refused ("" when scored): its responses then carry NaN rewards."""
         size = self.config.generator.group_size
-        prompt_ids = [
-            encode_prompt(self.tokenizer, p, self.config.data.max_prompt_tokens) for p in prompts
-        ]
+        prompt_ids = [self._encode(p) for p in prompts]
         batch = [ids for ids in prompt_ids for _ in range(size)]
         outputs = self.engine.generate(batch, self.params, self.on_step)
+        return self._scored(prompts, prompt_ids, outputs)
+
+    def _probed_trajectories(
+        self, granted: list[int], candidates: list[int]
+    ) -> tuple[list[int], list[Trajectory], list[str]]:
+        """Probe sampling (``workers.generation.probing``): the grant's prompts and their
+        ``candidates`` probed once each, the least likely ``len(granted)`` sampled in full.
+        Returns the chosen prompt indices, in grant order, with their groups' trajectories."""
+        indices = granted + candidates
+        prompts = [self.prompts[i] for i in indices]
+        prompt_ids = [self._encode(p) for p in prompts]
+        size = self.config.generator.group_size
+        probed = sample_probed(
+            self.engine, prompt_ids, len(granted), size, self.params, self.on_step
+        )
+        self.probe_tokens_passed_over += probed.passed_over_tokens
+        self.tokens_generated += probed.passed_over_tokens
+        chosen = probed.chosen
+        trajectories, refused = self._scored(
+            [prompts[c] for c in chosen], [prompt_ids[c] for c in chosen], probed.outputs
+        )
+        return [indices[c] for c in chosen], trajectories, refused
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, self.config.data.max_prompt_tokens)
+
+    def _scored(
+        self, prompts: list[Prompt], prompt_ids: list[list[int]], outputs: list[GenerationOutput]
+    ) -> tuple[list[Trajectory], list[str]]:
+        """Each prompt's ``group_size`` outputs (in prompt order) as trajectories scored by the
+        job's rules, and per prompt why its group is refused ("" when scored)."""
+        size = self.config.generator.group_size
         prompt_bytes = [pack_int32(ids) for ids in prompt_ids]
         texts = [
             self.tokenizer.decode(out.response_ids, skip_special_tokens=True) for out in outputs
