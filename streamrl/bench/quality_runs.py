@@ -58,6 +58,14 @@ ARMS: dict[str, list[str]] = {
         "buffer.max_staleness=1",
         "data.sampler=difficulty",
     ],
+    # Probe sampling (workers/generation/probing.py): each group's prompt the least likely of
+    # three probes'; slower than uniform on the HF engine (docs/experiments.md, 2026-12-04,
+    # session 6).
+    "async-eta1-probe": [
+        "run.mode=async",
+        "buffer.max_staleness=1",
+        "generator.probe_candidates=3",
+    ],
     # LoRA (r = 16 on every linear layer) against async-eta1's full fine-tuning, same recipe
     # but the learning rate: 5e-4 of 2e-4, 5e-4 and 1e-3 held out most on seed 0 (53.1%,
     # 56.2%, 46.1%; docs/experiments.md, 2026-11-27).

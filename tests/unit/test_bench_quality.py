@@ -161,6 +161,7 @@ def test_each_arm_is_what_its_name_says() -> None:
         assert c.algorithm.correction == "token-tis"  # the config's default correction
     nocorr = config("async-eta1-nocorr")
     assert nocorr.algorithm.correction == "none" and nocorr.algorithm.allow_uncorrected
+    assert config("async-eta1-probe").generator.probe_candidates == 3
     nodrop = config("async-eta1-nodrop", ["buffer.drop_zero_variance=true"])
     assert nodrop.buffer.drop_zero_variance is False  # the arm's keys win over the user's
     c = config("async-eta2", ["buffer.max_staleness=3", "run.max_steps=4"])
