@@ -179,8 +179,8 @@ def test_fetch_stops_when_asked_while_holding_nothing(ctx, start_shard):
     shard = start_shard(0)
     client = client_for(ctx, shard, poll_ms=20)
     stop = threading.Event()
+    start = time.monotonic()  # before the timer: it fires 0.2 s after its own start
     threading.Timer(0.2, stop.set).start()
-    start = time.monotonic()
     with pytest.raises(FetchStopped) as info:
         client.fetch(2, 0, 0, timeout_s=20, should_stop=stop.is_set)
     assert info.value.dropped == 0
