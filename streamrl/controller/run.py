@@ -188,14 +188,8 @@ class Controller:
         specs = self.ctx.specs
         specs.report_endpoint = self.intake.open(self.zmq, host)
         in_order = evaluates_in_slack(self.config)
-        self.admission = AdmissionServer(
-            self.zmq,
-            self.policy,
-            self.state,
-            host,
-            in_order,
-            probe_candidates=self.config.generator.probe_candidates,
-        )
+        probes = self.config.generator.probe_candidates  # prompts offered per granted group
+        self.admission = AdmissionServer(self.zmq, self.policy, self.state, host, in_order, probes)
         specs.admission_endpoint = self.admission.endpoint
 
     def _start(self) -> None:

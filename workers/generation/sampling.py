@@ -109,17 +109,17 @@ class Sampler:
         granted one; each group's prompt is then chosen among its grant's (``probing``)."""
         size = self.config.generator.group_size
         created = time.time()
-        prompts = [self.prompts[i] for i in prompt_indices]
-        refused = [""] * len(prompts)  # per group: why its rules refused it ("": scored)
+        # Per group: why its rules refused it ("": scored; an episode is scored by its env).
         if candidates:  # each group's prompt chosen by its probe among the grant's
-            prompt_indices, trajectories, refused = self._probed_trajectories(
+            prompt_indices, prompts, trajectories, refused = self._probed_trajectories(
                 prompt_indices, candidates
             )
-            prompts = [self.prompts[i] for i in prompt_indices]
-        elif self.episodes is not None:
-            trajectories = self._episode_trajectories(prompts)
         else:
-            trajectories, refused = self._response_trajectories(prompts)
+            prompts = [self.prompts[i] for i in prompt_indices]
+            if self.episodes is not None:
+                trajectories, refused = self._episode_trajectories(prompts), [""] * len(prompts)
+            else:
+                trajectories, refused = self._response_trajectories(prompts)
         finished = time.time()
         groups = [
             TrajectoryGroup(
@@ -199,10 +199,11 @@ class Sampler:
 
     def _probed_trajectories(
         self, granted: list[int], candidates: list[int]
-    ) -> tuple[list[int], list[Trajectory], list[str]]:
+    ) -> tuple[list[int], list[Prompt], list[Trajectory], list[str]]:
         """Probe sampling (``workers.generation.probing``): the grant's prompts and their
         ``candidates`` probed once each, the least likely ``len(granted)`` sampled in full.
-        Returns the chosen prompt indices, in grant order, with their groups' trajectories."""
+        Returns the chosen prompts' indices and prompts, in grant order, with their groups'
+        trajectories and refusals."""
         indices = granted + candidates
         prompts = [self.prompts[i] for i in indices]
         prompt_ids = [self._encode(p) for p in prompts]
@@ -213,10 +214,11 @@ class Sampler:
         self.probe_tokens_passed_over += probed.passed_over_tokens
         self.tokens_generated += probed.passed_over_tokens
         chosen = probed.chosen
+        chosen_prompts = [prompts[c] for c in chosen]
         trajectories, refused = self._scored(
-            [prompts[c] for c in chosen], [prompt_ids[c] for c in chosen], probed.outputs
+            chosen_prompts, [prompt_ids[c] for c in chosen], probed.outputs
         )
-        return [indices[c] for c in chosen], trajectories, refused
+        return [indices[c] for c in chosen], chosen_prompts, trajectories, refused
 
     def _encode(self, prompt: Prompt) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, self.config.data.max_prompt_tokens)
