@@ -82,11 +82,12 @@ ARMS: dict[str, list[str]] = {
         "buffer.drop_zero_variance=false",
     ],
     # On-policy distillation from ``--teacher`` (docs/design.md §7d): the forward KL over
-    # its top-8 (configs/distill.yaml's, its target sharpened), alone or beside the config's
-    # rewards.
+    # its top-8 (configs/distill.yaml's, its target sharpened; alone, four samples a
+    # question as there), or beside the config's rewards.
     "distill": [
         "run.mode=async",
         "buffer.max_staleness=1",
+        "generator.group_size=4",
         f"rewards=[{{teacher: {{model: '{TEACHER}', top_k: 8, sampled_kl: false, "
         "target_tau: 0.5}}]",
     ],

@@ -189,6 +189,7 @@ def test_the_distillation_arms_name_their_teacher() -> None:
     ] == [
         ("teacher", "runs/t", 8, 0.5)  # configs/distill.yaml's recipe
     ]
+    assert alone.generator.group_size == 4  # its four samples a question too
     both = load_config(TINY, arm_overrides("rl-distill", 0, out, [], teacher="runs/t"))
     assert [r.display_name() for r in both.rewards] == [*rules, "teacher-t"]
     with pytest.raises(QualityError, match="--teacher"):
