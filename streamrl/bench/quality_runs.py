@@ -83,10 +83,10 @@ ARMS: dict[str, list[str]] = {
     ],
     # On-policy distillation from ``--teacher`` (docs/design.md §7d): the forward KL over
     # its top-8 (configs/distill.yaml's, its target sharpened; alone, four samples a
-    # question as there), or beside the config's rewards.
+    # question and two versions of lag as there), or beside the config's rewards.
     "distill": [
         "run.mode=async",
-        "buffer.max_staleness=1",
+        "buffer.max_staleness=2",
         "generator.group_size=4",
         f"rewards=[{{teacher: {{model: '{TEACHER}', top_k: 8, sampled_kl: false, "
         "target_tau: 0.5}}]",

@@ -189,7 +189,8 @@ def test_the_distillation_arms_name_their_teacher() -> None:
     ] == [
         ("teacher", "runs/t", 8, 0.5)  # configs/distill.yaml's recipe
     ]
-    assert alone.generator.group_size == 4  # its four samples a question too
+    # Its four samples a question and two versions of lag too.
+    assert (alone.generator.group_size, alone.buffer.max_staleness) == (4, 2)
     both = load_config(TINY, arm_overrides("rl-distill", 0, out, [], teacher="runs/t"))
     assert [r.display_name() for r in both.rewards] == [*rules, "teacher-t"]
     with pytest.raises(QualityError, match="--teacher"):
