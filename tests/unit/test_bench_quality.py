@@ -8,6 +8,7 @@ import io
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from streamrl.bench import quality, quality_runs
@@ -189,8 +190,19 @@ def test_the_distillation_arms_name_their_teacher() -> None:
     ] == [
         ("teacher", "runs/t", 8, 0.5)  # configs/distill.yaml's recipe
     ]
-    # Its four samples a question and two versions of lag too.
+    # Its four samples a question and two versions of lag too: the arm repeats the shipped
+    # job's recipe on any config, so the two are held together here.
     assert (alone.generator.group_size, alone.buffer.max_staleness) == (4, 2)
+    shipped = load_config("distill")
+    recipe = (
+        shipped.generator.group_size,
+        shipped.buffer.max_staleness,
+        shipped.rewards[0].teacher,
+    )
+    teacher = msgspec.structs.replace(
+        alone.rewards[0].teacher, model=shipped.rewards[0].teacher.model
+    )
+    assert (alone.generator.group_size, alone.buffer.max_staleness, teacher) == recipe
     both = load_config(TINY, arm_overrides("rl-distill", 0, out, [], teacher="runs/t"))
     assert [r.display_name() for r in both.rewards] == [*rules, "teacher-t"]
     with pytest.raises(QualityError, match="--teacher"):
