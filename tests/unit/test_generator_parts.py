@@ -26,6 +26,7 @@ from streamrl.workers.generation.eval_process import (
     FromProcess,
     Ready,
     ToProcess,
+    hold_at,
 )
 from streamrl.workers.generation.generator_delivery import Delivery, NoScoring
 from streamrl.workers.generation.generator_evaluations import HeldOutEvaluations, NoProcess
@@ -52,6 +53,20 @@ def test_the_evaluation_process_speaks_typed_messages() -> None:
     from_decoder = msgspec.msgpack.Decoder(FromProcess)
     assert [to_decoder.decode(encode(m)) for m in to_process] == to_process
     assert [from_decoder.decode(encode(m)) for m in from_process] == from_process
+
+
+def test_the_process_holds_its_weights_at_the_next_evaluation_due() -> None:
+    """Between an answer and the next ask the engine waits at the next scheduled version,
+    counted from the last answer: it reached v20 before v20's ask came, and a hold counted
+    from its own version let it move to v25, so v20 was never evaluated."""
+    every = 5
+    assert hold_at([], answered=-1, every=every) == 0  # before training
+    assert hold_at([], answered=15, every=every) == 20
+    assert hold_at([], answered=15, every=every) == 20  # still, with the engine at 20
+    assert hold_at([EvalAsk(20, 0, False, False)], answered=15, every=every) == 20
+    # A lagging process answers the asks in order: it holds at the oldest.
+    asks = [EvalAsk(10, 0, False, False), EvalAsk(15, 0, False, False)]
+    assert hold_at(asks, answered=5, every=every) == 10
 
 
 def test_delivery_without_served_rewards_pushes_each_group_at_once() -> None:

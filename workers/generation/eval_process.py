@@ -115,6 +115,18 @@ def _die_with_parent() -> None:
         pass
 
 
+def hold_at(asked: list[EvalAsk], answered: int, every: int) -> int:
+    """The newest version the process's engine may take: the oldest asked, else the next one
+    the schedule will ask for after ``answered`` (an ask comes only after the learner
+    published its version). Counted from the last answer, not from the engine's version: the
+    engine reaches that next version before its ask arrives, and a hold counted from there
+    moved on to the one after, so the ask for v20 was answered with v25's weights, v25's with
+    v35's (a distillation run on an EPYC, 2026-12-04)."""
+    if asked:
+        return asked[0].version
+    return (answered // every + 1) * every
+
+
 def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
     """The process's main: build the engine and a subscriber, then follow the stream and
     answer evaluation requests until the pipe closes."""
@@ -161,6 +173,7 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
 
     send(Ready())
     asked: list[EvalAsk] = []  # in the order asked: each is answered, none skipped
+    answered = -1  # the version of the last evaluation sent back
     every = max(config.eval.every, 1)
 
     def wait_for_slack(_engine: object = None) -> None:
@@ -180,10 +193,9 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
                         weights.follow_clock(clock)
                     case EvalAsk() as ask if ask not in asked:  # asked again: answered once
                         asked.append(ask)
-            # The exact weights of the next evaluation: the version asked, else the next one
-            # the schedule will ask for (the ask comes after the learner published it). The
-            # engine takes only that version; the image follows the stream up to it.
-            weights.up_to = asked[0].version if asked else (engine.version // every + 1) * every
+            # The engine takes only the next evaluation's weights; the image follows the
+            # stream up to them.
+            weights.up_to = hold_at(asked, answered, every)
             weights.poll()
             if asked:
                 ask = asked[0]
@@ -196,6 +208,7 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
                         engine, tokenizer, config, eval_set, ask.unseen, wait_for_slack
                     )
                     send(Evaluated(ask.version, ask.epoch, result, weights.held_epoch))
+                    answered = ask.version
                     asked.pop(0)
                     continue
             weights.subscriber.wait(0.05)
