@@ -191,6 +191,9 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
                         return
                     case ClockNews(clock=clock):
                         weights.follow_clock(clock)
+                        # A learner restart forked the clock back: the schedule asks again
+                        # from there (in one epoch the clock is never behind an answer).
+                        answered = min(answered, clock.learner_version)
                     case EvalAsk() as ask if ask not in asked:  # asked again: answered once
                         asked.append(ask)
             # The engine takes only the next evaluation's weights; the image follows the
