@@ -82,12 +82,14 @@ ARMS: dict[str, list[str]] = {
         "buffer.drop_zero_variance=false",
     ],
     # On-policy distillation from ``--teacher`` (docs/design.md §7d): the forward KL over
-    # its top-8 (configs/distill.yaml's, its target sharpened; alone, four samples a
-    # question and two versions of lag as there), or beside the config's rewards.
+    # its top-8 (configs/distill.yaml's, its target sharpened; alone, eight questions of
+    # two samples a step and two versions of lag as there), or beside the config's rewards.
     "distill": [
         "run.mode=async",
         "buffer.max_staleness=2",
-        "generator.group_size=4",
+        "generator.group_size=2",
+        "generator.prompts_per_call=8",
+        "learner.groups_per_step=8",
         f"rewards=[{{teacher: {{model: '{TEACHER}', top_k: 8, sampled_kl: false, "
         "target_tau: 0.5}}]",
     ],

@@ -28,7 +28,7 @@ from streamrl.bench.quality_stats import (
     time_to_target,
     value_at,
 )
-from streamrl.config import load_config
+from streamrl.config import Config, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -190,19 +190,24 @@ def test_the_distillation_arms_name_their_teacher() -> None:
     ] == [
         ("teacher", "runs/t", 8, 0.5)  # configs/distill.yaml's recipe
     ]
-    # Its four samples a question and two versions of lag too: the arm repeats the shipped
-    # job's recipe on any config, so the two are held together here.
-    assert (alone.generator.group_size, alone.buffer.max_staleness) == (4, 2)
+
+    # Its eight questions of two samples a step and two versions of lag too: the arm repeats
+    # the shipped job's recipe on any config, so the two are held together here.
+    def recipe(config: Config) -> tuple[int, int, int, int]:
+        g = config.generator
+        return (
+            g.group_size,
+            g.prompts_per_call,
+            config.learner.groups_per_step,
+            config.buffer.max_staleness,
+        )
+
+    assert recipe(alone) == (2, 8, 8, 2)
     shipped = load_config("distill")
-    recipe = (
-        shipped.generator.group_size,
-        shipped.buffer.max_staleness,
-        shipped.rewards[0].teacher,
-    )
     teacher = msgspec.structs.replace(
         alone.rewards[0].teacher, model=shipped.rewards[0].teacher.model
     )
-    assert (alone.generator.group_size, alone.buffer.max_staleness, teacher) == recipe
+    assert (recipe(alone), teacher) == (recipe(shipped), shipped.rewards[0].teacher)
     both = load_config(TINY, arm_overrides("rl-distill", 0, out, [], teacher="runs/t"))
     assert [r.display_name() for r in both.rewards] == [*rules, "teacher-t"]
     with pytest.raises(QualityError, match="--teacher"):
