@@ -175,14 +175,15 @@ def measure(records: list[dict[str, Any]], warmup: int, config: Config) -> dict[
     }
 
 
-# The learner's stages of a version, from its step metrics (workers.learning.publisher).
-LEARNER_STAGES = ("snapshot", "encode", "send")
+# The learner's stages of a version, from its step metrics (workers.learning.publisher):
+# ``out`` is publish -> its last chunk sent (the three before it and the hand-offs between).
+LEARNER_STAGES = ("snapshot", "encode", "send", "out")
 
 
 def weight_stages(window: list[dict[str, Any]]) -> dict[str, list[float]]:
     """stage -> [median, max] seconds over the window: the learner's stages of the last
     version its encoder finished at each step, and the slowest generator's ``WeightStages``
-    (``arrive`` spans the learner's three and the wire)."""
+    (``arrive`` spans ``out`` and the wire)."""
     keys = {s: f"weights/{s}_s" for s in LEARNER_STAGES}
     keys |= {s: f"weights/stage_{s}_s_max" for s in WEIGHT_STAGES}
     out = {}

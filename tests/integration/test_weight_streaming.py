@@ -226,6 +226,9 @@ def test_uneven_shards_and_empty_ranks_stream_bitwise(pool: bool) -> None:
             assert sub.anchors_applied == sub.checksum_failures == 0
         metrics = ranks.publishers[0].last_metrics
         assert metrics["weights/version"] == 20 and metrics["weights/changed_frac"] > 0
+        # Publish -> the last chunk out spans at least the encoding and sending in it.
+        spans = metrics["weights/encode_s"] + metrics["weights/send_s"]
+        assert metrics["weights/out_s"] >= spans > 0
     finally:
         ranks.close(*subs)
 

@@ -69,14 +69,17 @@ def test_the_weight_path_is_reported_stage_by_stage() -> None:
     records = _records(6, step_s=2.0, gen_busy_per_step=1.5, train_s=1.0)
     for i, r in enumerate(records):
         r |= {"weights/snapshot_s": 0.1, "weights/encode_s": 0.2 + 0.01 * i}
+        r |= {"weights/out_s": 0.35, "weights/stage_arrive_s_max": 0.4}
         r |= {"weights/stage_prepare_s_max": 0.05 * i, "weights/stage_adopt_s_max": 0.01}
     result = measure(records, warmup=2, config=config)
     stages = result["weight_stages"]
-    assert list(stages) == ["snapshot", "encode", "prepare", "adopt"]  # only those measured
+    # Only those measured, the learner's (to its last chunk out) before the generator's.
+    assert list(stages) == ["snapshot", "encode", "out", "arrive", "prepare", "adopt"]
     assert stages["encode"] == pytest.approx([0.235, 0.25])  # steps 3-6: i = 2..5
     assert stages["prepare"] == pytest.approx([0.175, 0.25])
     table = "\n".join(stage_table([{**result, "mode": "async", "eta": 1}]))
-    assert "| mode | snapshot | encode | prepare | adopt | publish->applied |" in table
+    header = "| mode | snapshot | encode | out | arrive | prepare | adopt | publish->applied |"
+    assert header in table
     assert "| async η=1 | 0.100 / 0.100 | 0.235 / 0.250 |" in table
 
 

@@ -406,6 +406,9 @@ class WeightPublisher:
                 self.pub.send_multipart(frames, copy=False)
                 sent += sum(memoryview(f).nbytes for f in frames)
             send_s += time.perf_counter() - send_start
+        # Publish -> the last chunk handed to the socket, hand-off to this thread included:
+        # what a subscriber's ``arrive`` spends beyond it is the wire and its receiving.
+        out_s = time.time() - snapshot.taken_at
         with self._lock:
             self.image, self.version = snapshot.image, snapshot.version
         total = sum(s.bits.size for s in snapshot.image.values())
@@ -417,6 +420,7 @@ class WeightPublisher:
             # Encoding and sending interleave: encode_s is the rest of the version's time.
             "weights/encode_s": time.perf_counter() - start - send_s,
             "weights/send_s": send_s - verify_s,
+            "weights/out_s": out_s,
             "weights/image_checksum_s": verify_s,
             "weights/images_checksummed": float(self.images_checksummed),
             "weights/anchors_served": float(self.anchors_served),
