@@ -47,10 +47,10 @@ def test_the_default_job_maps_to_grpo_config_kwargs(peer) -> None:
     kwargs = peer.grpo_kwargs(config, bf16=True, output_dir="/tmp/x", seed=3)
     assert kwargs["num_generations"] == gen.group_size
     assert kwargs["max_completion_length"] == gen.max_new_tokens
-    # groups_per_step prompts x group_size samples per step, here in one micro-batch of 32.
-    assert learner.groups_per_step * gen.group_size == 32
+    # groups_per_step prompts x group_size samples per step (8 x 8), in micro-batches of 32.
+    assert learner.groups_per_step * gen.group_size == 64
     assert kwargs["per_device_train_batch_size"] == 32
-    assert kwargs["gradient_accumulation_steps"] == 1
+    assert kwargs["gradient_accumulation_steps"] == 2
     assert kwargs["max_steps"] == config.run.max_steps and kwargs["seed"] == 3
     assert kwargs["learning_rate"] == learner.lr
     assert kwargs["warmup_steps"] == learner.warmup_steps
@@ -84,7 +84,7 @@ def test_other_recipes_map_or_are_refused(peer) -> None:
     )
     kwargs = peer.grpo_kwargs(config, bf16=False, output_dir="/tmp/x", seed=0)
     assert kwargs["per_device_train_batch_size"] == 8
-    assert kwargs["gradient_accumulation_steps"] == 4
+    assert kwargs["gradient_accumulation_steps"] == 8  # 64 samples a step
     assert kwargs["lr_scheduler_kwargs"] == {"min_lr_rate": 1.0}  # constant after warmup
     assert kwargs["scale_rewards"] == "none" and kwargs["loss_type"] == "grpo"
     assert kwargs["beta"] == 0.01 and kwargs["bf16"] is False
