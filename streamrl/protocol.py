@@ -744,8 +744,9 @@ class GeneratorActivity(msgspec.Struct):
 class WeightStages(msgspec.Struct):
     """Where the newest version a generator adopted spent its time from publish to adopted,
     stage by stage (wall seconds, docs/design.md §4), so that a slower weight path names its
-    stage: ``arrive_s`` publish -> the version's last chunk received (the learner's snapshot,
-    encode and send, and the wire: the learner's step metrics split it); ``queue_s`` received
+    stage: ``arrive_s`` publish -> the version's last chunk taken off the socket by the weight
+    thread (the learner's snapshot, encode and send, the wire, and that thread's write-ahead of
+    the chunks before: the learner's ``weights/out_s`` splits it); ``queue_s`` received
     -> the weight thread starts on it; ``apply_s`` decoded, written into the image and
     verified; ``prepare_s`` the engine's copies made (``Engine.prepare_weights``); ``adopt_s``
     prepared -> adopted between decode steps. Their sum is ``GeneratorReport.weights_latency_s``
