@@ -649,6 +649,11 @@ class EvalConfig(_Section):
     # check falls. summary.json names the best version and its checkpoint. 0 = never.
     stop_below_best: Annotated[float, msgspec.Meta(ge=0, extra={"zero": "never"})] = 0.0
     min_delta: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    # The run's model (hf/, and adapter/ for LoRA) is the version whose evaluation scored best
+    # in patience_metric, not the last one; the last moves to hf-last/ (adapter-last/). For a
+    # learned reward that the policy over-optimises. Needs a checkpoint at every evaluation:
+    # run.checkpoint_every must divide eval.every.
+    keep_best: bool = False
 
 
 class PlacementConfig(_Section):
@@ -897,6 +902,11 @@ def format_fields(template: str) -> set[str] | None:
         return None
 
 
+def _checkpoints_every_evaluation(config: Config) -> bool:
+    every, ckpt = config.eval.every, config.run.checkpoint_every
+    return every > 0 and ckpt > 0 and every % ckpt == 0
+
+
 def _finalize(config: Config) -> Config:
     """Apply the settings one choice implies, then check the rules a field's type cannot state:
     the rules between keys (``key_rules.cross_key_problems`` for those the admin API checks
@@ -1027,6 +1037,12 @@ def _finalize(config: Config) -> Config:
         (
             config.algorithm.std_floor == 0 or config.algorithm.advantage == "grpo",
             "algorithm.std_floor applies to advantage grpo only",
+        ),
+        (
+            not config.eval.keep_best or _checkpoints_every_evaluation(config),
+            f"eval.keep_best exports the best evaluated version from its checkpoint: set "
+            f"run.checkpoint_every to a divisor of eval.every ({config.eval.every}), and "
+            f"eval.every above 0",
         ),
     ]
     for ok, message in checks:

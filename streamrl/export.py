@@ -12,6 +12,7 @@ checkpoint and returns its version.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from streamrl import checkpoint_layout
@@ -89,11 +90,36 @@ def export_checkpoint(run_dir: Path, step: int | None, out: Path, merge: bool = 
     return checkpoint_layout.read_meta(path)[0]
 
 
+def keep_best_version(run_dir: Path, version: int) -> None:
+    """``eval.keep_best`` at the end of a run whose best evaluation was not its last: the last
+    version's model moves to ``hf-last/`` (a LoRA run's adapter to ``adapter-last/``), and
+    ``hf/`` (``adapter/``) get version ``version``'s, from its checkpoint. Raises
+    ``ExportError`` (the last version's model then stays where it was) when that checkpoint
+    cannot be read."""
+    from streamrl.models.lora import uses_lora
+
+    config = load_config(run_dir / "config.yaml")
+    lora = uses_lora(config)
+    checkpoint_dir(run_dir, version)  # refused before anything moves
+    moved = [("hf", "hf-last"), *([("adapter", "adapter-last")] if lora else [])]
+    for name, last in moved:
+        if (run_dir / name).exists():
+            (run_dir / name).rename(run_dir / last)
+    try:
+        export_checkpoint(run_dir, version, run_dir / "hf", merge=lora)
+        if lora:
+            export_checkpoint(run_dir, version, run_dir / "adapter")
+    except Exception:
+        for name, last in moved:  # put the last version's model back
+            shutil.rmtree(run_dir / name, ignore_errors=True)
+            if (run_dir / last).exists():
+                (run_dir / last).rename(run_dir / name)
+        raise
+
+
 def write_adapter(trained: dict, adapter_dir: Path, base: Path, out: Path) -> None:
     """A PEFT adapter directory: ``trained`` (peft parameter names -> bf16) under the adapter
     file's names, the run's adapter_config.json, and the base model's tokenizer."""
-    import shutil
-
     from safetensors.torch import save_file
 
     from streamrl.models import load_tokenizer

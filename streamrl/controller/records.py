@@ -6,8 +6,9 @@ Pure functions of their arguments: the controller calls them, tests can too.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from streamrl.checkpoint_layout import checkpoints_root, is_complete, path_for
 from streamrl.controller.generation_yield import GenerationYield, generation_yield
@@ -113,11 +114,13 @@ def run_summary(
     wall_time_s: float,
     stopped_because: str = "",
     best_metric: str = "eval/completed",
+    model_version: int | None = None,
 ) -> dict[str, Any]:
     """``summary.json``: where the run ended, and every group accounted for.
     ``stopped_because``: why it ended before ``run.max_steps`` by a stop rule
     (``controller.stopping``), "" otherwise; ``best_metric``: the metric the best version
-    is chosen by (``best_evaluation``)."""
+    is chosen by (``best_evaluation``); ``model_version``: the version ``hf/`` holds when
+    ``keep_best`` put an earlier one there (None: the last)."""
     gens = {
         g.generator_id: {
             "applied_version": g.applied_version,
@@ -182,6 +185,8 @@ def run_summary(
         "wall_time_s": wall_time_s,
         "stopped_because": stopped_because,
         "best": best_evaluation([e for e in evals if state.eval_is_live(e)], best_metric, run_dir),
+        # The version the run's model (hf/) holds: the last, or the best with eval.keep_best.
+        "model_version": state.version if model_version is None else model_version,
         # data.sampler: difficulty: fresh prompts passed over, and the questions it scored.
         "sampler": state.difficulty.summary() if state.difficulty is not None else None,
         # Evaluations of weights still on the timeline (a learner restart takes later ones
@@ -263,6 +268,26 @@ def best_evaluation(evals: list[EvalReport], metric: str, run_dir: Path) -> dict
     }
 
 
+def keep_best(evals: list[EvalReport], metric: str, run_dir: Path, console: TextIO) -> int | None:
+    """``eval.keep_best``: when the best of ``evals`` (live, in ``metric``) is not the last,
+    export its checkpoint as the run's model (``export.keep_best_version``). The version
+    ``hf/`` then holds, or None when it holds the last (the last was best, or the best
+    version's checkpoint could not be exported: said on ``console``)."""
+    from streamrl.export import keep_best_version
+
+    best = best_evaluation(evals, metric, run_dir)
+    last = max(evals, key=lambda e: e.version, default=None)
+    if best is None or last is None or last.metrics.get(metric, -math.inf) >= best["value"]:
+        return None  # the last version is as good as any: it stays
+    try:
+        keep_best_version(run_dir, best["version"])
+    except Exception as exc:  # the run's own model stays; the run is not lost over this
+        line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"eval.keep_best: hf/ keeps the last version: {line}", file=console, flush=True)
+        return None
+    return best["version"]
+
+
 def outcome(summary: dict[str, Any]) -> str:
     """The answer to "did my model get better?": held-out eval before and after."""
     lines = [f"wall time {summary['wall_time_s']:.0f} s, {summary['version']} steps"]
@@ -277,7 +302,13 @@ def outcome(summary: dict[str, Any]) -> str:
                 f"{last[key]:.3f} (version {last['version']})"
             )
     best = summary.get("best")
-    if best and evals and best["version"] != evals[-1]["version"]:
+    kept = summary.get("model_version", summary["version"])
+    if best and kept == best["version"] != summary["version"]:
+        lines.append(
+            f"hf/ holds version {kept}, the best {best['metric']} {best['value']:.3f} "
+            f"(eval.keep_best); the last version's model is in hf-last/"
+        )
+    elif best and evals and best["version"] != evals[-1]["version"]:
         # The run ended below its best: say where the best weights are.
         where = (
             f"streamrl export {summary['run_dir']} --step {best['version']} --out DIR"

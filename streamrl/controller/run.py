@@ -63,7 +63,7 @@ from streamrl.controller.drops import DropWatch
 from streamrl.controller.intake import ReportIntake
 from streamrl.controller.placement import Placement, describe_split, init_ray
 from streamrl.controller.preflight import Checked, preflight
-from streamrl.controller.records import outcome, run_summary, step_record
+from streamrl.controller.records import keep_best, outcome, run_summary, step_record
 from streamrl.controller.recovery import (
     Recovery,
     run_learners,
@@ -122,6 +122,7 @@ class Controller:
         self.drop_watch = DropWatch()
         self.stop_rules = rules_for(config)
         self.stopped_because = ""  # a stop rule's reason, when one ended the run
+        self.model_version: int | None = None  # hf/'s version when not the last (keep_best)
         self.started_at = time.time()
         self.available_cores = sorted(os.sched_getaffinity(0))
 
@@ -306,6 +307,9 @@ class Controller:
         self._save_prompts()
         hf_dir = str((ctx.run_dir / "hf").resolve())
         ray.get([learner.export_hf.remote(hf_dir) for learner in learners])
+        if self.config.eval.keep_best:
+            live = [e for e in self.intake.evals if state.eval_is_live(e)]
+            self.model_version = keep_best(live, self.stop_rules.metric, ctx.run_dir, self.console)
         ctx.refresh_shard_stats()
         return self._summary()
 
@@ -423,6 +427,7 @@ class Controller:
             wall_time_s=time.time() - self.started_at,
             stopped_because=self.stopped_because,
             best_metric=self.stop_rules.metric,
+            model_version=self.model_version,
         )
         (self.ctx.run_dir / "summary.json").write_bytes(msgspec.json.encode(summary))
         print(outcome(summary), file=self.console, flush=True)

@@ -119,6 +119,32 @@ def test_streamrl_export_a_step(run_dir: Path, tmp_path: Path) -> None:
     assert same and moved
 
 
+def test_keep_best_makes_the_best_version_the_runs_model(run_dir: Path, tmp_path: Path) -> None:
+    """eval.keep_best at the end of a run whose version 2 scored best: hf/ becomes version 2's
+    model, read from its checkpoint, and the last version's moves to hf-last/."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from streamrl.controller.records import keep_best
+    from streamrl.protocol import EvalReport
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("buffer", "record", "logs"))
+    metric = "eval/exact_match"
+    evals = [EvalReport(0, v, v, {metric: x}, 0.0) for v, x in ((0, 0.0), (2, 0.5), (4, 0.25))]
+    assert keep_best(evals, metric, run, io.StringIO()) == 2
+    assert _cli("export", str(run), "--step", "2", "--out", str(tmp_path / "hf2")).returncode == 0
+    kept = AutoModelForCausalLM.from_pretrained(run / "hf")
+    step2 = AutoModelForCausalLM.from_pretrained(tmp_path / "hf2")
+    last = AutoModelForCausalLM.from_pretrained(run / "hf-last")
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "hf")
+    pairs = zip(kept.parameters(), step2.parameters(), strict=True)
+    assert all(a.equal(b) for a, b in pairs)
+    assert all(a.equal(b) for a, b in zip(last.parameters(), final.parameters(), strict=True))
+    assert (run / "hf" / "tokenizer_config.json").is_file()
+
+
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_every_architecture_checkpoints_resumes_and_exports(arch: str, tmp_path: Path) -> None:
     """What a run does with each architecture's learner, without the run: one gloo rank (the

@@ -164,3 +164,21 @@ def test_the_default_job_ships_with_the_package_and_runs_from_any_directory(
     assert shipped_config("../pyproject") is None
     with pytest.raises(ConfigError, match="config file not found: nosuchjob"):
         load_config("nosuchjob")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["eval.every=10"],  # no checkpoints to take the best from
+        ["eval.every=10", "run.checkpoint_every=4"],  # v10, v20 have none
+        ["eval.every=0", "run.checkpoint_every=5"],  # no evaluations
+    ],
+)
+def test_keep_best_needs_a_checkpoint_at_every_evaluation(overrides: list[str]) -> None:
+    with pytest.raises(ConfigError, match="eval.keep_best exports the best evaluated version"):
+        load_config(None, ["eval.keep_best=true", *overrides])
+
+
+def test_keep_best_with_a_checkpoint_at_every_evaluation() -> None:
+    config = load_config(None, ["eval.keep_best=true", "eval.every=10", "run.checkpoint_every=5"])
+    assert config.eval.keep_best

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from streamrl.checkpoint_layout import checkpoints_root, path_for, write_meta
-from streamrl.controller.records import best_evaluation, outcome, run_summary, step_record
+from streamrl.controller.records import (
+    best_evaluation,
+    keep_best,
+    outcome,
+    run_summary,
+    step_record,
+)
 from streamrl.controller.state import RunState
 from streamrl.protocol import EvalReport, GeneratorReport, LearnerStep, ShardStats
 
@@ -103,3 +110,42 @@ def test_the_summary_names_the_best_version_and_its_checkpoint(tmp_path: Path) -
     assert line in outcome(summary).splitlines()
     summary["eval"] = summary["eval"][:2]  # ended at its best: nothing to point at
     assert not any(s.startswith("best ") for s in outcome(summary).splitlines())
+
+
+def test_keep_best_leaves_a_run_whose_last_version_is_as_good_as_any(tmp_path: Path) -> None:
+    """eval.keep_best moves nothing when the last evaluation ties the best (the earliest of
+    equals is the summary's best, but the last weights are as good); and a best version
+    without a checkpoint leaves hf/ as it was, said in one line."""
+    metric = "eval/exact_match"
+    (tmp_path / "hf").mkdir()
+    tied = [EvalReport(0, v, v, {metric: x}, 0.0) for v, x in ((0, 0.1), (10, 0.3), (20, 0.3))]
+    console = io.StringIO()
+    assert keep_best(tied, metric, tmp_path, console) is None
+    fell = [*tied, EvalReport(0, 30, 30, {metric: 0.2}, 0.0)]
+    (tmp_path / "config.yaml").write_text("model: {name: tiny-random-llama}\n")
+    assert keep_best(fell, metric, tmp_path, console) is None  # no checkpoint at v10
+    assert "eval.keep_best: hf/ keeps the last version:" in console.getvalue()
+    assert "no checkpoint for step 10" in console.getvalue()
+    assert len(console.getvalue().splitlines()) == 1
+    assert (tmp_path / "hf").is_dir() and not (tmp_path / "hf-last").exists()
+
+
+def test_the_closing_lines_say_which_version_hf_holds(tmp_path: Path) -> None:
+    metric = "eval/exact_match"
+    evals = [EvalReport(0, v, v, {metric: x}, 0.0) for v, x in ((0, 0.1), (10, 0.3), (20, 0.2))]
+    summary = run_summary(
+        make_state(),
+        durable=False,
+        rolled_back=0,
+        ignored_reports={},
+        evals=evals,
+        run_dir=tmp_path,
+        wall_time_s=1.0,
+        best_metric=metric,
+        model_version=10,
+    )
+    assert summary["model_version"] == 10
+    lines = outcome(summary).splitlines()
+    held = f"hf/ holds version 10, the best {metric} 0.300 (eval.keep_best); the last "
+    assert any(line.startswith(held) for line in lines), lines
+    assert not any(line.startswith("best ") for line in lines)  # no export to suggest
