@@ -67,6 +67,9 @@ class RunConfig(_Section):
     drain_timeout_s: float = 120.0
     # Save a learner checkpoint every N steps (0: only at the end and when asked by the admin).
     checkpoint_every: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Keep the newest N complete checkpoints (and, with eval.keep_best, the best evaluated
+    # version's and those not evaluated yet); older ones are deleted as new ones land. 0 = all.
+    keep_checkpoints: Annotated[int, msgspec.Meta(ge=0, extra={"zero": "all"})] = 0
     # operator: continue the run in <output_dir>/<name> from its newest checkpoint
     # (`launch --resume`).
     resume: bool = False

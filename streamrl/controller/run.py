@@ -70,6 +70,7 @@ from streamrl.controller.recovery import (
     start_learner_group,
     start_shard,
 )
+from streamrl.controller.retention import prune_checkpoints
 from streamrl.controller.reward_roles import RewardPool
 from streamrl.controller.roles import Roles
 from streamrl.controller.rundir import (
@@ -310,6 +311,7 @@ class Controller:
         if self.config.eval.keep_best:
             live = [e for e in self.intake.evals if state.eval_is_live(e)]
             self.model_version = keep_best(live, self.stop_rules.metric, ctx.run_dir, self.console)
+        self._prune_checkpoints()
         ctx.refresh_shard_stats()
         return self._summary()
 
@@ -330,6 +332,8 @@ class Controller:
                 self.ctx.metrics.write(record)
                 if self.tuner is not None:
                     self._retune(self.tuner.observe(record, bound))
+            if any("checkpoint/version" in step.metrics for step in steps):
+                self._prune_checkpoints()
             if self.state.checkpointed >= 0:  # before any checkpoint a resume starts over
                 self._save_prompts()
         now = time.monotonic()
@@ -405,6 +409,13 @@ class Controller:
                     self.recovery.restart_learner_group(role.index, exc)
                 return True
         return False
+
+    def _prune_checkpoints(self) -> None:
+        keep = self.config.run.keep_checkpoints
+        if keep > 0:
+            live = [e for e in self.intake.evals if self.state.eval_is_live(e)]
+            metric, best = self.stop_rules.metric, self.config.eval.keep_best
+            prune_checkpoints(self.ctx.run_dir, keep, live, metric, best)
 
     def _wait_generators(self) -> None:
         import ray

@@ -145,6 +145,36 @@ def test_keep_best_makes_the_best_version_the_runs_model(run_dir: Path, tmp_path
     assert (run / "hf" / "tokenizer_config.json").is_file()
 
 
+def test_a_run_keeping_its_best_prunes_the_checkpoints_it_cannot_choose(tmp_path: Path) -> None:
+    """keep_best with keep_checkpoints 1 in a whole run: of the checkpoints at 2, 4 and 6
+    only the newest and the best evaluated version's stay, and hf/ holds the version the
+    summary names."""
+    config = load_config(
+        ROOT / "configs" / "tiny.yaml",
+        [
+            f"run.output_dir={tmp_path}",
+            "run.name=kept",
+            "run.max_steps=6",
+            "run.checkpoint_every=2",
+            "run.keep_checkpoints=1",
+            "eval.every=2",
+            "eval.max_prompts=8",
+            "eval.keep_best=true",
+            "eval.patience_metric=eval/reward_mean",
+        ],
+    )
+    summary = Controller(config, console=io.StringIO()).run()
+    run = Path(summary["run_dir"])
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir())
+    best = summary["best"]["version"]
+    assert kept == sorted({f"step-{v:06d}" for v in (best, 6) if v > 0}), kept
+    assert (run / "hf").is_dir()
+    if summary["model_version"] != summary["version"]:
+        assert summary["model_version"] == best and (run / "hf-last").is_dir()
+    else:
+        assert not (run / "hf-last").exists()
+
+
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_every_architecture_checkpoints_resumes_and_exports(arch: str, tmp_path: Path) -> None:
     """What a run does with each architecture's learner, without the run: one gloo rank (the
