@@ -166,7 +166,11 @@ def _add_rm_parser(sub: argparse._SubParsersAction) -> None:
     )
     pairs.add_argument("run_dir")
     pairs.add_argument("--out", required=True, help="the pairs' JSONL file")
-    pairs.add_argument("--reward", default="numeric_match", help="a rule reward's name")
+    pairs.add_argument(
+        "--reward",
+        default="numeric_match",
+        help="a rule reward's name, or 'logged': the reward the run trained each response with",
+    )
     pairs.add_argument("--max-per-group", type=int, default=4)
     pairs.add_argument("--seed", type=int, default=0)
 

@@ -96,6 +96,9 @@ def write_pairs(path: Path, pairs: Iterable[Pair]) -> None:
     atomic_write_text(path, "".join(lines))
 
 
+LOGGED = "logged"  # rank by the reward each response was trained with
+
+
 def pairs_from_run(
     run_dir: Path,
     groups: Iterable[TrajectoryGroup],
@@ -110,7 +113,10 @@ def pairs_from_run(
     (``prompt_stream(config)[prompt_index]``, its last message: what a served scorer is
     shown); a group whose prompt id differs from the rebuilt one means the stream changed
     (``ValueError``). Each distinct response is scored by the rule ``reward`` (the run's own
-    ``args`` for it, when the run has that reward) with the prompt's ground truth; up to
+    ``args`` for it, when the run has that reward) with the prompt's ground truth, or with
+    ``reward="logged"`` by the reward the run trained it with (its rewards weighted and
+    summed: the default job's also prefer a right answer the model ended to one it ran on
+    after, which ``numeric_match`` alone ranks alike); up to
     ``max_per_group`` (higher, lower) pairs are drawn at random (``seed``) among the group's
     unequal scores. Ties pair nothing; identical pairs are kept once. Groups with no prompt
     index or multi-turn episodes (which reward roles do not score) are skipped and counted.
@@ -122,7 +128,8 @@ def pairs_from_run(
     if not config_path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory: it has no config.yaml")
     config = load_config(config_path)
-    stream, rule = prompt_stream(config), resolve_reward(reward)
+    stream = prompt_stream(config)
+    rule = None if reward == LOGGED else resolve_reward(reward)
     kwargs = next((dict(s.args) for s in config.rewards if s.name == reward), {})
     rng, pairs, kept, skipped = random.Random(seed), [], set(), 0
     for group in groups:
@@ -137,7 +144,11 @@ def pairs_from_run(
             )
         scored: dict[str, float] = {}
         for t in group.trajectories:
-            if t.response_text not in scored:
+            if t.response_text in scored:
+                continue
+            if rule is None:
+                scored[t.response_text] = float(t.reward)
+            else:
                 sample = RewardInput.of(prompt, t.response_text, t.response_list(), t.finish_reason)
                 scored[t.response_text] = float(rule(sample, **kwargs))
         candidates = [(a, b) for a, sa in scored.items() for b, sb in scored.items() if sa > sb]

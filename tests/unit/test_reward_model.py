@@ -378,3 +378,23 @@ def test_rm_train_command(tmp_path: Path) -> None:
         assert failed.returncode == 2 and len(lines) == 1, failed.stderr
         assert lines[0].startswith("streamrl rm train: ") and message in lines[0]
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_pairs_from_run_ranked_by_the_logged_reward(tmp_path: Path) -> None:
+    """reward="logged": the reward each response was trained with ranks it, so a right answer
+    the model ended (2.0 under the default job) beats the same answer run on (1.75), which
+    numeric_match alone scores alike."""
+    run_dir, _ = _logged_run(tmp_path)
+    stream = prompt_stream(load_config(run_dir / "config.yaml"))
+    truth = stream[0].ground_truth
+    scored = [(f"{truth}", 2.0), (f"{truth}\n\nAnswer with the number only.", 1.75), ("7", 0.25)]
+    trajectories = [
+        Trajectory.from_lists([1, 2], [3], [-0.5], [0], r, "stop", 0, response_text=t)
+        for t, r in scored
+    ]
+    group = TrajectoryGroup("g", stream[0].prompt_id, trajectories, 0.0, 1.0, prompt_index=0)
+    pairs = pairs_from_run(run_dir, [group], "logged", max_per_group=10)
+    rank = {t: r for t, r in scored}
+    assert len(pairs) == 3 and all(rank[p.chosen] > rank[p.rejected] for p in pairs)
+    by_rule = pairs_from_run(run_dir, [group], "numeric_match", max_per_group=10)
+    assert len(by_rule) == 2  # the ended and the run-on answer tie under the rule
