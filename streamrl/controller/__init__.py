@@ -26,6 +26,8 @@
   when every group is being dropped.
 - ``generation_yield``: useful generation, the generated tokens that ended in a gradient and
   why the rest did not.
+- ``retention``: ``run.keep_checkpoints``, the checkpoints kept (newest, best evaluated, not
+  yet evaluated) and the rest removed.
 - ``stopping``: the early-stopping rules (evaluation patience, starvation) that end a run
   before ``run.max_steps``.
 - ``placement``/``rundir``/``actors``: Ray placement and cores, the run directory, actor shells.
