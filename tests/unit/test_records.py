@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 from streamrl.checkpoint_layout import checkpoints_root, path_for, write_meta
 from streamrl.controller.records import (
@@ -34,6 +35,23 @@ def make_state() -> RunState:
         removed_total={"consumed": 10, "stale": 1},
     )
     return state
+
+
+def summary_of(
+    evals: list[EvalReport], run_dir: Path, metric: str, model_version: int | None = None
+) -> dict[str, Any]:
+    """The summary of a run that evaluated ``evals`` and reads ``metric`` as its best."""
+    return run_summary(
+        make_state(),
+        durable=False,
+        rolled_back=0,
+        ignored_reports={},
+        evals=evals,
+        run_dir=run_dir,
+        wall_time_s=1.0,
+        best_metric=metric,
+        model_version=model_version,
+    )
 
 
 def test_summary_accounts_for_every_group_and_ended_generators():
@@ -95,16 +113,7 @@ def test_the_summary_names_the_best_version_and_its_checkpoint(tmp_path: Path) -
     checkpoint = path_for(checkpoints_root(tmp_path), 10)
     checkpoint.mkdir(parents=True)
     write_meta(checkpoint, 10)
-    summary = run_summary(
-        make_state(),
-        durable=False,
-        rolled_back=0,
-        ignored_reports={},
-        evals=evals,
-        run_dir=tmp_path,
-        wall_time_s=1.0,
-        best_metric=metric,
-    )
+    summary = summary_of(evals, tmp_path, metric)
     assert summary["best"]["checkpoint"] == str(checkpoint)
     line = f"best {metric} 0.250 at version 10: streamrl export {tmp_path} --step 10 --out DIR"
     assert line in outcome(summary).splitlines()
@@ -133,17 +142,7 @@ def test_keep_best_leaves_a_run_whose_last_version_is_as_good_as_any(tmp_path: P
 def test_the_closing_lines_say_which_version_hf_holds(tmp_path: Path) -> None:
     metric = "eval/exact_match"
     evals = [EvalReport(0, v, v, {metric: x}, 0.0) for v, x in ((0, 0.1), (10, 0.3), (20, 0.2))]
-    summary = run_summary(
-        make_state(),
-        durable=False,
-        rolled_back=0,
-        ignored_reports={},
-        evals=evals,
-        run_dir=tmp_path,
-        wall_time_s=1.0,
-        best_metric=metric,
-        model_version=10,
-    )
+    summary = summary_of(evals, tmp_path, metric, model_version=10)
     assert summary["model_version"] == 10
     lines = outcome(summary).splitlines()
     held = f"hf/ holds version 10, the best {metric} 0.300 (eval.keep_best); the last "
