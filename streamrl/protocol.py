@@ -860,6 +860,7 @@ class ScoreItemWire(msgspec.Struct, array_like=True):
     prompt_ids: bytes = b""
     response_ids: bytes = b""
     temperature: float = 1.0
+    stopped: bool = True  # False: cut at the token limit (``ScoreItem.stopped``)
 
 
 class ScoreRequest(msgspec.Struct, tag="score_request"):

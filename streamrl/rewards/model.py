@@ -29,21 +29,31 @@ from streamrl.models import has_chat_template, load_tokenizer, plain_prompt
 from streamrl.rewards.scorer import ScoreItem, scorer_identity
 
 
-def reward_text(tokenizer: Any, prompt: str, response: str) -> str:
+def reward_text(tokenizer: Any, prompt: str, response: str, stopped: bool = True) -> str:
     """The one text a (question, response) is scored as, in training and in serving: the
     tokenizer's chat template of [user: prompt, assistant: response] (no generation prompt),
-    else ``plain_prompt``'s plain text (``"{prompt}\\n{response}\\n"``)."""
+    else ``plain_prompt``'s plain text (``"{prompt}\\n{response}\\n"``).
+
+    A response that did not stop (cut at the token limit: ``stopped`` False) is scored as
+    the policy wrote it, without what the template puts after it (its end-of-turn marker):
+    otherwise a reward model reads a response cut mid-sentence as one the model ended, and
+    a policy that learns to run on is paid as if it had answered (issue 54's RLHF job)."""
     messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
     if has_chat_template(tokenizer):
-        return tokenizer.apply_chat_template(messages, tokenize=False)
-    return plain_prompt(messages)
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+    else:
+        text = plain_prompt(messages)
+    end = text.rfind(response) if response else -1
+    return text if stopped or end < 0 else text[: end + len(response)]
 
 
-def reward_ids(tokenizer: Any, prompt: str, response: str, max_tokens: int) -> list[int]:
+def reward_ids(
+    tokenizer: Any, prompt: str, response: str, max_tokens: int, stopped: bool = True
+) -> list[int]:
     """``reward_text``'s token ids, its last ``max_tokens`` only: a long question loses its
     start, never the response's end, where the score is read. A chat template's text holds
     its own special tokens (Gemma's ``<bos>``); plain text gets the tokenizer's."""
-    text = reward_text(tokenizer, prompt, response)
+    text = reward_text(tokenizer, prompt, response, stopped)
     ids = tokenizer(text, add_special_tokens=not has_chat_template(tokenizer))["input_ids"]
     return list(ids[-max_tokens:])
 
@@ -134,7 +144,8 @@ def weights_hash(model_dir: Path) -> str:
 class RewardModelScorer:
     """The ``Scorer`` of a sequence-classification reward model: one float per item, from
     ``reward_text`` of its question and response (its ``ground_truth`` is not shown to the
-    model), never None. ``identity`` is ``"<label>@<weights_hash>"``."""
+    model; a response cut at the token limit is shown without an end), never None.
+    ``identity`` is ``"<label>@<weights_hash>"``."""
 
     def __init__(
         self,
@@ -151,7 +162,7 @@ class RewardModelScorer:
 
     def score(self, items: list[ScoreItem]) -> list[float | None]:
         sequences = [
-            reward_ids(self.tokenizer, item.prompt, item.response, self.max_tokens)
+            reward_ids(self.tokenizer, item.prompt, item.response, self.max_tokens, item.stopped)
             for item in items
         ]
         pad_id = self.model.config.pad_token_id

@@ -46,11 +46,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Pair:
-    """One preference: ``chosen`` answers ``prompt`` (the question) better than ``rejected``."""
+    """One preference: ``chosen`` answers ``prompt`` (the question) better than ``rejected``.
+    ``*_stopped`` False: that response was cut at the token limit, not ended by its model
+    (scored without an end-of-turn marker, ``streamrl.rewards.model.reward_text``)."""
 
     prompt: str
     chosen: str
     rejected: str
+    chosen_stopped: bool = True
+    rejected_stopped: bool = True
 
 
 # --------------------------------------------------------------------------- pairs
@@ -58,8 +62,9 @@ class Pair:
 
 def read_pairs(path: Path) -> list[Pair]:
     """The pairs of a JSONL file, one ``{"prompt", "chosen", "rejected"}`` object (strings) a
-    line; blank lines are skipped. Anything else, or no pair at all, is a one-line
-    ``ValueError`` naming ``file:line``."""
+    line, with optional booleans ``chosen_stopped`` and ``rejected_stopped`` (default true:
+    false marks a response cut at the token limit); blank lines are skipped. Anything else,
+    or no pair at all, is a one-line ``ValueError`` naming ``file:line``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"pairs file not found: {path}")
@@ -82,9 +87,12 @@ def read_pairs(path: Path) -> list[Pair]:
         bad = [k for k in ("prompt", "chosen", "rejected") if not isinstance(row.get(k), str)]
         if bad:
             raise ValueError(f"{where}: {', '.join(bad)} missing or not a string")
-        if row["chosen"] == row["rejected"]:
+        flags = [row.get(k, True) for k in ("chosen_stopped", "rejected_stopped")]
+        if not all(isinstance(flag, bool) for flag in flags):
+            raise ValueError(f"{where}: chosen_stopped and rejected_stopped must be true or false")
+        if (row["chosen"], flags[0]) == (row["rejected"], flags[1]):
             raise ValueError(f"{where}: chosen and rejected are the same text")
-        pairs.append(Pair(row["prompt"], row["chosen"], row["rejected"]))
+        pairs.append(Pair(row["prompt"], row["chosen"], row["rejected"], *flags))
     if not pairs:
         raise ValueError(f"{path}: no pairs in the file")
     return pairs
@@ -142,19 +150,20 @@ def pairs_from_run(
                 f"{run_dir}: prompt {group.prompt_index} is {prompt.prompt_id} in the stream "
                 f"config.yaml builds but {group.prompt_id} in the log: its data changed"
             )
-        scored: dict[str, float] = {}
+        scored: dict[tuple[str, bool], float] = {}  # (text, stopped): a cut text is another
         for t in group.trajectories:
-            if t.response_text in scored:
+            response = (t.response_text, t.finish_reason == "stop")
+            if response in scored:
                 continue
             if rule is None:
-                scored[t.response_text] = float(t.reward)
+                scored[response] = float(t.reward)
             else:
                 sample = RewardInput.of(prompt, t.response_text, t.response_list(), t.finish_reason)
-                scored[t.response_text] = float(rule(sample, **kwargs))
+                scored[response] = float(rule(sample, **kwargs))
         candidates = [(a, b) for a, sa in scored.items() for b, sb in scored.items() if sa > sb]
         rng.shuffle(candidates)
         for chosen, rejected in candidates[:max_per_group]:
-            pair = Pair(prompt.question, chosen, rejected)
+            pair = Pair(prompt.question, chosen[0], rejected[0], chosen[1], rejected[1])
             if pair not in kept:
                 kept.add(pair)
                 pairs.append(pair)
@@ -268,8 +277,8 @@ def train_reward_model(
     ).to(device)
     model.config.pad_token_id = pad_id = tokenizer.pad_token_id
     encoded = [
-        (reward_ids(tokenizer, p.prompt, p.chosen, max_tokens),
-         reward_ids(tokenizer, p.prompt, p.rejected, max_tokens))
+        (reward_ids(tokenizer, p.prompt, p.chosen, max_tokens, p.chosen_stopped),
+         reward_ids(tokenizer, p.prompt, p.rejected, max_tokens, p.rejected_stopped))
         for p in pairs
     ]  # fmt: skip
     split = split_by_question(pairs, held_out, seed)

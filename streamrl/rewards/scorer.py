@@ -24,6 +24,9 @@ class ScoreItem:
     prompt_ids: bytes = b""
     response_ids: bytes = b""
     temperature: float = 1.0
+    # False: the response was cut at the token limit, not ended by the model (a reward
+    # model scores it without an end-of-turn marker: ``streamrl.rewards.model.reward_text``).
+    stopped: bool = True
 
 
 class Scorer(Protocol):

@@ -76,6 +76,22 @@ def test_reward_text_is_the_chat_template_or_plain_text(rm_dir: Path) -> None:
     assert reward_text(tokenizer, "What is 2 + 2?", "4") == "What is 2 + 2?\n4\n"
 
 
+def test_a_response_cut_at_the_token_limit_is_scored_without_an_end(rm_dir: Path) -> None:
+    """stopped=False: the text ends where the policy's did, not with the template's
+    end-of-turn marker, so a cut response and the same words ended score apart."""
+    tokenizer = load_tokenizer(rm_dir)
+    ended = reward_text(tokenizer, "What is 2 + 2?", "2 + 2 = 4")
+    cut = reward_text(tokenizer, "What is 2 + 2?", "2 + 2 = 4", stopped=False)
+    assert cut == "<bos>user\nWhat is 2 + 2?<eos><bos>assistant\n2 + 2 = 4"
+    assert ended == cut + "<eos>"
+    tokenizer.chat_template = None
+    assert reward_text(tokenizer, "q", "4 4", stopped=False) == "q\n4 4"
+    scorer = RewardModelScorer(rm_dir, "rm-tiny")
+    items = [ScoreItem("What is 2 + 2?", "2 + 2 = 4", stopped=s) for s in (True, False)]
+    first, second = scorer.score(items)
+    assert first != second
+
+
 def test_reward_ids_keep_the_end_of_a_long_text(rm_dir: Path) -> None:
     tokenizer = load_tokenizer(rm_dir)
     full = reward_ids(tokenizer, "x" * 300, "the answer is 7", 10_000)
@@ -148,6 +164,10 @@ def test_only_a_one_label_sequence_classifier_loads(rm_dir: Path, tmp_path: Path
             '{"prompt": "q", "chosen": "a", "rejected": "a"}\n',
             ":1: chosen and rejected are the same",
         ),
+        (
+            '{"prompt": "q", "chosen": "a", "rejected": "b", "chosen_stopped": "no"}\n',
+            ":1: chosen_stopped and rejected_stopped must be true or false",
+        ),
         ("\n\n", ": no pairs in the file"),
         ("", ": no pairs in the file"),
     ],
@@ -162,8 +182,11 @@ def test_read_pairs_refuses_in_one_line(tmp_path: Path, text: str, message: str)
 
 def test_pairs_round_trip_and_a_missing_file(tmp_path: Path) -> None:
     pairs = [Pair("Wie viel ist 2 + 2? ✓", "4", "fünf"), Pair("q", 'say "hi"\n', "")]
+    pairs.append(Pair("q", "4", "4", chosen_stopped=True, rejected_stopped=False))
     write_pairs(tmp_path / "p.jsonl", pairs)
     assert read_pairs(tmp_path / "p.jsonl") == pairs
+    (tmp_path / "plain.jsonl").write_text('{"prompt": "q", "chosen": "a", "rejected": "b"}\n')
+    assert read_pairs(tmp_path / "plain.jsonl") == [Pair("q", "a", "b", True, True)]
     with pytest.raises(FileNotFoundError, match="pairs file not found"):
         read_pairs(tmp_path / "missing.jsonl")
 
@@ -398,3 +421,23 @@ def test_pairs_from_run_ranked_by_the_logged_reward(tmp_path: Path) -> None:
     assert len(pairs) == 3 and all(rank[p.chosen] > rank[p.rejected] for p in pairs)
     by_rule = pairs_from_run(run_dir, [group], "numeric_match", max_per_group=10)
     assert len(by_rule) == 2  # the ended and the run-on answer tie under the rule
+
+
+def test_pairs_from_run_mark_a_response_cut_at_the_token_limit(tmp_path: Path) -> None:
+    """The same words ended and cut are two responses; each pair says which side was cut."""
+    run_dir, _ = _logged_run(tmp_path)
+    stream = prompt_stream(load_config(run_dir / "config.yaml"))
+    truth = stream[0].ground_truth
+    ends = [(truth, "stop", 2.0), (truth, "length", 1.0), ("7", "stop", 0.25)]
+    trajectories = [
+        Trajectory.from_lists([1, 2], [3], [-0.5], [0], r, end, 0, response_text=t)
+        for t, end, r in ends
+    ]
+    group = TrajectoryGroup("g", stream[0].prompt_id, trajectories, 0.0, 1.0, prompt_index=0)
+    pairs = pairs_from_run(run_dir, [group], "logged", max_per_group=10)
+    assert {(p.chosen_stopped, p.rejected, p.rejected_stopped) for p in pairs} == {
+        (False, "7", True),
+        (True, "7", True),
+        (True, truth, False),
+    }
+    assert len(pairs) == 3

@@ -28,12 +28,14 @@ class _Scorer:
 
     def __init__(self) -> None:
         self.seen: list[list[str]] = []
+        self.stopped: list[list[bool]] = []
         self.gate = threading.Event()
         self.gate.set()
 
     def score(self, items: list[ScoreItem]) -> list[float | None]:
         self.gate.wait(5)
         self.seen.append([i.response for i in items])
+        self.stopped.append([i.stopped for i in items])
         if any(i.response == "bad" for i in items):
             raise ValueError("cannot score 'bad'")
         return [float(len(i.response)) for i in items]
@@ -120,6 +122,14 @@ def test_one_bad_request_refuses_only_its_own_group(harness: _Harness) -> None:
     assert harness.scorer.seen[0] == ["a", "bb", "bad", "c", "dddd"]  # first: one batch
     time.sleep(0.2)
     assert ["g-0", "g-1", "g-2"] in harness.report_ids()  # named before it was scored
+
+
+def test_a_scorer_is_told_which_responses_were_cut_at_the_token_limit(harness: _Harness) -> None:
+    items = [ScoreItemWire("q", "ended"), ScoreItemWire("q", "cut", stopped=False)]
+    harness.dealer.send(ENC.encode(ScoreRequest("g-0", items)))
+    harness.start()
+    assert harness.replies(1)["g-0"].scores == [5.0, 3.0]
+    assert harness.scorer.stopped == [[True, False]]
 
 
 def test_a_resend_is_answered_once_and_expired_work_is_never_scored(harness: _Harness) -> None:

@@ -26,7 +26,7 @@ def _group(index: int, size: int = 2) -> TrajectoryGroup:
             [-0.1, -0.2],
             [0, 0],
             float("nan"),
-            "stop",
+            "stop" if j == 0 else "length",  # the second cut at the token limit
             0,
             response_text=f"answer {index}.{j}",
         )
@@ -98,6 +98,7 @@ def test_a_group_waits_for_its_scores_and_is_settled_once(wiring) -> None:
     requests = role.take(2)
     assert [r.items[0].prompt for _, r in requests] == ["q0", "q1"]
     assert requests[0][1].items[1].response == "answer 0.1"
+    assert [i.stopped for i in requests[0][1].items] == [True, False]
     for peer, request in reversed(requests):  # answered out of order
         role.answer(peer, request)
     done = _pump_until(client, 2)

@@ -198,7 +198,9 @@ class GroupScoring:
             entry = _Waiting(group, now)
             question = self.question_of(group)
             items = [
-                ScoreItemWire(question, t.response_text, group.ground_truth)
+                ScoreItemWire(
+                    question, t.response_text, group.ground_truth, stopped=t.finish_reason == "stop"
+                )
                 for t in group.trajectories
             ]
             # What a teacher is sent: the tokens as sampled, not the text.
@@ -312,7 +314,12 @@ class GroupScoring:
         held-out set); with no response, ``done({})`` at once."""
         asked = questions()
         items = [
-            ScoreItemWire(asked.get(s["prompt_id"], ""), s["response"], s["ground_truth"])
+            ScoreItemWire(
+                asked.get(s["prompt_id"], ""),
+                s["response"],
+                s["ground_truth"],
+                stopped=s["stopped"],
+            )
             for s in samples
         ]
         if items:

@@ -212,6 +212,7 @@ class RewardRole:
                     i.prompt_ids,
                     i.response_ids,
                     i.temperature,
+                    i.stopped,
                 )
                 for i in p.request.items
             ]
