@@ -143,7 +143,12 @@ def _add_rm_parser(sub: argparse._SubParsersAction) -> None:
         "(Bradley-Terry loss); prints the held-out pairwise accuracy before and after and "
         "writes an HF directory that `rewards: - model: DIR` serves.",
     )
-    train.add_argument("pairs", help='JSONL, one {"prompt", "chosen", "rejected"} a line')
+    train.add_argument(
+        "pairs",
+        nargs="+",
+        help='JSONL, one {"prompt", "chosen", "rejected"} a line; several files train as one '
+        "(a pair in two is kept once)",
+    )
     train.add_argument(
         "--model", required=True, help="base: a built-in name, an HF directory, a .gguf or a hub id"
     )
@@ -353,7 +358,8 @@ def _rm_train(args: argparse.Namespace) -> int:
 
     from streamrl.rewards.model_training import accuracy_text, read_pairs, train_reward_model
 
-    pairs = read_pairs(Path(args.pairs))
+    # Several sources train as one: a run's pairs and a later run's, ranked each its own way.
+    pairs = list(dict.fromkeys(pair for path in args.pairs for pair in read_pairs(Path(path))))
     hf_logging.set_verbosity_error()  # the new head's load report: printed below in a line
     hf_logging.disable_progress_bar()
     figures = train_reward_model(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -378,8 +379,16 @@ def test_rm_train_command(tmp_path: Path) -> None:
         command = [sys.executable, "-m", "streamrl.cli", "rm", "train", *args]
         return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
 
-    done = rm_train(str(pairs), "--model", TINY_RM, "--out", str(out), "--lr", "1e-3")
+    more = tmp_path / "more.jsonl"
+    write_pairs(more, digit_pairs(25)[20:])
+    done = rm_train(
+        str(pairs), str(more), str(pairs), "--model", TINY_RM, "--out", str(out), "--lr", "1e-3"
+    )
     assert done.returncode == 0, done.stderr
+    trained, held = re.search(
+        r"(\d+) pairs of \d+ questions to train on, (\d+) pairs", done.stdout
+    ).groups()
+    assert int(trained) + int(held) == 25  # three files, a pair in two kept once
     assert "held-out pairwise accuracy before" in done.stdout
     assert (
         f"wrote {out}" in done.stdout
