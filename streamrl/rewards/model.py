@@ -35,16 +35,24 @@ def reward_text(tokenizer: Any, prompt: str, response: str, stopped: bool = True
     else ``plain_prompt``'s plain text (``"{prompt}\\n{response}\\n"``).
 
     A response that did not stop (cut at the token limit: ``stopped`` False) is scored as
-    the policy wrote it, without what the template puts after it (its end-of-turn marker):
-    otherwise a reward model reads a response cut mid-sentence as one the model ended, and
-    a policy that learns to run on is paid as if it had answered (issue 54's RLHF job)."""
-    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
-    if has_chat_template(tokenizer):
-        text = tokenizer.apply_chat_template(messages, tokenize=False)
-    else:
-        text = plain_prompt(messages)
-    end = text.rfind(response) if response else -1
-    return text if stopped or end < 0 else text[: end + len(response)]
+    the policy wrote it: the question as the policy was asked it (with the generation
+    prompt, as ``encode_prompt`` asks), then the response, and nothing the template puts
+    after an answer (its end-of-turn marker). Otherwise a reward model reads a response cut
+    mid-sentence as one the model ended, and a policy that learns to run on is paid as if
+    it had answered (issue 54's RLHF job)."""
+    asked = [{"role": "user", "content": prompt}]
+    chat = has_chat_template(tokenizer)
+    if not stopped:
+        opened = (
+            tokenizer.apply_chat_template(asked, add_generation_prompt=True, tokenize=False)
+            if chat
+            else plain_prompt(asked)
+        )
+        return opened + response
+    messages = [*asked, {"role": "assistant", "content": response}]
+    if chat:
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    return plain_prompt(messages)
 
 
 def reward_ids(
