@@ -129,25 +129,33 @@ def ids(groups: list) -> list[str]:
 
 
 def random_groups(
-    n_groups: int, group_size: int, seed: int, version: int = 0, *, shared_prompt: bool = False
+    n_groups: int,
+    group_size: int,
+    seed: int,
+    version: int = 0,
+    *,
+    shared_prompt: bool = False,
+    preamble: int = 0,
 ) -> list:
     """Synthetic trajectory groups for the tiny model (ids 4..99): prompts of 4-8 tokens (one
     per group with ``shared_prompt``, as GRPO groups have, else one per trajectory),
     responses of 1-11, behaviour logprobs perturbed around -4.6 (so corrections do work),
-    rewards in [0, 1), every token sampled at ``version``."""
+    rewards in [0, 1), every token sampled at ``version``. ``preamble``: that many tokens
+    begin every prompt alike (a chat template's system prompt)."""
     import random
 
     from streamrl.protocol import Trajectory, TrajectoryGroup
 
     rng = random.Random(seed)
+    common = [1] + [rng.randrange(4, 100) for _ in range(preamble)]
     groups = []
     for g in range(n_groups):
         trajectories = []
-        group_prompt = [1] + [rng.randrange(4, 100) for _ in range(rng.randrange(3, 8))]
+        group_prompt = common + [rng.randrange(4, 100) for _ in range(rng.randrange(3, 8))]
         for _ in range(group_size):
             prompt = group_prompt
             if not shared_prompt:
-                prompt = [1] + [rng.randrange(4, 100) for _ in range(rng.randrange(3, 8))]
+                prompt = common + [rng.randrange(4, 100) for _ in range(rng.randrange(3, 8))]
             length = rng.randrange(1, 12)
             trajectories.append(
                 Trajectory.from_lists(

@@ -1,4 +1,4 @@
-"""One row per prompt: the layout the learner's forward and a teacher's share.
+"""Rows that hold a prompt once: the layout the learner's forward and a teacher's share.
 
 A group's samples share their prompt, which one row holds once, followed by every sample's
 response: ``[prompt | response 1 | response 2 | ...]``. A 4-D attention mask lets each
@@ -6,8 +6,10 @@ response see the prompt and its own earlier tokens only, and position ids restar
 prompt for each response, so every response token is computed from exactly the context it
 was sampled in (``workers.learning.batching`` documents the learner's use; the teacher,
 ``workers.reward_roles.teacher``, scores a group's eight responses over one copy of the
-prompt). Eager and SDPA attention take such a mask; flash kernels and sliding-window layers
-do not (``can_share_prompts``).
+prompt). The learner also packs several prompts that begin alike (a chat template's system
+prompt) into one row as a prefix tree, ``[shared | rest A | A's responses | rest B | ...]``
+(``tree_attention``). Eager and SDPA attention take such a mask; flash kernels and
+sliding-window layers do not (``can_share_prompts``).
 """
 
 from __future__ import annotations
@@ -34,30 +36,51 @@ def has_sliding_window(model_config) -> bool:
     return getattr(model_config, "sliding_window", None) is not None
 
 
+# A column's branch in a packed row (``tree_attention``): the prompt tokens the row's prompts
+# share, or padding; a column of one prompt's own tokens or responses has that prompt's index.
+SHARED, PADDING = -1, -2
+
+
+def tree_attention(branch: torch.Tensor, segment: torch.Tensor) -> torch.Tensor:
+    """The attention ([S, W, W] bool) of rows that hold a prefix tree: the prompt tokens
+    several prompts share (branch ``SHARED``), then each prompt's own rest (branch f, segment
+    0) and its responses (branch f, segment k >= 1, numbered within the row). A query sees
+    the keys at or before it that are shared, or of its branch and either its prompt or its
+    own segment; padding (``PADDING``) sees only itself (a row with nothing to attend to
+    would be NaN). ``branch``, ``segment``: [S, W] int64."""
+    width = branch.shape[1]
+    q_branch, k_branch = branch[:, :, None], branch[:, None, :]
+    q_segment, k_segment = segment[:, :, None], segment[:, None, :]
+    own = (k_branch == q_branch) & ((k_segment == 0) | (k_segment == q_segment))
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    attention = causal & ((k_branch == SHARED) | own) & (q_branch != PADDING)
+    return attention | torch.eye(width, dtype=torch.bool)
+
+
 def shared_prompt_attention(
     prompts: list[int], segments: list[tuple[int, int, int]], width: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The shared-prompt layout's attention ([S, W, W] bool) and position ids ([S, W]).
+    """The shared-prompt layout's attention ([S, W, W] bool) and position ids ([S, W]): one
+    prompt per row (``prompts``: its length), a tree whose shared part is the whole prompt.
 
     Column c of a sequence belongs to segment 0 (the prompt), k >= 1 (the k-th response) or
     -1 (padding). A query sees the keys at or before it in the prompt or in its own segment;
-    padding sees only itself (a row with nothing to attend to would be NaN). A response's
-    positions continue its prompt's, as when it was sampled."""
+    padding sees only itself. A response's positions continue its prompt's, as when it was
+    sampled."""
     count = len(prompts)
-    segment = torch.full((count, width), -1, dtype=torch.long)
+    branch = torch.full((count, width), PADDING, dtype=torch.long)
+    segment = torch.zeros((count, width), dtype=torch.long)
     positions = torch.zeros((count, width), dtype=torch.long)
     for s, p in enumerate(prompts):
-        segment[s, :p] = 0
+        branch[s, :p] = SHARED
         positions[s, :p] = torch.arange(p)
     numbers = [0] * count
     for s, column, n in segments:
         numbers[s] += 1
+        branch[s, column : column + n] = 0
         segment[s, column : column + n] = numbers[s]
         positions[s, column : column + n] = torch.arange(prompts[s], prompts[s] + n)
-    query, key = segment[:, :, None], segment[:, None, :]
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    attention = causal & ((key == 0) | (key == query)) & (query >= 0)
-    return attention | torch.eye(width, dtype=torch.bool), positions
+    return tree_attention(branch, segment), positions
 
 
 def additive_mask(attention: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

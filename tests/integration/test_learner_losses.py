@@ -60,7 +60,7 @@ def _context(batch, b: int, j: int) -> tuple[list[int], list[int]]:
     """(tokens, positions) that the column predicting response token ``j`` of trajectory
     ``b`` attends to, in column order: what the model conditions that prediction on."""
     s = int(batch.source[b])
-    column = batch.start + int(batch.columns[b, j])
+    column = batch.column(b, j)
     ids = batch.input_ids[s]
     if batch.attention is None:  # causal over one trajectory per sequence
         return ids[: column + 1].tolist(), list(range(column + 1))
@@ -85,15 +85,45 @@ def test_micro_batches_condition_each_token_on_exactly_its_sampled_context(share
         chunk = trajectories[5 * n : 5 * n + 5]
         for name, expected in _reference(chunk).items():
             assert torch.equal(getattr(batch, name), expected), name
-        assert batch.keep == batch.input_ids.shape[1] - batch.start
-        assert batch.start == min(t.num_prompt_tokens for t in chunk) - 1
+        if batch.kept is None:
+            assert batch.keep == batch.input_ids.shape[1] - batch.start
+            assert batch.start == min(t.num_prompt_tokens for t in chunk) - 1
+        else:  # only the columns that predict a response token, ascending
+            predictors = {
+                batch.column(b, j)
+                for b, t in enumerate(chunk)
+                for j in range(t.num_response_tokens)
+            }
+            assert batch.kept.tolist() == sorted(predictors)
         for b, t in enumerate(chunk):
             for j in range(t.num_response_tokens):
                 tokens, positions = _context(batch, b, j)
                 assert tokens == t.prompt_list() + t.response_list()[:j]
                 assert positions == list(range(t.num_prompt_tokens + j))
-    if shared:  # each group's prompt is held once per micro-batch it appears in
-        assert [len(b.input_ids) for b in batches] == [2, 2, 1]
+    if shared:  # a row per group's prompt at most (two may share one: all begin with id 1)
+        assert all(len(b.input_ids) <= n for b, n in zip(batches, [2, 2, 1], strict=True))
+
+
+def test_prompts_that_begin_alike_share_a_row_and_each_token_keeps_its_context() -> None:
+    """Prompts that begin with the same tokens (a chat template's system prompt) are packed
+    as a prefix tree: fewer rows than prompts, and the column that predicts response token j
+    of a trajectory still sees exactly its own prompt and first j response tokens, at the
+    positions they were sampled at; only the columns that predict a token are kept."""
+    groups = random_groups(6, 3, seed=11, shared_prompt=True, preamble=24)
+    (batch,) = build_micro_batches(groups, size=18, pad_id=0, share_prompts_hidden=512)
+    trajectories = [t for g in groups for t in g.trajectories]
+    assert batch.shares_prompts and len(batch.input_ids) < len(groups)
+    for name, expected in _reference(trajectories).items():
+        assert torch.equal(getattr(batch, name), expected), name
+    predictors = set()
+    for b, t in enumerate(trajectories):
+        for j in range(t.num_response_tokens):
+            tokens, positions = _context(batch, b, j)
+            assert tokens == t.prompt_list() + t.response_list()[:j]
+            assert positions == list(range(t.num_prompt_tokens + j))
+            predictors.add(batch.column(b, j))
+    assert batch.kept.tolist() == sorted(predictors)
+    assert len(batch.kept) < batch.input_ids.shape[1] - batch.start
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +241,31 @@ def test_adaptive_kl_coefficient_is_fed_the_true_kl_and_checkpointed(
         assert resumed.kl_controller.value == pytest.approx(expected)
     finally:
         resumed.close()
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_a_packed_row_gives_the_logprobs_and_gradients_of_one_trajectory_per_row(
+    model_dir: str, attention: str
+) -> None:
+    """The prefix-tree layout computes what one trajectory per sequence does: every response
+    token's logprob, and the gradient of their sum, to float32 rounding (tiny model)."""
+    from streamrl.models import load_causal_lm
+
+    groups = random_groups(6, 3, seed=11, shared_prompt=True, preamble=24)
+    model = load_causal_lm(resolve_model(TINY), dtype="float32")
+    model.set_attn_implementation(attention)
+    results = []
+    for hidden in (512, 0):
+        (batch,) = build_micro_batches(groups, size=18, pad_id=0, share_prompts_hidden=hidden)
+        assert batch.shares_prompts == (hidden > 0)
+        model.zero_grad(set_to_none=True)
+        logits = batch.gather(
+            model(**batch.model_inputs(torch.float32), logits_to_keep=batch.keep).logits
+        )
+        logprobs = torch.log_softmax(logits, -1).gather(-1, batch.targets[..., None])[..., 0]
+        (logprobs * batch.mask).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results.append((logprobs.detach() * batch.mask, grads))
+    (packed, packed_grads), (plain, plain_grads) = results
+    assert torch.allclose(packed, plain, atol=1e-5)
+    assert (packed_grads - plain_grads).norm() <= 1e-5 * plain_grads.norm()

@@ -18,12 +18,16 @@ Two row layouts (``docs/design.md`` §5b):
   exactly the context it was sampled in; response 1's first token is predicted from the
   prompt's last column like all the others. The prompt is encoded once instead of once per
   sample: the default job's step (4 groups of 8, 29-token prompts, 8-token responses) trains
-  372 tokens instead of 1,184. A micro-batch takes this layout only when its estimated cost
-  is lower (``_cost``): with long responses the packed rows' attention grows with the square
-  of their width and the plain layout wins.
+  372 tokens instead of 1,184. Prompts that begin alike (a chat template's system prompt)
+  share a row as a prefix tree: ``[shared | rest of A | A's responses | rest of B | ...]``,
+  each prompt's rest and responses seeing the shared tokens and their own branch only
+  (``shared_prompts.tree_attention``). A micro-batch takes this layout only when its
+  estimated cost is lower (``_cost``; every row is padded to the widest, and attention grows
+  with the square of the width), and ``_packed`` cuts the prompts into the cheapest rows.
 
 Only the columns from the first prediction on are asked of the model (``start``,
-``logits_to_keep``), never the prompt's. Example, plain: prompts of 5 and 7 tokens with 3-token
+``logits_to_keep``), never the prompt's; in the shared layout only those that predict a
+response token (``kept``). Example, plain: prompts of 5 and 7 tokens with 3-token
 responses -> width 10, ``start`` 4; row 0's response is predicted from columns 4..6, row 1's
 from 6..8, so ``columns`` (relative to ``start``) is ``[[0, 1, 2], [2, 3, 4]]``.
 
@@ -43,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from streamrl.protocol import TrajectoryGroup
-from streamrl.workers.shared_prompts import additive_mask, shared_prompt_attention
+from streamrl.workers.shared_prompts import PADDING, SHARED, additive_mask, tree_attention
 
 
 @dataclass
@@ -55,7 +59,9 @@ class MicroBatch:
     positions: torch.Tensor | None  # [S, W] position ids with ``attention``, else None
     start: int  # first column whose output is kept (``logits_to_keep``)
     source: torch.Tensor  # [B] int64 the sequence holding each trajectory
-    columns: torch.Tensor  # [B, T] int64 column - start that predicts response token j
+    # [B, T] int64 which of the kept outputs predicts response token j: column - start, or
+    # the index into ``kept`` where that is given
+    columns: torch.Tensor
     targets: torch.Tensor  # [B, T] response tokens (pad beyond each response)
     mask: torch.Tensor  # [B, T] 1.0 on the policy's response tokens (not the environment's)
     behavior: torch.Tensor  # [B, T] behaviour logprobs of the response tokens
@@ -79,6 +85,10 @@ class MicroBatch:
     old_values: torch.Tensor | None = None  # [B, T] values before this step (critic only)
     proximal: torch.Tensor | None = None  # [B, T] logprobs at the step's starting weights
     ref_logprobs: torch.Tensor | None = None  # [B, T] reference-model logprobs
+    # The shared-prompt layout's kept columns ([K] int64, ascending): only those that predict
+    # a response token, not every column from ``start`` on (a packed row's other prompts'
+    # tokens would cost a vocabulary-wide projection each). None: every column from ``start``.
+    kept: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> MicroBatch:
         """The tensors on ``device``, copied once per step before any forward (from pinned
@@ -92,9 +102,21 @@ class MicroBatch:
         return self
 
     @property
-    def keep(self) -> int:
-        """``logits_to_keep`` for the forward: the last ``W - start`` columns."""
-        return self.input_ids.shape[1] - self.start
+    def keep(self) -> int | torch.Tensor:
+        """``logits_to_keep`` for the forward: the columns in ``kept``, else the last
+        ``W - start``."""
+        return self.kept if self.kept is not None else self.input_ids.shape[1] - self.start
+
+    def kept_outputs(self, outputs: torch.Tensor) -> torch.Tensor:
+        """``outputs`` of every column ([S, W, ...], e.g. a critic's values) -> those the
+        forward's ``logits_to_keep`` would keep, which ``columns`` index."""
+        return outputs[:, self.kept] if self.kept is not None else outputs[:, self.start :]
+
+    def column(self, b: int, j: int) -> int:
+        """The column of trajectory ``b``'s sequence whose output predicts its response
+        token ``j``."""
+        kept = int(self.columns[b, j])
+        return int(self.kept[kept]) if self.kept is not None else self.start + kept
 
     @property
     def shares_prompts(self) -> bool:
@@ -142,6 +164,7 @@ _ON_DEVICE = (
     "old_values",
     "proximal",
     "ref_logprobs",
+    "kept",
     "teacher",
     "teacher_coef",
     "teacher_top_ids",
@@ -230,68 +253,132 @@ def _cost(sequences: int, width: int, hidden: int) -> float:
     return sequences * width * (1 + width / (6 * hidden))
 
 
-def _sequences(chunk: list, hidden: int) -> list[list[int]]:
-    """Which trajectories each sequence holds: those with the same prompt together when that
-    costs less than one trajectory per sequence (``hidden`` > 0), else one each."""
-    alone = [[i] for i in range(len(chunk))]
-    if hidden <= 0:
-        return alone
-    families: dict[bytes, list[int]] = {}
+@dataclass(frozen=True)
+class _Family:
+    """The trajectories of one prompt in a micro-batch (indices into it)."""
+
+    prompt: list[int]
+    members: list[int]
+    responses: int  # their response tokens, in all
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One sequence of the shared-prompt layout: ``families`` (sorted by prompt), the first
+    ``shared`` tokens of whose prompts are alike and held once."""
+
+    families: list[_Family]
+    shared: int
+
+    @property
+    def width(self) -> int:
+        return self.shared + sum(len(f.prompt) - self.shared + f.responses for f in self.families)
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _packed(families: list[_Family], hidden: int) -> list[_Row]:
+    """The cheapest cut (``_cost``) of ``families``, sorted by prompt, into runs of one row
+    each. In sorted order the tokens a run's prompts share are the least of its neighbours'
+    (``_common``), and a run widens as it grows, so for each width allowed the greedy cut is
+    the fewest rows; every run's width is tried. Example: the default job's 8 groups of 8
+    (prompts of 37-45 tokens, 24 of them a chat template's system prompt, responses of ~9)
+    cost 8 rows x 112 columns apart and 2 rows x 376 packed."""
+    families = sorted(families, key=lambda f: f.prompt)
+    n = len(families)
+    full = [len(f.prompt) + f.responses for f in families]
+    near = [_common(families[t].prompt, families[t + 1].prompt) for t in range(n - 1)]
+
+    def width(i: int, j: int, shared: int) -> int:  # families i..j, ``shared`` tokens alike
+        return sum(full[i : j + 1]) - (j - i) * shared
+
+    widths = set()
+    for i in range(n):
+        shared = len(families[i].prompt)
+        for j in range(i, n):
+            shared = min(shared, near[j - 1]) if j > i else shared
+            widths.add(width(i, j, shared))
+    best: tuple[float, list[_Row]] | None = None
+    for cap in sorted(w for w in widths if w >= max(full)):
+        rows, i = [], 0
+        while i < n:
+            j, shared = i, len(families[i].prompt)
+            while j + 1 < n and width(i, j + 1, min(shared, near[j])) <= cap:
+                shared = min(shared, near[j])
+                j += 1
+            rows.append(_Row(families[i : j + 1], shared))
+            i = j + 1
+        cost = _cost(len(rows), max(r.width for r in rows), hidden)
+        if best is None or cost < best[0]:
+            best = (cost, rows)
+    assert best is not None
+    return best[1]
+
+
+def _rows(chunk: list, hidden: int) -> list[_Row] | None:
+    """The shared-prompt layout's rows when it costs less than one trajectory per sequence
+    (``hidden`` > 0), else None. A row holds a prompt once with every response to it, and
+    several prompts that begin alike as a prefix tree (``shared_prompts.tree_attention``)."""
+    if hidden <= 0 or not chunk:
+        return None
+    members: dict[bytes, list[int]] = {}
     for i, t in enumerate(chunk):
-        families.setdefault(t.prompt_ids, []).append(i)
-    if len(families) == len(chunk):
-        return alone
-    shared = list(families.values())
+        members.setdefault(t.prompt_ids, []).append(i)
+    families = [
+        _Family(chunk[m[0]].prompt_list(), m, sum(chunk[i].num_response_tokens for i in m))
+        for m in members.values()
+    ]
+    rows = _packed(families, hidden)
     plain_width = max(t.num_prompt_tokens + t.num_response_tokens for t in chunk)
-    shared_width = max(
-        chunk[f[0]].num_prompt_tokens + sum(chunk[i].num_response_tokens for i in f) for f in shared
-    )
-    if _cost(len(shared), shared_width, hidden) < _cost(len(chunk), plain_width, hidden):
-        return shared
-    return alone
+    packed_cost = _cost(len(rows), max(r.width for r in rows), hidden)
+    return rows if packed_cost < _cost(len(chunk), plain_width, hidden) else None
 
 
 def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor, hidden: int) -> MicroBatch:
-    sequences = _sequences(chunk, hidden)
-    shared = len(sequences) < len(chunk)
+    packed = _rows(chunk, hidden)
     prompt = torch.tensor([t.num_prompt_tokens for t in chunk])
     response = torch.tensor([t.num_response_tokens for t in chunk])
-    # Each trajectory's sequence and the column of its first response token.
-    source = torch.empty(len(chunk), dtype=torch.long)
-    first = torch.empty(len(chunk), dtype=torch.long)
-    lengths, segments = [], []
-    for s, members in enumerate(sequences):
-        column = chunk[members[0]].num_prompt_tokens
-        for i in members:
-            source[i], first[i] = s, column
-            segments.append((s, column, chunk[i].num_response_tokens))
-            column += chunk[i].num_response_tokens
-        lengths.append(column)
+    if packed is None:
+        # One trajectory per sequence: the prompt then the response, causal attention.
+        source = torch.arange(len(chunk))
+        first = opens = prompt
+        lengths = (prompt + response).tolist()
+        parts: Iterable[bytes] = (p for t in chunk for p in (t.prompt_ids, t.response_ids))
+    else:
+        source, first, opens, lengths, parts = _tree_columns(chunk, packed)
     width = max(lengths)
     columns = torch.arange(width)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    ids = torch.full((len(lengths), width), pad_id, dtype=torch.long)
     # Boolean-mask assignment fills row by row, left to right: the order of the bytes.
-    tokens = _joined(
-        (
-            part
-            for members in sequences
-            for part in (chunk[members[0]].prompt_ids, *(chunk[i].response_ids for i in members))
-        ),
-        torch.int32,
-    )
-    ids[columns < torch.tensor(lengths)[:, None]] = tokens.long()
+    ids[columns < torch.tensor(lengths)[:, None]] = _joined(parts, torch.int32).long()
     attention = positions = None
-    if shared:
-        attention, positions = shared_prompt_attention(
-            [chunk[m[0]].num_prompt_tokens for m in sequences], segments, width
-        )
+    if packed is not None:
+        attention, positions = _tree_attention(chunk, packed, width)
     # Response token j of a trajectory is predicted from column first + j - 1; token 0 from
     # the prompt's last column (the same one for every response sharing that prompt).
     steps = torch.arange(int(response.max()) if len(chunk) else 0)
     is_response = steps < response[:, None]
     predicted_from = first[:, None] - 1 + steps
-    predicted_from[:, :1] = (prompt - 1)[:, None]
-    start = max(int(prompt.min()) - 1, 0)
+    predicted_from[:, :1] = (opens - 1)[:, None]
+    start = max(int(opens.min()) - 1, 0)
+    kept = None
+    if packed is not None:
+        # Only the columns that predict a token: in a packed row, other prompts' own tokens
+        # lie between them.
+        kept = torch.unique(predicted_from[is_response])
+        kept = kept if len(kept) else torch.tensor([start])
+        predicted_from = torch.searchsorted(kept, predicted_from.clamp(max=int(kept[-1])))
+        start = int(kept[0])
+    else:
+        predicted_from = predicted_from - start
     targets = torch.full(is_response.shape, pad_id, dtype=torch.long)
     targets[is_response] = _joined((t.response_ids for t in chunk), torch.int32).long()
     behavior = torch.zeros(is_response.shape)
@@ -320,7 +407,7 @@ def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor, hidden: int) -> M
         start=start,
         source=source,
         # Beyond a response, any kept column (masked out of every loss and figure).
-        columns=torch.where(is_response, predicted_from - start, 0),
+        columns=torch.where(is_response, predicted_from, 0),
         targets=targets,
         mask=mask,
         behavior=behavior,
@@ -334,7 +421,63 @@ def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor, hidden: int) -> M
         teacher_top_ids=top_ids,
         teacher_top_logprobs=top_logprobs,
         teacher_top_coef=top_coef,
+        kept=kept,
     )
+
+
+def _tree_columns(
+    chunk: list, packed: list[_Row]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int], list[bytes]]:
+    """Where each trajectory lies in the packed rows: its sequence, its response's first
+    column, the column after its prompt; each row's length; the rows' tokens in order, as
+    raw arrays: ``[shared | rest of prompt A | A's responses | rest of prompt B | ...]``."""
+    source = torch.empty(len(chunk), dtype=torch.long)
+    first = torch.empty(len(chunk), dtype=torch.long)
+    opens = torch.empty(len(chunk), dtype=torch.long)
+    lengths: list[int] = []
+    parts: list[bytes] = []
+    for s, row in enumerate(packed):
+        cut = 4 * row.shared  # prompt_ids: int32 little-endian
+        parts.append(chunk[row.families[0].members[0]].prompt_ids[:cut])
+        column = row.shared
+        for family in row.families:
+            parts.append(chunk[family.members[0]].prompt_ids[cut:])
+            column += len(family.prompt) - row.shared
+            opened = column
+            for i in family.members:
+                source[i], first[i], opens[i] = s, column, opened
+                parts.append(chunk[i].response_ids)
+                column += chunk[i].num_response_tokens
+        lengths.append(column)
+    return source, first, opens, lengths, parts
+
+
+def _tree_attention(
+    chunk: list, packed: list[_Row], width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed rows' attention ([S, W, W]) and position ids ([S, W]): each column's
+    branch and segment (``shared_prompts.tree_attention``) and its position in its own
+    trajectory, the positions it was sampled at."""
+    branch = torch.full((len(packed), width), PADDING, dtype=torch.long)
+    segment = torch.zeros((len(packed), width), dtype=torch.long)
+    positions = torch.zeros((len(packed), width), dtype=torch.long)
+    for s, row in enumerate(packed):
+        branch[s, : row.shared] = SHARED
+        positions[s, : row.shared] = torch.arange(row.shared)
+        column, number = row.shared, 0
+        for f, family in enumerate(row.families):
+            size = len(family.prompt)
+            rest = size - row.shared
+            branch[s, column : column + rest] = f
+            positions[s, column : column + rest] = torch.arange(row.shared, size)
+            column += rest
+            for i in family.members:
+                n, number = chunk[i].num_response_tokens, number + 1
+                branch[s, column : column + n] = f
+                segment[s, column : column + n] = number
+                positions[s, column : column + n] = torch.arange(size, size + n)
+                column += n
+    return tree_attention(branch, segment), positions
 
 
 def _teacher_top_k(

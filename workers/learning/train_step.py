@@ -620,7 +620,7 @@ class TrainStep:
 
     def _values(self, batch: MicroBatch) -> torch.Tensor:
         values = self.critic.values(batch.model_inputs(self.compute_dtype))
-        return batch.gather(values[:, batch.start :])
+        return batch.gather(batch.kept_outputs(values))
 
     def _mismatch(
         self, batch: MicroBatch, learner: torch.Tensor, version: int, metrics: StepMetrics
