@@ -466,6 +466,75 @@ class _TokenEntropy(torch.autograd.Function):
         return grad.view_as(logits), None, None
 
 
+class _TokenLogprobsEntropy(torch.autograd.Function):
+    """``_TokenLogprobs`` and ``_TokenEntropy`` from one softmax per chunk, forward and
+    backward: the policy step needs both of the same logits, and each pass over the
+    vocabulary (scale, logsumexp, exp) is a [rows, V] float32 sweep."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, logits: Tensor, tokens: Tensor, chunk_size: int | None, temperature: float
+    ) -> tuple[Tensor, Tensor]:
+        flat, chunks = _chunks(logits, chunk_size)
+        per_row = 1 if tokens.dim() < logits.dim() else tokens.shape[-1]
+        flat_tokens = tokens.reshape(-1, per_row).long()
+        dtype = _compute_dtype(logits)
+        out = torch.empty((flat.shape[0], per_row), dtype=dtype, device=logits.device)
+        lse = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
+        ent = torch.empty_like(lse)
+        for rows in chunks:
+            z = _scaled(flat[rows], dtype, temperature)
+            lse[rows] = torch.logsumexp(z, dim=-1)
+            out[rows] = z.gather(1, flat_tokens[rows]) - lse[rows, None]
+            logp = _log_probs_(z, lse[rows])
+            ent[rows] = -(logp.exp() * logp).sum(dim=-1)
+        ctx.save_for_backward(logits, flat_tokens, lse, ent)
+        ctx.chunk_size, ctx.temperature = chunk_size, temperature
+        ctx.set_materialize_grads(False)  # an output the loss does not use costs nothing
+        return out.view(tokens.shape), ent.view(logits.shape[:-1])
+
+    @staticmethod
+    @once_differentiable
+    def backward(  # type: ignore[override]
+        ctx, grad_logprobs: Tensor | None, grad_entropy: Tensor | None
+    ) -> tuple[Tensor, None, None, None]:
+        # The sum of the two: ([j == y] - p_j) g_y summed over y, and -p_j (log p_j + H) g_H;
+        # over tau.
+        logits, flat_tokens, lse, ent = ctx.saved_tensors
+        flat, chunks = _chunks(logits, ctx.chunk_size)
+        if grad_logprobs is None:
+            grad_logprobs = torch.zeros(flat_tokens.shape, dtype=lse.dtype, device=lse.device)
+        grad_rows = grad_logprobs.reshape(flat_tokens.shape).to(lse.dtype)
+        grad_sums = grad_rows.sum(-1, keepdim=True)
+        grad_ent = None if grad_entropy is None else grad_entropy.reshape(-1, 1).to(lse.dtype)
+        grad = torch.empty_like(flat)
+        for rows in chunks:
+            logp = _log_probs_(_scaled(flat[rows], lse.dtype, ctx.temperature), lse[rows])
+            probs = logp.exp()
+            if grad_ent is None:
+                g = probs.mul_(-grad_sums[rows])
+            else:  # p (log p + H) first: a banned token's 0 x (most negative float) is 0
+                g = logp.add_(ent[rows, None]).mul_(probs).mul_(-grad_ent[rows])
+                g.addcmul_(probs, grad_sums[rows], value=-1.0)
+            g.scatter_add_(1, flat_tokens[rows], grad_rows[rows])
+            grad[rows] = g.div_(ctx.temperature)
+        return grad.view_as(logits), None, None, None
+
+
+def token_logprobs_and_entropy(
+    logits: Tensor,
+    tokens: Tensor,
+    *,
+    chunk_size: int | None = None,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """``(token_logprobs(...), token_entropy(...))`` of the same logits from one chunked
+    softmax, forward and backward: ``tokens`` [B, T] (or [B, T, k], as ``tokens_logprobs``)
+    -> ([B, T] or [B, T, k], [B, T]). Equal to the two calls; differentiable in ``logits``
+    through either output or both."""
+    return _TokenLogprobsEntropy.apply(logits, tokens, chunk_size, temperature)
+
+
 def token_entropy(
     logits: Tensor, *, chunk_size: int | None = None, temperature: float = 1.0
 ) -> Tensor:

@@ -309,9 +309,9 @@ def test_mean_logprob_figures_are_finite() -> None:
 
 
 def test_one_pass_gives_the_sampled_and_the_top_k_logprobs_as_two_would() -> None:
-    """The learner's fused call (``TrainStep._logprobs_with_top_k``): the sampled tokens'
-    column is ``token_logprobs`` exactly, and the gradient of a loss on both is the sum of
-    each part's, at a sampling temperature."""
+    """The learner's fused call (``TrainStep._policy_logprobs``, which also takes the entropy
+    from the same pass): the sampled tokens' column is ``token_logprobs`` exactly, and the
+    gradient of a loss on both is the sum of each part's, at a sampling temperature."""
     from streamrl.algorithms.losses import token_logprobs, tokens_logprobs
 
     torch.manual_seed(0)

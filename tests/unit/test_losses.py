@@ -560,3 +560,42 @@ def test_losses_do_not_sync_on_cuda() -> None:
         total.backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, None])
+@pytest.mark.parametrize("use", ["both", "logprobs", "entropy"])
+def test_logprobs_and_entropy_from_one_softmax_equal_the_two_calls(chunk_size, use) -> None:
+    """``token_logprobs_and_entropy``: the values of ``token_logprobs`` and ``token_entropy``,
+    and the gradient of a loss on either output or both, to float64 rounding; a banned
+    (-inf) logit stays finite in both; k tokens per position as ``tokens_logprobs``."""
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(3, 4, 9, generator=gen, dtype=torch.float64) * 3
+    base[1, 2, 5] = float("-inf")
+    tokens = torch.randint(9, (3, 4), generator=gen)
+    tokens[1, 2] = 0
+    w_lp, w_ent = torch.randn(3, 4, generator=gen, dtype=torch.float64), torch.randn(3, 4)
+    grads = []
+    for fused in (True, False):
+        logits = base.clone().requires_grad_(True)
+        if fused:
+            lp, ent = losses.token_logprobs_and_entropy(
+                logits, tokens, chunk_size=chunk_size, temperature=0.7
+            )
+        else:
+            lp = losses.token_logprobs(logits, tokens, chunk_size=chunk_size, temperature=0.7)
+            ent = losses.token_entropy(logits, chunk_size=chunk_size, temperature=0.7)
+        assert torch.isfinite(lp).all() and torch.isfinite(ent).all()
+        loss = {"both": (lp * w_lp).sum() + (ent * w_ent).sum(), "logprobs": (lp * w_lp).sum()}
+        loss["entropy"] = (ent * w_ent).sum()
+        loss[use].backward()
+        grads.append((lp.detach(), ent.detach(), logits.grad))
+    for fused, apart in zip(*grads, strict=True):
+        torch.testing.assert_close(fused, apart)
+    top = torch.randint(9, (3, 4, 3), generator=gen)
+    lp_k, _ = losses.token_logprobs_and_entropy(base, top, temperature=1.3)
+    torch.testing.assert_close(lp_k, losses.tokens_logprobs(base, top, temperature=1.3))
+    z = torch.randn(2, 3, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    pick = torch.randint(5, (2, 3), generator=gen)
+    assert torch.autograd.gradcheck(
+        lambda x: losses.token_logprobs_and_entropy(x, pick, chunk_size=2, temperature=0.7), (z,)
+    )

@@ -31,6 +31,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -140,9 +141,10 @@ def at_sampling_temperature(
     batch: MicroBatch,
     logits: torch.Tensor,
     *per_row: torch.Tensor,
-) -> torch.Tensor:
-    """``per_token(logits, *per_row, temperature=t)`` -> [B, T], each row at the temperature
-    ``t`` it was sampled at (``losses.token_logprobs``, ``losses.token_entropy``).
+) -> Any:
+    """``per_token(logits, *per_row, temperature=t)`` -> [B, T] (or a tuple of such, as
+    ``losses.token_logprobs_and_entropy`` returns), each row at the temperature ``t`` it was
+    sampled at (``losses.token_logprobs``, ``losses.token_entropy``).
 
     A micro-batch holds rows of several temperatures after a live temperature change. The
     division by ``t`` stays inside ``losses``' chunked kernel, in float32: dividing the
@@ -158,9 +160,10 @@ def at_sampling_temperature(
         return per_token(logits, *per_row, temperature=runs[0][0])
     sizes = [n for _, n in runs]
     parts = zip(logits.split(sizes), *(x.split(sizes) for x in per_row), strict=True)
-    return torch.cat(
-        [per_token(*part, temperature=t) for part, (t, _) in zip(parts, runs, strict=True)]
-    )
+    outs = [per_token(*part, temperature=t) for part, (t, _) in zip(parts, runs, strict=True)]
+    if isinstance(outs[0], tuple):  # several results per row: each joined on its own
+        return tuple(torch.cat(list(out)) for out in zip(*outs, strict=True))
+    return torch.cat(outs)
 
 
 def _prompt_sharing_hidden(config: Config, policy: torch.nn.Module, critic) -> int:
@@ -488,13 +491,9 @@ class TrainStep:
     ) -> None:
         alg, dev = self.config.algorithm, self.device
         norm_length = float(self.config.generator.max_new_tokens)
-        if batch.teacher_top_ids is not None:
-            # The top-k's logprobs from the same pass over the vocabulary as the sampled
-            # tokens': one softmax forward and one backward per micro-batch, not two.
-            logits, logprobs, top_logprobs = self._logprobs_with_top_k(batch)
-        else:
-            logits, logprobs = self._logprobs(self.policy, batch)
-            top_logprobs = None
+        # The sampled tokens' logprobs, the entropy and a top-k teacher's tokens' logprobs
+        # from one pass over the vocabulary: one softmax forward and one backward.
+        logprobs, top_logprobs, entropy = self._policy_logprobs(batch)
         mask, behavior = batch.mask.to(dev), batch.behavior.to(dev)
         tokens = mask.sum()
 
@@ -540,11 +539,8 @@ class TrainStep:
             loss = loss + self.kl_controller.value * aggregate(kl)
             metrics.mean("kl/ref", losses.aggregate(kl.detach(), mask, "token-mean"), tokens)
         entropy_coef = self.entropy_control.value
-        if entropy_coef > 0:
-            entropy = at_sampling_temperature(losses.token_entropy, batch, logits)
-        else:  # tracked every step all the same: a collapse shows in it first
-            with torch.no_grad():
-                entropy = at_sampling_temperature(losses.token_entropy, batch, logits.detach())
+        if entropy_coef <= 0:  # tracked every step all the same: a collapse shows in it first
+            entropy = entropy.detach()
         batch_entropy = losses.aggregate(entropy.detach(), mask, "token-mean")
         if entropy_coef > 0:
             bonus = entropy_coef * aggregate(entropy)
@@ -607,16 +603,21 @@ class TrainStep:
         inputs = batch.model_inputs(self.compute_dtype)
         return batch.gather(model(**inputs, logits_to_keep=batch.keep).logits)
 
-    def _logprobs_with_top_k(
+    def _policy_logprobs(
         self, batch: MicroBatch
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``_logprobs`` of the policy, and the logprobs of a top-k teacher's k tokens at each
-        position ([B, T, k]), all from one chunked pass (``losses.tokens_logprobs``)."""
-        assert batch.teacher_top_ids is not None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The policy's logprobs of the sampled tokens ([B, T]), of a top-k teacher's k tokens
+        at each position ([B, T, k], None without one) and its entropy ([B, T]), all from one
+        chunked pass over the vocabulary (``losses.token_logprobs_and_entropy``)."""
         logits = self._logits(self.policy, batch)
-        tokens = torch.cat([batch.targets[..., None], batch.teacher_top_ids.to(logits.device)], -1)
-        both = at_sampling_temperature(losses.tokens_logprobs, batch, logits, tokens)
-        return logits, both[..., 0], both[..., 1:]
+        tokens = batch.targets[..., None]
+        if batch.teacher_top_ids is not None:
+            tokens = torch.cat([tokens, batch.teacher_top_ids.to(logits.device)], -1)
+        both, entropy = at_sampling_temperature(
+            losses.token_logprobs_and_entropy, batch, logits, tokens.to(logits.device)
+        )
+        top = both[..., 1:] if batch.teacher_top_ids is not None else None
+        return both[..., 0], top, entropy
 
     def _values(self, batch: MicroBatch) -> torch.Tensor:
         values = self.critic.values(batch.model_inputs(self.compute_dtype))
