@@ -342,10 +342,20 @@ def _log_probs_(z: Tensor, lse: Tensor) -> Tensor:
 
 
 class _TokenLogprobs(torch.autograd.Function):
+    """Chosen tokens' logprobs and, ``with_entropy``, each row's entropy from the same
+    softmax per chunk, forward and backward (the policy step needs both of the same logits,
+    and each pass over the vocabulary is a [rows, V] float32 sweep). Without it the entropy
+    output is empty."""
+
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, logits: Tensor, tokens: Tensor, chunk_size: int | None, temperature: float
-    ) -> Tensor:
+        ctx,
+        logits: Tensor,
+        tokens: Tensor,
+        chunk_size: int | None,
+        temperature: float,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:
         flat, chunks = _chunks(logits, chunk_size)
         # One token per row ([B, T]) or k per row ([B, T, k]: ``tokens_logprobs``).
         per_row = 1 if tokens.dim() < logits.dim() else tokens.shape[-1]
@@ -353,30 +363,48 @@ class _TokenLogprobs(torch.autograd.Function):
         dtype = _compute_dtype(logits)
         out = torch.empty((flat.shape[0], per_row), dtype=dtype, device=logits.device)
         lse = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
+        ent = torch.empty(flat.shape[0] if with_entropy else 0, dtype=dtype, device=lse.device)
         for rows in chunks:
             z = _scaled(flat[rows], dtype, temperature)
             lse[rows] = torch.logsumexp(z, dim=-1)
             out[rows] = z.gather(1, flat_tokens[rows]) - lse[rows, None]
-        ctx.save_for_backward(logits, flat_tokens, lse)
+            if with_entropy:
+                logp = _log_probs_(z, lse[rows])
+                ent[rows] = -(logp.exp() * logp).sum(dim=-1)
+        ctx.save_for_backward(logits, flat_tokens, lse, ent)
         ctx.chunk_size, ctx.temperature = chunk_size, temperature
-        return out.view(tokens.shape)
+        ctx.set_materialize_grads(False)  # an output the loss does not use costs nothing
+        shape = logits.shape[:-1] if with_entropy else (0,)
+        return out.view(tokens.shape), ent.view(shape)
 
     @staticmethod
     @once_differentiable
     def backward(  # type: ignore[override]
-        ctx, grad_out: Tensor
-    ) -> tuple[Tensor, None, None, None]:
-        # d logp_y / dz_j = ([j == y] - p_j) / tau, summed over a row's tokens y
-        logits, flat_tokens, lse = ctx.saved_tensors
+        ctx, grad_logprobs: Tensor | None, grad_entropy: Tensor | None
+    ) -> tuple[Tensor, None, None, None, None]:
+        # d logp_y / dz_j = ([j == y] - p_j) / tau, summed over a row's tokens y; and
+        # dH / dz_j = -p_j (log p_j + H) / tau
+        logits, flat_tokens, lse, ent = ctx.saved_tensors
         flat, chunks = _chunks(logits, ctx.chunk_size)
-        grad_rows = grad_out.reshape(flat_tokens.shape).to(lse.dtype)
+        if grad_logprobs is None:
+            grad_logprobs = torch.zeros(flat_tokens.shape, dtype=lse.dtype, device=lse.device)
+        grad_rows = grad_logprobs.reshape(flat_tokens.shape).to(lse.dtype)
         grad_sums = grad_rows.sum(-1, keepdim=True)
+        grad_ent = None
+        if grad_entropy is not None and ent.numel():
+            grad_ent = grad_entropy.reshape(-1, 1).to(lse.dtype)
         grad = torch.empty_like(flat)
         for rows in chunks:
-            probs = _log_probs_(_scaled(flat[rows], lse.dtype, ctx.temperature), lse[rows]).exp_()
-            g = probs.mul_(-grad_sums[rows]).scatter_add_(1, flat_tokens[rows], grad_rows[rows])
+            logp = _log_probs_(_scaled(flat[rows], lse.dtype, ctx.temperature), lse[rows])
+            if grad_ent is None:
+                g = logp.exp_().mul_(-grad_sums[rows])
+            else:  # p (log p + H) first: a banned token's 0 x (most negative float) is 0
+                probs = logp.exp()
+                g = logp.add_(ent[rows, None]).mul_(probs).mul_(-grad_ent[rows])
+                g.addcmul_(probs, grad_sums[rows], value=-1.0)
+            g.scatter_add_(1, flat_tokens[rows], grad_rows[rows])
             grad[rows] = g.div_(ctx.temperature)
-        return grad.view_as(logits), None, None, None
+        return grad.view_as(logits), None, None, None, None
 
 
 def token_logprobs(
@@ -397,7 +425,7 @@ def token_logprobs(
     ``logits`` and one float per row and recomputes the softmax chunk by chunk in backward.
     Differentiable in ``logits`` (first order only); the gradient has the dtype of ``logits``.
     """
-    return _TokenLogprobs.apply(logits, tokens, chunk_size, temperature)
+    return _TokenLogprobs.apply(logits, tokens, chunk_size, temperature, False)[0]
 
 
 def tokens_logprobs(
@@ -411,7 +439,7 @@ def tokens_logprobs(
     ``Tensor[B,T,k]`` (a teacher's top-k tokens, ``distill_topk``), one logsumexp per row."""
     if tokens.dim() != logits.dim():
         raise ValueError(f"tokens must be [B, T, k] for logits {tuple(logits.shape)}")
-    return _TokenLogprobs.apply(logits, tokens, chunk_size, temperature)
+    return _TokenLogprobs.apply(logits, tokens, chunk_size, temperature, False)[0]
 
 
 def distill_topk(student: Tensor, teacher: Tensor) -> Tensor:
@@ -466,61 +494,6 @@ class _TokenEntropy(torch.autograd.Function):
         return grad.view_as(logits), None, None
 
 
-class _TokenLogprobsEntropy(torch.autograd.Function):
-    """``_TokenLogprobs`` and ``_TokenEntropy`` from one softmax per chunk, forward and
-    backward: the policy step needs both of the same logits, and each pass over the
-    vocabulary (scale, logsumexp, exp) is a [rows, V] float32 sweep."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx, logits: Tensor, tokens: Tensor, chunk_size: int | None, temperature: float
-    ) -> tuple[Tensor, Tensor]:
-        flat, chunks = _chunks(logits, chunk_size)
-        per_row = 1 if tokens.dim() < logits.dim() else tokens.shape[-1]
-        flat_tokens = tokens.reshape(-1, per_row).long()
-        dtype = _compute_dtype(logits)
-        out = torch.empty((flat.shape[0], per_row), dtype=dtype, device=logits.device)
-        lse = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
-        ent = torch.empty_like(lse)
-        for rows in chunks:
-            z = _scaled(flat[rows], dtype, temperature)
-            lse[rows] = torch.logsumexp(z, dim=-1)
-            out[rows] = z.gather(1, flat_tokens[rows]) - lse[rows, None]
-            logp = _log_probs_(z, lse[rows])
-            ent[rows] = -(logp.exp() * logp).sum(dim=-1)
-        ctx.save_for_backward(logits, flat_tokens, lse, ent)
-        ctx.chunk_size, ctx.temperature = chunk_size, temperature
-        ctx.set_materialize_grads(False)  # an output the loss does not use costs nothing
-        return out.view(tokens.shape), ent.view(logits.shape[:-1])
-
-    @staticmethod
-    @once_differentiable
-    def backward(  # type: ignore[override]
-        ctx, grad_logprobs: Tensor | None, grad_entropy: Tensor | None
-    ) -> tuple[Tensor, None, None, None]:
-        # The sum of the two: ([j == y] - p_j) g_y summed over y, and -p_j (log p_j + H) g_H;
-        # over tau.
-        logits, flat_tokens, lse, ent = ctx.saved_tensors
-        flat, chunks = _chunks(logits, ctx.chunk_size)
-        if grad_logprobs is None:
-            grad_logprobs = torch.zeros(flat_tokens.shape, dtype=lse.dtype, device=lse.device)
-        grad_rows = grad_logprobs.reshape(flat_tokens.shape).to(lse.dtype)
-        grad_sums = grad_rows.sum(-1, keepdim=True)
-        grad_ent = None if grad_entropy is None else grad_entropy.reshape(-1, 1).to(lse.dtype)
-        grad = torch.empty_like(flat)
-        for rows in chunks:
-            logp = _log_probs_(_scaled(flat[rows], lse.dtype, ctx.temperature), lse[rows])
-            probs = logp.exp()
-            if grad_ent is None:
-                g = probs.mul_(-grad_sums[rows])
-            else:  # p (log p + H) first: a banned token's 0 x (most negative float) is 0
-                g = logp.add_(ent[rows, None]).mul_(probs).mul_(-grad_ent[rows])
-                g.addcmul_(probs, grad_sums[rows], value=-1.0)
-            g.scatter_add_(1, flat_tokens[rows], grad_rows[rows])
-            grad[rows] = g.div_(ctx.temperature)
-        return grad.view_as(logits), None, None, None
-
-
 def token_logprobs_and_entropy(
     logits: Tensor,
     tokens: Tensor,
@@ -532,7 +505,7 @@ def token_logprobs_and_entropy(
     softmax, forward and backward: ``tokens`` [B, T] (or [B, T, k], as ``tokens_logprobs``)
     -> ([B, T] or [B, T, k], [B, T]). Equal to the two calls; differentiable in ``logits``
     through either output or both."""
-    return _TokenLogprobsEntropy.apply(logits, tokens, chunk_size, temperature)
+    return _TokenLogprobs.apply(logits, tokens, chunk_size, temperature, True)
 
 
 def token_entropy(
