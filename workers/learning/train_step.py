@@ -276,8 +276,7 @@ class TrainStep:
         rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for batch in batches:
             batch.to(self.device)
-            logits, logprobs = self._logprobs(self.policy, batch)
-            entropy = at_sampling_temperature(losses.token_entropy, batch, logits)
+            logprobs, _, entropy = self._policy_logprobs(batch)
             keep = batch.mask.bool().to(self.device)
             for i, row in enumerate(batch.rows.tolist()):
                 rows[row] = (logprobs[i][keep[i]].float().cpu(), entropy[i][keep[i]].float().cpu())
@@ -612,7 +611,7 @@ class TrainStep:
         logits = self._logits(self.policy, batch)
         tokens = batch.targets[..., None]
         if batch.teacher_top_ids is not None:
-            tokens = torch.cat([tokens, batch.teacher_top_ids.to(logits.device)], -1)
+            tokens = torch.cat([tokens, batch.teacher_top_ids], -1)
         both, entropy = at_sampling_temperature(
             losses.token_logprobs_and_entropy, batch, logits, tokens.to(logits.device)
         )
