@@ -270,7 +270,8 @@ class GroupScoring:
 
     def pump(self, wait_ms: int = 0) -> list[TrajectoryGroup]:
         """Take the replies that are in (waiting up to ``wait_ms`` for the first), resend
-        the overdue, and return the groups now settled, in submission order."""
+        the overdue, and return the groups this call settled (in submission order among
+        themselves; a group answered before an earlier one is not held back for it)."""
         events = dict(self.poller.poll(wait_ms if self.pending else 0))
         for reward, sock in self.sockets.items():
             if sock not in events:
