@@ -16,7 +16,7 @@ import ray
 
 from streamrl.controller.specs import GeneratorSpec, LearnerSpec, RewardRoleSpec, ShardSpec
 from streamrl.cores import favour_side_threads
-from streamrl.malloc import keep_freed_memory
+from streamrl.malloc import SlowCollections, freeze_startup_heap, keep_freed_memory
 from streamrl.transport import resolve_host
 
 
@@ -31,6 +31,7 @@ def _setup_process(log_file: str, cores: list[int] | None = None) -> None:
     # Every role shares 2 cores here: one intra-op thread each unless the config says more.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     keep_freed_memory()
+    SlowCollections().install()
     if cores:
         # Affinity only: the role sets its torch threads (cores.role_threads).
         os.sched_setaffinity(0, cores)
@@ -52,6 +53,7 @@ class BufferShardActor:
         return os.getpid()
 
     def serve(self) -> None:
+        freeze_startup_heap()
         try:
             self.shard.serve()
         finally:
@@ -87,6 +89,7 @@ class LearnerActor:
 
     def run(self, max_steps: int) -> int:
         favour_side_threads()  # the weight path first on a shared core (streamrl.cores)
+        freeze_startup_heap()  # no full collection over the model's objects (streamrl.malloc)
         return self.learner.run(max_steps)
 
     def export_hf(self, out_dir: str) -> None:
@@ -129,6 +132,7 @@ class GeneratorActor:
 
     def run(self) -> dict[str, int]:
         favour_side_threads()
+        freeze_startup_heap()
         try:
             return self.generator.run()
         finally:
@@ -154,6 +158,7 @@ class RewardRoleActor:
 
     def serve(self) -> None:
         favour_side_threads()
+        freeze_startup_heap()
         try:
             self.role.serve()
         finally:

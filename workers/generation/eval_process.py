@@ -39,6 +39,7 @@ from typing import Any
 import msgspec
 
 from streamrl.evaluation import EvalResult
+from streamrl.malloc import SlowCollections, freeze_startup_heap
 from streamrl.protocol import GeneratorActivity, LearnerClockInfo
 from streamrl.role_specs import GeneratorSpec
 
@@ -131,6 +132,7 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
     """The process's main: build the engine and a subscriber, then follow the stream and
     answer evaluation requests until the pipe closes."""
     _die_with_parent()
+    SlowCollections().install()
     if spec.log_file:
         logging.basicConfig(
             filename=spec.log_file,
@@ -165,6 +167,7 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
         ctx, engine, sub_spec, GeneratorActivity(), lambda: None, background=False
     )
     eval_set = eval_prompts(config)
+    freeze_startup_heap()  # no full collection over the engine's objects (streamrl.malloc)
     log.info("evaluation process %d ready (%s, cores %s)", os.getpid(), policy, spec.slack_cores)
     encoder, decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(ToProcess)
 
