@@ -16,7 +16,8 @@
 - ``specs``: what each role is started with (typed, torch-free).
 - ``roles``: one typed id and slot per started role; role health for ``/status``.
 - ``supervisor``: generators replaced when dead or silent, added and retired on demand.
-- ``recovery``: buffer shards and the learner group started, and restarted when one dies.
+- ``recovery``: buffer shards and the learner group started, and restarted when one dies
+  (``Recovery.check_roles`` finds it).
 - ``resume``: ``--resume``: the weight clock forked at the checkpoint, then the shards told,
   the admission budget and the prompt stream restored.
 - ``reward_roles``: the reward roles of served rewards (reward models, judges) started before
@@ -27,7 +28,7 @@
 - ``generation_yield``: useful generation, the generated tokens that ended in a gradient and
   why the rest did not.
 - ``retention``: ``run.keep_checkpoints``, the checkpoints kept (newest, best evaluated, not
-  yet evaluated) and the rest removed.
+  yet evaluated) and the rest removed; ``eval.keep_best``'s choice of the run's model.
 - ``stopping``: the early-stopping rules (evaluation patience, starvation) that end a run
   before ``run.max_steps``.
 - ``placement``/``rundir``/``actors``: Ray placement and cores, the run directory, actor shells.

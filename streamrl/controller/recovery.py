@@ -160,6 +160,38 @@ class Recovery:
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
 
+    def check_roles(self, record_reports: Callable[[], None]) -> bool:
+        """Restart a buffer shard or the learner group when one's loop ended with an error
+        (says whether it did); raise a one-line RunError for anything else. A learner rank
+        that returned normally is left alone (the group finishes together).
+        ``record_reports``: the controller records what is in its report socket."""
+        import ray
+
+        ctx = self.ctx
+        refs = ctx.roles.run_refs("buffer shard", "learner rank")
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        # Shards first (run_refs' order): a learner restart reads the shards' receipts.
+        for ref in sorted(done, key=refs.index):
+            role = ctx.roles.role_of(ref)
+            if role is None:  # a replaced role's, gone with its restart
+                continue
+            try:
+                ray.get(ref)
+                continue
+            except ray.exceptions.RayError as exc:
+                if ctx.state.stop:
+                    logs = ctx.run_dir / "logs"
+                    raise RunError(f"{role} failed: {last_line(exc)} (see {logs})") from None
+                if role.kind == "buffer shard":
+                    self.restart_shard(role.index, exc)
+                else:
+                    # The dead group's last reports are in the socket: their steps may be
+                    # kept (up to the checkpoint), so record them before the version moves.
+                    record_reports()
+                    self.restart_learner_group(role.index, exc)
+                return True
+        return False
+
     def restart_shard(self, shard_id: int, exc: Exception) -> None:
         """A new process for a dead shard, on its durable log and its predecessor's ports
         (generators' and learners' sockets reconnect by themselves). What the log held is

@@ -11,9 +11,12 @@ newest 1 with keep_best: 20 (best), 40 (newest, not evaluated yet) stay; 10 and 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from streamrl.checkpoint_layout import checkpoints_root, complete_checkpoints, latest, version_of
+from streamrl.controller.records import keep_best
 from streamrl.protocol import EvalReport
 
 
@@ -45,3 +48,34 @@ def prune_checkpoints(
     for version in removed:
         shutil.rmtree(found[version], ignore_errors=True)
     return removed
+
+
+class Retention:
+    """A run's checkpoints and model by its evaluations (the controller's one owner of them):
+    ``prune`` after each checkpoint (``run.keep_checkpoints``: 0 keeps all), and ``finish`` at
+    the end, where ``eval.keep_best`` makes the best evaluated version ``hf/`` and
+    ``model_version`` says which (None: the last)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        newest: int,
+        keep_best: bool,
+        metric: str,
+        live_evals: Callable[[], list[EvalReport]],
+    ) -> None:
+        self.run_dir, self.newest, self.keep_best, self.metric = run_dir, newest, keep_best, metric
+        self.live_evals = live_evals  # the run's evaluations of weights still its own
+        self.model_version: int | None = None
+
+    def prune(self) -> None:
+        if self.newest > 0:
+            evals = self.live_evals()
+            prune_checkpoints(self.run_dir, self.newest, evals, self.metric, self.keep_best)
+
+    def finish(self, console: TextIO) -> None:
+        """After the export of the last version: the best one as ``hf/`` if asked, then a
+        last prune (which keeps that best)."""
+        if self.keep_best:
+            self.model_version = keep_best(self.live_evals(), self.metric, self.run_dir, console)
+        self.prune()

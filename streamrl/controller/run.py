@@ -63,14 +63,14 @@ from streamrl.controller.drops import DropWatch
 from streamrl.controller.intake import ReportIntake
 from streamrl.controller.placement import Placement, describe_split, init_ray
 from streamrl.controller.preflight import Checked, preflight
-from streamrl.controller.records import keep_best, outcome, run_summary, step_record
+from streamrl.controller.records import outcome, run_summary, step_record
 from streamrl.controller.recovery import (
     Recovery,
     run_learners,
     start_learner_group,
     start_shard,
 )
-from streamrl.controller.retention import prune_checkpoints
+from streamrl.controller.retention import Retention
 from streamrl.controller.reward_roles import RewardPool
 from streamrl.controller.roles import Roles
 from streamrl.controller.rundir import (
@@ -123,7 +123,6 @@ class Controller:
         self.drop_watch = DropWatch()
         self.stop_rules = rules_for(config)
         self.stopped_because = ""  # a stop rule's reason, when one ended the run
-        self.model_version: int | None = None  # hf/'s version when not the last (keep_best)
         self.started_at = time.time()
         self.available_cores = sorted(os.sched_getaffinity(0))
 
@@ -166,6 +165,13 @@ class Controller:
                 run_dir=run_dir,
                 metrics=MetricsLog(run_dir / "metrics.jsonl", self.console, cfg),
                 console=self.console,
+            )
+            self.retention = Retention(
+                run_dir,
+                cfg.run.keep_checkpoints,
+                cfg.eval.keep_best,
+                self.stop_rules.metric,
+                lambda: [e for e in self.intake.evals if self.state.eval_is_live(e)],
             )
             init_ray(self.address)
             import ray
@@ -255,7 +261,7 @@ class Controller:
         while True:
             try:
                 self._record_reports()
-                restarted = self._check_roles() or self.rewards.check()
+                restarted = self.recovery.check_roles(self._record_reports) or self.rewards.check()
                 if restarted:
                     # A restart held this loop: take the heartbeats queued meanwhile before
                     # judging any generator silent.
@@ -276,7 +282,7 @@ class Controller:
                 self.request_stop()
 
     def _learners_finished(self) -> bool:
-        """Every rank's loop returned (one that failed is ``_check_roles``' to handle)."""
+        """Every rank's loop returned (one that failed is ``Recovery.check_roles``' to handle)."""
         import ray
 
         refs = self.ctx.roles.run_refs("learner rank")
@@ -308,10 +314,7 @@ class Controller:
         self._save_prompts()
         hf_dir = str((ctx.run_dir / "hf").resolve())
         ray.get([learner.export_hf.remote(hf_dir) for learner in learners])
-        if self.config.eval.keep_best:
-            live = [e for e in self.intake.evals if state.eval_is_live(e)]
-            self.model_version = keep_best(live, self.stop_rules.metric, ctx.run_dir, self.console)
-        self._prune_checkpoints()
+        self.retention.finish(self.console)
         ctx.refresh_shard_stats()
         return self._summary()
 
@@ -333,7 +336,7 @@ class Controller:
                 if self.tuner is not None:
                     self._retune(self.tuner.observe(record, bound))
             if any("checkpoint/version" in step.metrics for step in steps):
-                self._prune_checkpoints()
+                self.retention.prune()
             if self.state.checkpointed >= 0:  # before any checkpoint a resume starts over
                 self._save_prompts()
         now = time.monotonic()
@@ -379,44 +382,6 @@ class Controller:
             ledger = self.state.prompts.snapshot()
         atomic_write_text(self.ctx.run_dir / "prompts.json", json.dumps(ledger))
 
-    def _check_roles(self) -> bool:
-        """Restart a buffer shard or the learner group when one's loop ended with an error
-        (says whether it did); raise a one-line RunError for anything else. A learner rank
-        that returned normally is left alone (the group finishes together)."""
-        import ray
-
-        refs = self.ctx.roles.run_refs("buffer shard", "learner rank")
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        # Shards first (run_refs' order): a learner restart reads the shards' receipts.
-        for ref in sorted(done, key=refs.index):
-            role = self.ctx.roles.role_of(ref)
-            if role is None:  # a replaced role's, gone with its restart
-                continue
-            try:
-                ray.get(ref)
-                continue
-            except ray.exceptions.RayError as exc:
-                if self.state.stop:
-                    raise RunError(
-                        f"{role} failed: {last_line(exc)} (see {self.ctx.run_dir / 'logs'})"
-                    ) from None
-                if role.kind == "buffer shard":
-                    self.recovery.restart_shard(role.index, exc)
-                else:
-                    # The dead group's last reports are in the socket: their steps may be
-                    # kept (up to the checkpoint), so record them before the version moves.
-                    self._record_reports()
-                    self.recovery.restart_learner_group(role.index, exc)
-                return True
-        return False
-
-    def _prune_checkpoints(self) -> None:
-        keep = self.config.run.keep_checkpoints
-        if keep > 0:
-            live = [e for e in self.intake.evals if self.state.eval_is_live(e)]
-            metric, best = self.stop_rules.metric, self.config.eval.keep_best
-            prune_checkpoints(self.ctx.run_dir, keep, live, metric, best)
-
     def _wait_generators(self) -> None:
         import ray
 
@@ -438,7 +403,7 @@ class Controller:
             wall_time_s=time.time() - self.started_at,
             stopped_because=self.stopped_because,
             best_metric=self.stop_rules.metric,
-            model_version=self.model_version,
+            model_version=self.retention.model_version,
         )
         (self.ctx.run_dir / "summary.json").write_bytes(msgspec.json.encode(summary))
         print(outcome(summary), file=self.console, flush=True)
