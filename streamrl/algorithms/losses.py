@@ -359,7 +359,7 @@ class _TokenLogprobs(torch.autograd.Function):
         flat, chunks = _chunks(logits, chunk_size)
         # One token per row ([B, T]) or k per row ([B, T, k]: ``tokens_logprobs``).
         per_row = 1 if tokens.dim() < logits.dim() else tokens.shape[-1]
-        flat_tokens = tokens.reshape(-1, per_row).long()
+        flat_tokens = tokens.reshape(flat.shape[0], per_row).long()  # k may be 0: entropy only
         dtype = _compute_dtype(logits)
         out = torch.empty((flat.shape[0], per_row), dtype=dtype, device=logits.device)
         lse = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
@@ -386,13 +386,15 @@ class _TokenLogprobs(torch.autograd.Function):
         # dH / dz_j = -p_j (log p_j + H) / tau
         logits, flat_tokens, lse, ent = ctx.saved_tensors
         flat, chunks = _chunks(logits, ctx.chunk_size)
-        if grad_logprobs is None:
-            grad_logprobs = torch.zeros(flat_tokens.shape, dtype=lse.dtype, device=lse.device)
-        grad_rows = grad_logprobs.reshape(flat_tokens.shape).to(lse.dtype)
-        grad_sums = grad_rows.sum(-1, keepdim=True)
         grad_ent = None
         if grad_entropy is not None and ent.numel():
             grad_ent = grad_entropy.reshape(-1, 1).to(lse.dtype)
+        elif grad_logprobs is None:  # neither output reached the loss
+            grad_logprobs = torch.zeros(flat_tokens.shape, dtype=lse.dtype, device=lse.device)
+        grad_rows = None
+        if grad_logprobs is not None:
+            grad_rows = grad_logprobs.reshape(flat_tokens.shape).to(lse.dtype)
+            grad_sums = grad_rows.sum(-1, keepdim=True)
         grad = torch.empty_like(flat)
         for rows in chunks:
             logp = _log_probs_(_scaled(flat[rows], lse.dtype, ctx.temperature), lse[rows])
@@ -401,8 +403,10 @@ class _TokenLogprobs(torch.autograd.Function):
             else:  # p (log p + H) first: a banned token's 0 x (most negative float) is 0
                 probs = logp.exp()
                 g = logp.add_(ent[rows, None]).mul_(probs).mul_(-grad_ent[rows])
-                g.addcmul_(probs, grad_sums[rows], value=-1.0)
-            g.scatter_add_(1, flat_tokens[rows], grad_rows[rows])
+                if grad_rows is not None:
+                    g.addcmul_(probs, grad_sums[rows], value=-1.0)
+            if grad_rows is not None:
+                g.scatter_add_(1, flat_tokens[rows], grad_rows[rows])
             grad[rows] = g.div_(ctx.temperature)
         return grad.view_as(logits), None, None, None, None
 
@@ -461,39 +465,6 @@ def distill_topk(student: Tensor, teacher: Tensor) -> Tensor:
     return terms.sum(-1)
 
 
-class _TokenEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx, logits: Tensor, chunk_size: int | None, temperature: float
-    ) -> Tensor:
-        flat, chunks = _chunks(logits, chunk_size)
-        out = torch.empty(flat.shape[0], dtype=_compute_dtype(logits), device=logits.device)
-        lse = torch.empty_like(out)
-        for rows in chunks:
-            z = _scaled(flat[rows], out.dtype, temperature)
-            lse[rows] = torch.logsumexp(z, dim=-1)
-            logp = _log_probs_(z, lse[rows])
-            out[rows] = -(logp.exp() * logp).sum(dim=-1)
-        ctx.save_for_backward(logits, lse, out)
-        ctx.chunk_size, ctx.temperature = chunk_size, temperature
-        return out.view(logits.shape[:-1])
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
-        # dH/dz_j = -p_j (log p_j + H) / tau
-        logits, lse, ent = ctx.saved_tensors
-        flat, chunks = _chunks(logits, ctx.chunk_size)
-        grad_rows = grad_out.reshape(-1, 1).to(lse.dtype)
-        grad = torch.empty_like(flat)
-        for rows in chunks:
-            logp = _log_probs_(_scaled(flat[rows], lse.dtype, ctx.temperature), lse[rows])
-            probs = logp.exp()
-            g = probs.mul_(logp.add_(ent[rows, None])).mul_(-grad_rows[rows])
-            grad[rows] = g.div_(ctx.temperature)
-        return grad.view_as(logits), None, None
-
-
 def token_logprobs_and_entropy(
     logits: Tensor,
     tokens: Tensor,
@@ -516,7 +487,8 @@ def token_entropy(
     Chunked like ``token_logprobs`` (no second ``[B,T,V]`` tensor); differentiable in ``logits``.
     A ``-inf`` logit (a banned token) contributes 0, not NaN.
     """
-    return _TokenEntropy.apply(logits, chunk_size, temperature)
+    no_tokens = torch.empty((*logits.shape[:-1], 0), dtype=torch.long, device=logits.device)
+    return _TokenLogprobs.apply(logits, no_tokens, chunk_size, temperature, True)[1]
 
 
 def entropy(
