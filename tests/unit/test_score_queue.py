@@ -76,3 +76,16 @@ def test_a_wrong_count_of_scores_is_an_error_of_its_request_only() -> None:
 
     answers, _ = score_batch(score, [[ScoreItem("q", "a")], [ScoreItem("q", "short")]])
     assert answers == [([1.0], ""), ([], "ValueError: 0 scores for 1 responses")]
+
+
+def test_a_wire_item_is_a_score_item_field_for_field() -> None:
+    """The reward role turns each ``ScoreItemWire`` into a ``ScoreItem`` by position
+    (``ScoreItem(*astuple(wire))``): the two must name the same fields in the same order."""
+    import dataclasses
+
+    from msgspec.structs import astuple
+
+    assert ScoreItemWire.__struct_fields__ == tuple(f.name for f in dataclasses.fields(ScoreItem))
+    wire = ScoreItemWire("q", "r", "7", b"\x01", b"\x02", 0.7, stopped=False)
+    item = ScoreItem(*astuple(wire))
+    assert item == ScoreItem("q", "r", "7", b"\x01", b"\x02", 0.7, stopped=False)

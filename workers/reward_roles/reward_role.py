@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import zmq
+from msgspec.structs import astuple
 
 from streamrl import failpoints
 from streamrl.config import Config, RewardSpec
@@ -203,21 +204,8 @@ class RewardRole:
             return
         self.figures.scoring_ids = [p.request.request_id for p in batch]
         self._report()  # if this batch kills the role, its requests are suspects
-        requests = [
-            [
-                ScoreItem(
-                    i.prompt,
-                    i.response,
-                    i.ground_truth,
-                    i.prompt_ids,
-                    i.response_ids,
-                    i.temperature,
-                    i.stopped,
-                )
-                for i in p.request.items
-            ]
-            for p in batch
-        ]
+        # ScoreItemWire is ScoreItem on the wire, field for field (test_score_queue holds it).
+        requests = [[ScoreItem(*astuple(i)) for i in p.request.items] for p in batch]
         start = time.monotonic()
         for pending in batch:
             self.figures.queue_wait_s += start - pending.received
