@@ -70,6 +70,8 @@ What differs (also written to ``notes`` in the result):
 - bf16: TRL autocasts fp32 weights to bf16 (accelerate's mixed precision); streamrl's learner
   runs the forward on a bf16 image of the fp32 masters. Generation uses the same model as
   training here; streamrl's generator holds its own bf16 copy.
+- No off-policy guidance (``algorithm.guidance``: a reference response in place of a sample
+  in a group that found nothing as good); GRPOTrainer trains every group as sampled.
 - Prompts longer than ``data.max_prompt_tokens`` are kept whole by TRL (streamrl cuts them to
   the last ``max_prompt_tokens`` tokens); a note says how many there were (none in the
   arithmetic jobs).
@@ -206,6 +208,12 @@ def recipe_notes(config: Config, kwargs: dict[str, Any]) -> list[str]:
         )
     if config.learner.weight_decay > 0:
         notes.append("weight decay skips biases and norms (HF Trainer); streamrl decays all")
+    if config.algorithm.guidance:
+        notes.append(
+            "no off-policy guidance: a group no sample of which scores as well as its "
+            "reference response trains as sampled, where streamrl's algorithm.guidance puts "
+            "the reference in place of a sample"
+        )
     return notes
 
 

@@ -40,6 +40,9 @@ EXPORT_SCHEMA = pa.schema(
         ("action_mask", pa.list_(pa.uint8())),
         ("turns", pa.int32()),
         ("end_reason", pa.string()),
+        # A reference response in place of a sample (``algorithm.guidance``): not sampled, its
+        # behaviour logprobs are zeros.
+        ("guided", pa.bool_()),
     ]
 )
 # Columns built from a trajectory's raw little-endian arrays, and their numpy dtypes.
@@ -84,7 +87,7 @@ def export_parquet(run_dir: Path, out: Path) -> int:
                         t.prompt_ids, t.response_ids, t.response_text, t.reward,
                         t.behavior_logprobs, t.token_versions, lo, hi,
                         t.finish_reason, t.generator_id, consumed,
-                        t.policy_mask(), t.turns, t.end_reason,
+                        t.policy_mask(), t.turns, t.end_reason, t.guided,
                     )  # fmt: skip
                     for column, value in zip(columns.values(), row, strict=True):
                         column.append(value)

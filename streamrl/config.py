@@ -168,6 +168,9 @@ class DataConfig(_Section):
     # the whole match: GSM8K's "####\s*(.+)").
     answer_key: str = ""
     answer_pattern: str = ""
+    # A reference response at a dotted path ("" = none; a built-in task writes its own):
+    # what ``algorithm.guidance`` trains on where no sample scores as well.
+    reference_key: str = ""
     # The first rows only (0: all).
     max_rows: Annotated[int, msgspec.Meta(ge=0, extra={"zero": "all"})] = 0
     max_prompt_tokens: int = 128
@@ -571,6 +574,11 @@ class AlgorithmConfig(_Section):
     entropy_target: Annotated[float, msgspec.Meta(gt=0)] | None = None
     entropy_coef_step: Annotated[float, msgspec.Meta(ge=0)] = 0.005
     entropy_coef_max: Annotated[float, msgspec.Meta(ge=0)] = 0.1
+    # Off-policy guidance (workers/generation/guidance.py): a group none of whose samples
+    # scores as well as its prompt's reference response (a built-in task's worked answer, a
+    # table's ``data.reference_key``) trains on the reference in place of one sample, so a
+    # question the policy gets wrong every time still moves it (LUFFY, Yan et al. 2025).
+    guidance: bool = False
     # GAE (advantage=gae trains a critic beside the policy).
     gamma: float = 1.0
     lam: float = 0.95
@@ -955,6 +963,12 @@ def _finalize(config: Config) -> Config:
             config.generator.probe_candidates == 1 or not config.env.name,
             f"generator.probe_candidates: an episode (env.name={config.env.name}) is not "
             "probed by one response; set generator.probe_candidates=1",
+        ),
+        (
+            not config.algorithm.guidance or not (config.env.name or config.algorithm.kl.in_reward),
+            "algorithm.guidance trains a reference response in place of a sample of a single-"
+            "turn group: not with env.name, nor with algorithm.kl.in_reward (whose KL reads "
+            "behaviour logprobs a reference does not have)",
         ),
         (
             not (config.env.name and config.rewards),

@@ -136,6 +136,11 @@ class Trajectory(msgspec.Struct):
     # The version of the lagged teacher (``teacher.model: self``) that scored it, when it was
     # the only teacher to; -1: none (or other teachers too, whose term keeps a flat group).
     teacher_version: int = -1
+    # Off-policy guidance (``algorithm.guidance``, workers/generation/guidance.py): the
+    # prompt's reference response, never sampled. Its behaviour logprobs are unknown (zeros):
+    # the learner takes its proximal logprobs in their place (correction weight 1) and leaves
+    # it out of the mismatch figures; its tokens are not generation (``num_policy_tokens`` 0).
+    guided: bool = False
 
     @classmethod
     def from_lists(
@@ -248,7 +253,10 @@ class Trajectory(msgspec.Struct):
 
     @property
     def num_policy_tokens(self) -> int:
-        """The response tokens the policy sampled (``policy_mask``'s ones)."""
+        """The response tokens the policy sampled (``policy_mask``'s ones; none in a guided
+        reference response, which was written, not sampled)."""
+        if self.guided:
+            return 0
         mask = self.policy_mask()
         return len(mask) - mask.count(0)
 
@@ -812,6 +820,10 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     # Probe sampling: the tokens of probes whose prompts were passed over (counted in
     # ``tokens_generated`` too; ``controller.generation_yield`` calls them lost to ``probe``).
     probe_tokens_passed_over: int = 0
+    # Off-policy guidance (``algorithm.guidance``): the groups trained with their reference,
+    # and the generated tokens of the samples the references displaced (lost to ``guidance``).
+    groups_guided: int = 0
+    guidance_tokens_displaced: int = 0
 
 
 class ShardReport(msgspec.Struct, tag="shard_report"):

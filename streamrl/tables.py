@@ -202,6 +202,7 @@ class RowMapping:
     system_prompt: str
     answer_key: str
     answer_pattern: re.Pattern[str] | None
+    reference_key: str = ""
 
     @classmethod
     def of(cls, data: DataConfig, source: str) -> RowMapping:
@@ -218,6 +219,7 @@ class RowMapping:
             data.system_prompt or "",
             data.answer_key,
             pattern,
+            data.reference_key,
         )
 
     def messages(self, row: dict[str, Any], index: int) -> list[dict[str, str]]:
@@ -290,7 +292,21 @@ class RowMapping:
             data_source=str(row.get("data_source") or self.source.removeprefix(HUB_PREFIX)),
             key=question_key(messages),
             metadata=row,
+            reference=self.reference(row, index),
         )
+
+    def reference(self, row: dict[str, Any], index: int) -> str:
+        """The row's reference response at ``reference_key`` ("" without one)."""
+        if not self.reference_key:
+            return ""
+        try:
+            value = _dotted(row, self.reference_key)
+        except KeyError:
+            raise DataError(
+                f"row {index}: no reference response at {self.reference_key!r} "
+                f"(data.reference_key; columns: {', '.join(row)})"
+            ) from None
+        return "" if value is None else str(value)
 
 
 def question_key(messages: list[dict[str, str]]) -> str:

@@ -6,11 +6,14 @@ tokens of its groups by fate (``ShardStats.tokens_by_fate``: "trained" at a grou
 else the reason it was dropped unused) and those it stores now; the rest of what was generated
 never reached a shard. So, over the run:
 
-    generated = trained + zero_variance + probe + stale + filtered + in_buffer + refused
+    generated = trained + zero_variance + probe + guidance + stale + filtered + in_buffer
+                + refused
 
 - ``zero_variance``: every sample of the group scored alike (``buffer.drop_zero_variance``);
 - ``probe``: probe responses whose prompts were passed over (``generator.probe_candidates``),
   counted by their generators;
+- ``guidance``: samples whose place in their group a reference response took
+  (``algorithm.guidance``), counted by their generators;
 - ``stale``: older than the staleness bound, or sampled from weights a learner restart took back;
 - ``filtered``: refused at a shard for another reason (duplicate, too large, overflow, invalid);
 - ``in_buffer``: stored, not trained yet (at the end: never trained);
@@ -23,8 +26,8 @@ never reached a shard. So, over the run:
 shard restart ``refused`` also holds what the dead process had counted.
 
 Example: 1,000 tokens generated, shards counted trained 340, zero_variance 600, stale 10, with
-20 stored: ``useful`` 0.34, ``lost`` {zero_variance 0.60, probe 0, stale 0.01, filtered 0,
-in_buffer 0.02, refused 0.03}.
+20 stored: ``useful`` 0.34, ``lost`` {zero_variance 0.60, probe 0, guidance 0, stale 0.01,
+filtered 0, in_buffer 0.02, refused 0.03}.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ LOSS_OF_FATE = {
     "capacity": "filtered",
     "invalid": "filtered",
 }
-LOSSES = ("zero_variance", "probe", "stale", "filtered", "in_buffer", "refused")
+LOSSES = ("zero_variance", "probe", "guidance", "stale", "filtered", "in_buffer", "refused")
 
 
 @dataclass
@@ -56,6 +59,8 @@ class GenerationYield:
     generated: int = 0
     trained: int = 0
     lost: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOSSES, 0))
+    # Groups trained with a reference response in place of a sample (``algorithm.guidance``).
+    groups_guided: int = 0
 
     @property
     def useful(self) -> float:
@@ -73,6 +78,7 @@ class GenerationYield:
             "generation/useful": self.useful,
             "generation/tokens_total": float(self.generated),
             "generation/trained_tokens_total": float(self.trained),
+            "generation/groups_guided_total": float(self.groups_guided),
             **{f"generation/lost/{why}": share for why, share in self.shares().items()},
         }
 
@@ -82,6 +88,7 @@ class GenerationYield:
             "useful": round(self.useful, 4),
             "tokens": self.generated,
             "trained_tokens": self.trained,
+            "groups_guided": self.groups_guided,
             "lost_tokens": dict(self.lost),
             "lost": {why: round(share, 4) for why, share in self.shares().items()},
         }
@@ -103,10 +110,12 @@ def generation_yield(
             lost[LOSS_OF_FATE.get(fate, "filtered")] += tokens
     lost["in_buffer"] = stored
     lost["probe"] = sum(g.probe_tokens_passed_over for g in generators)
+    lost["guidance"] = sum(g.guidance_tokens_displaced for g in generators)
     generated = sum(g.tokens_generated for g in generators)
     reached = fates["trained"] + sum(lost.values())
     # Reports arrive at their own pace: a shard may count a group before its generator's
     # report counts its tokens. What was generated is never less than what reached a shard.
     generated = max(generated, reached)
     lost["refused"] = generated - reached
-    return GenerationYield(generated, fates["trained"], lost)
+    guided = sum(g.groups_guided for g in generators)
+    return GenerationYield(generated, fates["trained"], lost, guided)

@@ -325,9 +325,12 @@ def outcome(summary: dict[str, Any]) -> str:
             for why, share in generation["lost"].items()
             if share >= 0.005
         )
+        guided = generation.get("groups_guided", 0)
         lines.append(
             f"useful generation {100 * generation['useful']:.0f}% of {generation['tokens']} "
-            f"tokens" + (f" (lost: {lost})" if lost else "")
+            f"tokens"
+            + (f" (lost: {lost})" if lost else "")
+            + (f"; {guided} groups trained on a reference response" if guided else "")
         )
     return "\n".join(lines)
 

@@ -110,7 +110,16 @@ def arithmetic_question(
         system = "" if rng.random() < args.no_system_prompt_share else system
     template, system = phrasing or (template, system)
     user = template.format(a=a, op=op, b=b)
-    return Prompt(f"arith-{index}", messages(system, user), str(answer), "arithmetic", key)
+    # The reference restates the question as an equation, the form the rewards pay.
+    reference = f"{a} {op} {b} = {answer}"
+    return Prompt(
+        f"arith-{index}",
+        messages(system, user),
+        str(answer),
+        "arithmetic",
+        key,
+        reference=reference,
+    )
 
 
 def arithmetic_prompts(

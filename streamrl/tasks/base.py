@@ -42,6 +42,11 @@ class Prompt:
     # What a verifier needs beyond the ground truth (a reasoning-gym entry's metadata, a
     # file row's extra columns), JSON-like; rewards see it as ``RewardInput.metadata``.
     metadata: dict[str, Any] | None = None
+    # A response that answers it well ("" = none): what ``algorithm.guidance`` trains on
+    # where no sample scores as well (workers/generation/guidance.py). Arithmetic's worked
+    # equation, countdown's building expression, a reasoning-gym entry's answer, a table's
+    # ``data.reference_key``; chain, gsm and guess have none.
+    reference: str = ""
 
     @property
     def question(self) -> str:

@@ -97,6 +97,7 @@ def countdown_question(config: DataConfig, seed: int, index: int, split: str = "
         truth,
         "countdown",
         key,
+        reference=solution,  # the expression the puzzle was built from
     )
 
 

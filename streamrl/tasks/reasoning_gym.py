@@ -90,6 +90,8 @@ def gym_question(config: DataConfig, seed: int, index: int, split: str = "train"
         config.source,
         key,
         metadata={"reasoning_gym": name, "entry": entry},
+        # The entry's own answer, which its verifier accepts (countdown: one expression).
+        reference=str(entry["answer"]),
     )
 
 

@@ -559,3 +559,33 @@ def test_drift_is_measured_by_the_versions_of_lag() -> None:
     assert one_behind["drift/k3_lag1"] > max(100 * fresh["mismatch/k3"], 1e-6), one_behind
     assert "drift/k3_lag1" not in two_behind
     assert two_behind["drift/k3_lag2"] > max(100 * fresh["mismatch/k3"], 1e-6), two_behind
+
+
+def _guided_grads(model_dir: Path, guided: bool, *overrides: str) -> tuple[torch.Tensor, dict]:
+    """One step's gradient on fixed groups whose responses carry zeros as behaviour logprobs,
+    marked as guided reference responses or not."""
+    step = build_train_step(_config("learner.grad_clip=1.0e9", *overrides), model_dir, CPU, 1)
+    recorder = step.optimizer = GradRecorder(step.policy.parameters())
+    groups = random_groups(4, 4, seed=11)
+    for t in (t for g in groups for t in g.trajectories):
+        t.behavior_logprobs, t.guided = bytes(len(t.behavior_logprobs)), guided
+    metrics = step(groups, version=0)
+    return recorder.grads[0], metrics
+
+
+def test_a_guided_reference_trains_with_correction_weight_one(model_dir: Path) -> None:
+    """A reference response (``algorithm.guidance``) has no behaviour logprobs: the learner
+    takes its proximal policy as its behaviour, so it trains as an uncorrected sample would,
+    whatever zeros it carries, and no mismatch figure counts it."""
+    _process_group()
+    try:
+        guided, metrics = _guided_grads(model_dir, True)
+        uncorrected, _ = _guided_grads(
+            model_dir, False, "algorithm.correction=none", "algorithm.allow_uncorrected=true"
+        )
+        zeros_as_behaviour, _ = _guided_grads(model_dir, False)
+    finally:
+        dist.destroy_process_group()
+    torch.testing.assert_close(guided, uncorrected, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(guided, zeros_as_behaviour)
+    assert metrics["mismatch/tokens"] == 0

@@ -248,7 +248,9 @@ def test_fsync_mode_round_trips(tmp_path):
 def test_export_writes_one_row_per_trajectory(tmp_path):
     run_dir = tmp_path / "run"
     with DurableLog(run_dir / "buffer", 0) as log:
-        log.append_many([awkward_group(0, n=2), awkward_group(1, n=3, version=4)])
+        g1 = awkward_group(1, n=3, version=4)
+        g1.trajectories[0].guided = True  # a reference in place of a sample (guidance)
+        log.append_many([awkward_group(0, n=2), g1])
         log.mark_consumed(["g0"])
     episode = awkward_group(2, n=1)
     t = episode.trajectories[0]
@@ -279,6 +281,7 @@ def test_export_writes_one_row_per_trajectory(tmp_path):
     assert row["action_mask"] == [1] * len(want.response_list()) and row["turns"] == 0
     assert rows[5]["action_mask"] == list(t.action_mask) and rows[5]["turns"] == 2
     assert rows[5]["end_reason"] == "malformed tool call: no </calc>"
+    assert [r["guided"] for r in rows] == [False, False, True, False, False, False]
 
 
 def test_a_payload_that_does_not_decode_is_skipped_counted_and_logged_once(tmp_path, caplog):

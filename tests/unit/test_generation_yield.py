@@ -21,20 +21,25 @@ def test_every_generated_token_is_trained_or_lost_for_one_reason() -> None:
         _shard(0, {"trained": 200, "zero_variance": 400, "dead_timeline": 5}, 10),
         _shard(1, {"trained": 140, "zero_variance": 200, "stale": 5, "too_large": 20}, 10),
     ]
-    y = generation_yield([_generator(0, 600), _generator(1, 400)], shards)
+    guided = _generator(1, 400)
+    guided.guidance_tokens_displaced = 4  # samples a reference response took the place of
+    guided.groups_guided = 2
+    y = generation_yield([_generator(0, 600), guided], shards)
     assert y.generated == 1000 and y.trained == 340 and y.useful == 0.34
     assert y.lost == {
         "zero_variance": 600,
         "probe": 0,
+        "guidance": 4,
         "stale": 10,
         "filtered": 20,
         "in_buffer": 20,
-        "refused": 10,  # generated, never reached a shard (refused at the generator)
+        "refused": 6,  # generated, never reached a shard (refused at the generator)
     }
     assert y.trained + sum(y.lost.values()) == y.generated
     record = y.record()
     assert record["generation/useful"] == 0.34 and record["generation/lost/zero_variance"] == 0.6
     assert set(y.summary()["lost"]) == set(LOSSES)
+    assert y.groups_guided == 2 and record["generation/groups_guided_total"] == 2
 
 
 def test_a_shard_ahead_of_the_generators_reports_never_makes_a_negative_loss() -> None:
@@ -48,7 +53,10 @@ def test_the_closing_lines_say_how_much_generation_was_useful() -> None:
     shard = _shard(0, {"trained": 340, "zero_variance": 660}, 0)
     y = generation_yield([_generator(0, 1000)], [shard])
     text = outcome({"wall_time_s": 10.0, "version": 3, "eval": [], "generation": y.summary()})
-    assert "useful generation 34% of 1000 tokens (lost: zero variance 66%)" in text
+    assert "useful generation 34% of 1000 tokens (lost: zero variance 66%)\n" in text + "\n"
+    guided = y.summary() | {"groups_guided": 12}
+    text = outcome({"wall_time_s": 10.0, "version": 3, "eval": [], "generation": guided})
+    assert "(lost: zero variance 66%); 12 groups trained on a reference response" in text
 
 
 def test_streamrl_admin_status_shows_it() -> None:
@@ -57,7 +65,7 @@ def test_streamrl_admin_status_shows_it() -> None:
     shard = _shard(0, {"trained": 250, "zero_variance": 750}, 0)
     y = generation_yield([_generator(0, 1000)], [shard])
     text = format_status({"run": "r", "generation": y.summary()}, now=0.0)
-    lost = "lost: zero_variance 75% probe 0% stale 0%"
+    lost = "lost: zero_variance 75% probe 0% guidance 0% stale 0%"
     assert f"generation: useful 25% of 1000 tokens; {lost}" in text
 
 

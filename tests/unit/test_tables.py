@@ -184,6 +184,11 @@ def test_eval_check_names_a_reward(tmp_path: Path) -> None:
             [],
             r"'prompt' must be a string or a list of chat messages, not int",
         ),
+        (
+            [{"prompt": "q", "ground_truth": "1"}],
+            ["data.reference_key=solution"],
+            r"row 0: no reference response at 'solution' \(data.reference_key; columns: prompt",
+        ),
     ],
 )
 def test_a_table_the_mapping_cannot_read_is_refused_in_one_line(
@@ -226,3 +231,13 @@ def test_files_that_cannot_be_read_are_refused_in_one_line(tmp_path: Path) -> No
 def test_args_belong_to_tasks_not_tables(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="data.args is for a built-in task"):
         check_data(load_config(None, ["data.source=rows.jsonl", "data.args.max_operand=3"]))
+
+
+def test_a_reference_response_comes_from_its_column(tmp_path: Path) -> None:
+    """``data.reference_key``: what ``algorithm.guidance`` trains on (GSM8K's worked answer);
+    without it a row has none."""
+    path = write_jsonl(tmp_path / "gsm.jsonl", gsm_rows(16))
+    first = prompt_stream(gsm_config(str(path), "data.reference_key=answer"))[0]
+    number = int(first.messages[-1]["content"].split()[2])
+    assert first.reference == f"{number}+2\n#### {number + 2}"
+    assert prompt_stream(gsm_config(str(path)))[0].reference == ""

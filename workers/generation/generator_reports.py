@@ -147,6 +147,8 @@ def generator_report(
         applied_version=weights.engine.version,
         tokens_generated=sampler.tokens_generated,
         probe_tokens_passed_over=sampler.probe_tokens_passed_over,
+        groups_guided=sampler.guidance.groups_guided,
+        guidance_tokens_displaced=sampler.guidance.tokens_displaced,
         groups_pushed=groups_pushed,
         checksum_failures=sub.checksum_failures,
         anchors_applied=sub.anchors_applied,

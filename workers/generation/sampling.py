@@ -34,6 +34,7 @@ from streamrl.rewards.mix import RewardMix
 from streamrl.workers.engines import Engine, GenerationOutput, SamplingParams
 from streamrl.workers.engines.base import StepHook
 from streamrl.workers.generation.episodes import EpisodeRunner
+from streamrl.workers.generation.guidance import guidance_for
 from streamrl.workers.generation.probing import sample_probed
 from streamrl.workers.generation.rule_worker import RuleWorker
 
@@ -77,6 +78,8 @@ class Sampler:
         # One rule, unnormalised: the reward is its weighted score, as it always was.
         self.plain = self.mix.plain and not self.served
         self.episodes = EpisodeRunner(config, tokenizer) if config.env.name else None
+        # Off-policy guidance: each group's reference rides with it until it is settled.
+        self.guidance = guidance_for(config, tokenizer, generator_id)
         self.params = SamplingParams(
             temperature=gen.temperature,
             top_p=gen.top_p,
@@ -107,7 +110,6 @@ class Sampler:
         the group: a regeneration, never a group trained on weights no learner has).
         ``candidates`` (probe sampling, ``Grant.candidates``): K - 1 more prompt indices per
         granted one; each group's prompt is then chosen among its grant's (``probing``)."""
-        size = self.config.generator.group_size
         created = time.time()
         # Per group: why its rules refused it ("": scored; an episode is scored by its env).
         if candidates:  # each group's prompt chosen by its probe among the grant's
@@ -117,7 +119,7 @@ class Sampler:
         else:
             prompts = [self.prompts[i] for i in prompt_indices]
             if self.episodes is not None:
-                trajectories, refused = self._episode_trajectories(prompts), [""] * len(prompts)
+                trajectories, refused = self._episode_groups(prompts), [""] * len(prompts)
             else:
                 trajectories, refused = self._response_trajectories(prompts)
         finished = time.time()
@@ -125,7 +127,7 @@ class Sampler:
             TrajectoryGroup(
                 group_id="",  # given with its delivery identity when pushed (``ShardPushers``)
                 prompt_id=prompt.prompt_id,
-                trajectories=trajectories[i * size : (i + 1) * size],
+                trajectories=trajectories[i],
                 created_at=created,
                 finished_at=finished,
                 data_source=prompt.data_source,
@@ -161,8 +163,10 @@ class Sampler:
         the scorer's identity) normalised, weighted and summed (``streamrl.rewards.mix``);
         then record the group's outcome for the difficulty sampler. An episode's reward is
         its environment's, as it came. A refused group (``unscored``) is left as it is: it
-        has no reward and no outcome."""
+        has no reward and no outcome. With guidance, the group's reference then replaces a
+        sample or leaves (``guidance``)."""
         if group.unscored:
+            self.guidance.settle(group)
             return
         trajectories = group.trajectories
         if self.episodes is None and not self.plain:
@@ -183,14 +187,18 @@ class Sampler:
                     float("nan") if parts[i][j] is None else float(parts[i][j])  # type: ignore[arg-type]
                     for i in range(len(parts))
                 ]
-        rewards_now = [t.reward for t in trajectories]
-        self.outcomes.append((group.prompt_index, not has_reward_variance(rewards_now)))
+        sampled = [t.reward for t in trajectories if not t.guided]
+        self.outcomes.append((group.prompt_index, not has_reward_variance(sampled)))
         self.outcomes_total += 1
+        self.guidance.settle(group)
 
-    def _response_trajectories(self, prompts: list[Prompt]) -> tuple[list[Trajectory], list[str]]:
-        """``group_size`` sampled responses of each prompt, scored by the job's rules (one
-        round trip to the rule worker for the whole call), and per prompt why its group is
-        refused ("" when scored): its responses then carry NaN rewards."""
+    def _response_trajectories(
+        self, prompts: list[Prompt]
+    ) -> tuple[list[list[Trajectory]], list[str]]:
+        """Each prompt's ``group_size`` sampled responses (and its reference, with guidance),
+        scored by the job's rules (one round trip to the rule worker for the whole call), and
+        per prompt why its group is refused ("" when scored): its responses then carry NaN
+        rewards."""
         size = self.config.generator.group_size
         prompt_ids = [self._encode(p) for p in prompts]
         batch = [ids for ids in prompt_ids for _ in range(size)]
@@ -199,7 +207,7 @@ class Sampler:
 
     def _probed_trajectories(
         self, granted: list[int], candidates: list[int]
-    ) -> tuple[list[int], list[Prompt], list[Trajectory], list[str]]:
+    ) -> tuple[list[int], list[Prompt], list[list[Trajectory]], list[str]]:
         """Probe sampling (``workers.generation.probing``): the grant's prompts and their
         ``candidates`` probed once each, the least likely ``len(granted)`` sampled in full.
         Returns the chosen prompts' indices and prompts, in grant order, with their groups'
@@ -225,59 +233,86 @@ class Sampler:
 
     def _scored(
         self, prompts: list[Prompt], prompt_ids: list[list[int]], outputs: list[GenerationOutput]
-    ) -> tuple[list[Trajectory], list[str]]:
+    ) -> tuple[list[list[Trajectory]], list[str]]:
         """Each prompt's ``group_size`` outputs (in prompt order) as trajectories scored by the
-        job's rules, and per prompt why its group is refused ("" when scored)."""
+        job's rules, then its reference's (guidance), and per prompt why its group is refused
+        ("" when scored)."""
         size = self.config.generator.group_size
+        temperature = self.params.temperature
         prompt_bytes = [pack_int32(ids) for ids in prompt_ids]
+        sampled = [outputs[i * size : (i + 1) * size] for i in range(len(prompts))]
         texts = [
-            self.tokenizer.decode(out.response_ids, skip_special_tokens=True) for out in outputs
+            [self.tokenizer.decode(out.response_ids, skip_special_tokens=True) for out in outs]
+            for outs in sampled
         ]
-        samples = [
-            RewardInput.of(prompts[row // size], text, out.response_ids, out.finish_reason)
-            for row, (text, out) in enumerate(zip(texts, outputs, strict=True))
+        groups = [
+            [
+                RewardInput.of(prompt, text, out.response_ids, out.finish_reason)
+                for text, out in zip(texts[i], sampled[i], strict=True)
+            ]
+            for i, prompt in enumerate(prompts)
         ]
-        scored = self.rules_worker.score(
-            [samples[i * size : (i + 1) * size] for i in range(len(prompts))]
-        )
+        # Each group's reference (guidance), scored with its group as a sample is.
+        references = [
+            self.guidance.reference(prompt, prompt_bytes[i], sampled[i], temperature)
+            for i, prompt in enumerate(prompts)
+        ]
+        for group, prompt, ref in zip(groups, prompts, references, strict=True):
+            if ref is not None:
+                group.append(RewardInput.of(prompt, ref.response_text, ref.response_list(), "stop"))
+        scored = self.rules_worker.score(groups)
         refused = [result if isinstance(result, str) else "" for result in scored]
         weights = [self.config.rewards[i].weight for i in self.rules]
-        trajectories = []
-        for row, (text, out) in enumerate(zip(texts, outputs, strict=True)):
-            result = scored[row // size]
-            if isinstance(result, str):  # refused: no reward at all, never a 0
-                reward, parts = float("nan"), [float("nan")] * len(self.config.rewards)
-            elif self.plain:  # one rule, unnormalised: its weighted score, as ever
-                reward, parts = weights[0] * result[row % size][0], []
-            else:  # every reward's score, in config order; served ones come later (NaN)
-                reward, parts = float("nan"), [float("nan")] * len(self.config.rewards)
-                for i, score in zip(self.rules, result[row % size], strict=True):
-                    parts[i] = score
-            trajectories.append(
+        trajectories: list[list[Trajectory]] = []
+        for i, result in enumerate(scored):
+            group = [
                 Trajectory(
-                    prompt_ids=prompt_bytes[row // size],
+                    prompt_ids=prompt_bytes[i],
                     response_ids=pack_int32(out.response_ids),
                     behavior_logprobs=out.logprob_bytes(),
                     token_versions=pack_int32(out.token_versions),
-                    reward=reward,
+                    reward=float("nan"),
                     finish_reason=out.finish_reason,
                     generator_id=self.generator_id,
                     response_text=text,
-                    temperature=self.params.temperature,
-                    reward_parts=parts,
+                    temperature=temperature,
                 )
-            )
-            self.tokens_generated += len(out.response_ids)
+                for text, out in zip(texts[i], sampled[i], strict=True)
+            ]
+            if references[i] is not None:
+                group.append(references[i])
+            for j, t in enumerate(group):
+                self._give_rule_scores(t, result, j, weights)
+            trajectories.append(group)
+        self.tokens_generated += sum(len(out.response_ids) for out in outputs)
         return trajectories, refused
 
-    def _episode_trajectories(self, prompts: list[Prompt]) -> list[Trajectory]:
+    def _give_rule_scores(
+        self, t: Trajectory, result: list[list[float]] | str, j: int, weights: list[float]
+    ) -> None:
+        """Response ``j``'s rule scores of its group's ``result`` onto ``t``: a refused group
+        (``result`` a reason) has no reward at all, never a 0; one unnormalised rule is the
+        reward (weighted), as ever; otherwise every reward's score in config order, the
+        served ones NaN until settled."""
+        parts = [float("nan")] * len(self.config.rewards)
+        if isinstance(result, str):
+            t.reward, t.reward_parts = float("nan"), parts
+        elif self.plain:
+            t.reward, t.reward_parts = weights[0] * result[j][0], []
+        else:
+            for i, score in zip(self.rules, result[j], strict=True):
+                parts[i] = score
+            t.reward, t.reward_parts = float("nan"), parts
+
+    def _episode_groups(self, prompts: list[Prompt]) -> list[list[Trajectory]]:
         """``group_size`` episodes of each prompt with the environment, played to their ends:
         every turn's tokens with their mask, the environment's reward."""
         size = self.config.generator.group_size
         episodes = self.episodes.play(self.engine, prompts, size, self.params, self.on_step)
         self.tokens_generated += sum(sum(e.action_mask) for e in episodes)
         temperature = self.params.temperature
-        return [self.episodes.trajectory(e, self.generator_id, temperature) for e in episodes]
+        flat = [self.episodes.trajectory(e, self.generator_id, temperature) for e in episodes]
+        return [flat[i * size : (i + 1) * size] for i in range(len(prompts))]
 
     def close(self) -> None:
         self.rules_worker.close()

@@ -79,6 +79,9 @@ class MicroBatch:
     teacher_top_ids: torch.Tensor | None = None  # [B, T, k] int64
     teacher_top_logprobs: torch.Tensor | None = None  # [B, T, k]
     teacher_top_coef: torch.Tensor | None = None  # [B]
+    # [B] True on a guided reference response (``Trajectory.guided``: never sampled, its
+    # behaviour logprobs unknown); None when no row is one.
+    guided: torch.Tensor | None = None
     # Filled in by the training step:
     advantages: torch.Tensor | None = None  # [B] (group estimators) or [B, T] (GAE)
     returns: torch.Tensor | None = None  # [B, T] GAE returns (critic only)
@@ -170,6 +173,7 @@ _ON_DEVICE = (
     "teacher_top_ids",
     "teacher_top_logprobs",
     "teacher_top_coef",
+    "guided",
 )
 
 
@@ -436,6 +440,7 @@ def _micro_batch(chunk: list, pad_id: int, rows: torch.Tensor, hidden: int) -> M
         teacher_top_ids=top_ids,
         teacher_top_logprobs=top_logprobs,
         teacher_top_coef=top_coef,
+        guided=torch.tensor([t.guided for t in chunk]) if any(t.guided for t in chunk) else None,
         kept=kept,
     )
 

@@ -510,6 +510,13 @@ class TrainStep:
             proximal = batch.proximal.to(dev)
         else:
             proximal = logprobs.detach()  # one update: the current weights are the proximal
+        if batch.guided is not None:
+            # A reference response was never sampled: its behaviour is taken to be the
+            # proximal policy (correction weight 1; under the bypass, the current weights).
+            guided = batch.guided.to(dev)[:, None]
+            if alg.proximal == "behavior":
+                proximal = torch.where(guided, logprobs.detach(), proximal)
+            behavior = torch.where(guided, proximal, behavior)
         advantages = batch.advantages.to(dev)
         loss, policy_metrics = losses.policy_loss(
             logprobs,
@@ -635,6 +642,8 @@ class TrainStep:
         (``mismatch/after_update_*``), so ``mismatch/*`` stays a check of the numerics."""
         behavior = batch.behavior.to(learner.device)
         mask = batch.mask.bool().to(learner.device)
+        if batch.guided is not None:  # a reference response has no behaviour to compare
+            mask = mask & ~batch.guided.to(learner.device)[:, None]
         versions = batch.versions.to(learner.device)
         current = mask & (versions == version)
         after_update = current & (mask & (versions != version)).any(-1, keepdim=True)
