@@ -421,6 +421,11 @@ class GeneratorConfig(_Section):
     # would all be alike are passed over); the probe is the group's first response
     # (streamrl.workers.generation.probing). 1: off.
     probe_candidates: Annotated[int, msgspec.Meta(ge=1, le=16)] = 1
+    # job author: screening. N >= 2: each group's first N samples are generated and scored
+    # first, and a group they settle (all alike and, with guidance, no worse than its
+    # reference) is delivered flat without the rest (streamrl.workers.generation.screening).
+    # 0: off, every group sampled whole.
+    screen_samples: Annotated[int, msgspec.Meta(ge=0)] = 0
     # job author: the sampling distribution (the learner replays temperature; top_p and top_k
     # must stay off, see _finalize) and the response length.
     temperature: Annotated[float, msgspec.Meta(gt=0)] = 1.0
@@ -963,6 +968,25 @@ def _finalize(config: Config) -> Config:
             config.generator.probe_candidates == 1 or not config.env.name,
             f"generator.probe_candidates: an episode (env.name={config.env.name}) is not "
             "probed by one response; set generator.probe_candidates=1",
+        ),
+        (
+            not config.generator.screen_samples
+            or 2 <= config.generator.screen_samples < config.generator.group_size,
+            f"generator.screen_samples={config.generator.screen_samples}: the first samples "
+            f"of a group of {config.generator.group_size} are at least 2 and fewer than the "
+            "group (0: off)",
+        ),
+        (
+            not config.generator.screen_samples
+            or not (
+                config.env.name
+                or config.generator.probe_candidates > 1
+                or any(r.served for r in config.rewards)
+                or not config.buffer.drop_zero_variance
+            ),
+            "generator.screen_samples settles a group by its first samples' rule scores and "
+            "delivers it flat for the shard to drop: it needs buffer.drop_zero_variance=true "
+            "and rules only (no env.name, no probe_candidates, no served reward)",
         ),
         (
             not config.algorithm.guidance or not (config.env.name or config.algorithm.kl.in_reward),

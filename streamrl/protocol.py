@@ -824,6 +824,10 @@ class GeneratorReport(msgspec.Struct, tag="generator_report"):
     # and the generated tokens of the samples the references displaced (lost to ``guidance``).
     groups_guided: int = 0
     guidance_tokens_displaced: int = 0
+    # Screening (``generator.screen_samples``): the groups settled by their first samples
+    # (delivered flat, their tokens lost to ``zero_variance``), and the samples they were spared.
+    groups_settled_early: int = 0
+    samples_spared: int = 0
 
 
 class ShardReport(msgspec.Struct, tag="shard_report"):

@@ -66,6 +66,13 @@ ARMS: dict[str, list[str]] = {
         "buffer.max_staleness=1",
         "generator.probe_candidates=3",
     ],
+    # Screening (workers/generation/screening.py): each group's first half decides whether
+    # it gets its second (4 of the default job's 8; the config must drop flat groups).
+    "async-eta1-screen": [
+        "run.mode=async",
+        "buffer.max_staleness=1",
+        "generator.screen_samples=4",
+    ],
     # LoRA (r = 16 on every linear layer) against async-eta1's full fine-tuning, same recipe
     # but the learning rate: 5e-4 of 2e-4, 5e-4 and 1e-3 held out most on seed 0 (53.1%,
     # 56.2%, 46.1%; docs/experiments.md, 2026-11-27).

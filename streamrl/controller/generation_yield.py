@@ -61,6 +61,10 @@ class GenerationYield:
     lost: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOSSES, 0))
     # Groups trained with a reference response in place of a sample (``algorithm.guidance``).
     groups_guided: int = 0
+    # Groups settled by their first samples, and the samples not generated for them
+    # (``generator.screen_samples``).
+    groups_settled_early: int = 0
+    samples_spared: int = 0
 
     @property
     def useful(self) -> float:
@@ -79,6 +83,7 @@ class GenerationYield:
             "generation/tokens_total": float(self.generated),
             "generation/trained_tokens_total": float(self.trained),
             "generation/groups_guided_total": float(self.groups_guided),
+            "generation/groups_settled_early_total": float(self.groups_settled_early),
             **{f"generation/lost/{why}": share for why, share in self.shares().items()},
         }
 
@@ -89,6 +94,8 @@ class GenerationYield:
             "tokens": self.generated,
             "trained_tokens": self.trained,
             "groups_guided": self.groups_guided,
+            "groups_settled_early": self.groups_settled_early,
+            "samples_spared": self.samples_spared,
             "lost_tokens": dict(self.lost),
             "lost": {why: round(share, 4) for why, share in self.shares().items()},
         }
@@ -117,5 +124,11 @@ def generation_yield(
     # report counts its tokens. What was generated is never less than what reached a shard.
     generated = max(generated, reached)
     lost["refused"] = generated - reached
-    guided = sum(g.groups_guided for g in generators)
-    return GenerationYield(generated, fates["trained"], lost, guided)
+    return GenerationYield(
+        generated,
+        fates["trained"],
+        lost,
+        groups_guided=sum(g.groups_guided for g in generators),
+        groups_settled_early=sum(g.groups_settled_early for g in generators),
+        samples_spared=sum(g.samples_spared for g in generators),
+    )

@@ -326,11 +326,18 @@ def outcome(summary: dict[str, Any]) -> str:
             if share >= 0.005
         )
         guided = generation.get("groups_guided", 0)
+        early = generation.get("groups_settled_early", 0)
         lines.append(
             f"useful generation {100 * generation['useful']:.0f}% of {generation['tokens']} "
             f"tokens"
             + (f" (lost: {lost})" if lost else "")
             + (f"; {guided} groups trained on a reference response" if guided else "")
+            + (
+                f"; {early} groups settled by their first samples "
+                f"({generation.get('samples_spared', 0)} samples spared)"
+                if early
+                else ""
+            )
         )
     return "\n".join(lines)
 

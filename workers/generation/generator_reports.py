@@ -149,6 +149,8 @@ def generator_report(
         probe_tokens_passed_over=sampler.probe_tokens_passed_over,
         groups_guided=sampler.guidance.groups_guided,
         guidance_tokens_displaced=sampler.guidance.tokens_displaced,
+        groups_settled_early=sampler.screening.groups_settled,
+        samples_spared=sampler.screening.samples_saved,
         groups_pushed=groups_pushed,
         checksum_failures=sub.checksum_failures,
         anchors_applied=sub.anchors_applied,

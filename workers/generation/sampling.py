@@ -37,6 +37,7 @@ from streamrl.workers.generation.episodes import EpisodeRunner
 from streamrl.workers.generation.guidance import guidance_for
 from streamrl.workers.generation.probing import sample_probed
 from streamrl.workers.generation.rule_worker import RuleWorker
+from streamrl.workers.generation.screening import Screening
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ class Sampler:
         self.episodes = EpisodeRunner(config, tokenizer) if config.env.name else None
         # Off-policy guidance: each group's reference rides with it until it is settled.
         self.guidance = guidance_for(config, tokenizer, generator_id)
+        # Screening: each group's first samples decide whether it gets the rest.
+        self.screening = Screening(gen.screen_samples or gen.group_size, gen.group_size)
         self.params = SamplingParams(
             temperature=gen.temperature,
             top_p=gen.top_p,
@@ -199,11 +202,50 @@ class Sampler:
         scored by the job's rules (one round trip to the rule worker for the whole call), and
         per prompt why its group is refused ("" when scored): its responses then carry NaN
         rewards."""
-        size = self.config.generator.group_size
+        screening = self.screening
         prompt_ids = [self._encode(p) for p in prompts]
-        batch = [ids for ids in prompt_ids for _ in range(size)]
+        batch = [ids for ids in prompt_ids for _ in range(screening.first)]
         outputs = self.engine.generate(batch, self.params, self.on_step)
-        return self._scored(prompts, prompt_ids, outputs)
+        trajectories, refused = self._scored(prompts, prompt_ids, outputs, screening.first)
+        if not screening.active:
+            return trajectories, refused
+        rest = [
+            i
+            for i, group in enumerate(trajectories)
+            if not refused[i] and not self._settled_early(group)
+        ]
+        if not rest:
+            return trajectories, refused
+        more = screening.size - screening.first
+        batch = [prompt_ids[i] for i in rest for _ in range(more)]
+        outputs = self.engine.generate(batch, self.params, self.on_step)
+        extra, extra_refused = self._scored(
+            [prompts[i] for i in rest], [prompt_ids[i] for i in rest], outputs, more, False
+        )
+        for k, i in enumerate(rest):
+            group = trajectories[i]
+            reference = group.pop() if group and group[-1].guided else None
+            group.extend(extra[k])
+            if reference is not None:  # last again, at the group's newest version
+                newest = max(t.max_version for t in group)
+                reference.token_versions = pack_int32([newest] * reference.num_response_tokens)
+                group.append(reference)
+            refused[i] = extra_refused[k]
+        return trajectories, refused
+
+    def _settled_early(self, group: list[Trajectory]) -> bool:
+        """Whether a group's first samples settle it (``screening``): their rewards by the
+        rules (a screened job has no served reward), beside its reference's, if any."""
+        if self.plain:
+            rewards = [t.reward for t in group]
+        else:
+            parts: list[list[float | None]] = [
+                [t.reward_parts[i] for t in group] for i in range(len(self.config.rewards))
+            ]
+            rewards, _ = self.mix.combine(parts)
+        guided = bool(group) and group[-1].guided
+        sampled = rewards[:-1] if guided else rewards
+        return self.screening.settles(sampled, rewards[-1] if guided else None)
 
     def _probed_trajectories(
         self, granted: list[int], candidates: list[int]
@@ -224,7 +266,7 @@ class Sampler:
         chosen = probed.chosen
         chosen_prompts = [prompts[c] for c in chosen]
         trajectories, refused = self._scored(
-            chosen_prompts, [prompt_ids[c] for c in chosen], probed.outputs
+            chosen_prompts, [prompt_ids[c] for c in chosen], probed.outputs, size
         )
         return [indices[c] for c in chosen], chosen_prompts, trajectories, refused
 
@@ -232,12 +274,17 @@ class Sampler:
         return encode_prompt(self.tokenizer, prompt, self.config.data.max_prompt_tokens)
 
     def _scored(
-        self, prompts: list[Prompt], prompt_ids: list[list[int]], outputs: list[GenerationOutput]
+        self,
+        prompts: list[Prompt],
+        prompt_ids: list[list[int]],
+        outputs: list[GenerationOutput],
+        size: int,
+        with_references: bool = True,
     ) -> tuple[list[list[Trajectory]], list[str]]:
-        """Each prompt's ``group_size`` outputs (in prompt order) as trajectories scored by the
-        job's rules, then its reference's (guidance), and per prompt why its group is refused
-        ("" when scored)."""
-        size = self.config.generator.group_size
+        """Each prompt's ``size`` outputs (in prompt order) as trajectories scored by the job's
+        rules, then its reference's (guidance; not for the rest of a screened group, whose
+        reference came with its first samples), and per prompt why its group is refused ("" when
+        scored)."""
         temperature = self.params.temperature
         prompt_bytes = [pack_int32(ids) for ids in prompt_ids]
         sampled = [outputs[i * size : (i + 1) * size] for i in range(len(prompts))]
@@ -255,6 +302,8 @@ class Sampler:
         # Each group's reference (guidance), scored with its group as a sample is.
         references = [
             self.guidance.reference(prompt, prompt_bytes[i], sampled[i], temperature)
+            if with_references
+            else None
             for i, prompt in enumerate(prompts)
         ]
         for group, prompt, ref in zip(groups, prompts, references, strict=True):
