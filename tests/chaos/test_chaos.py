@@ -196,7 +196,10 @@ def test_a_learner_rank_lost_without_a_checkpoint_fails_fast_naming_it(tmp_path:
     assert not alive(victim)
 
 
-@pytest.mark.parametrize("checkpoint_every", [8, 0])
+# Without a checkpoint (checkpoint_every 0) the fork is -1 and every logged group goes: the
+# clock's rule is unit-tested (test_clock); this whole run of ~90 s is kept for the fork at a
+# checkpoint, which it alone checks end to end (CI's 30 minutes, docs/experiments.md 2026-12-06).
+@pytest.mark.parametrize("checkpoint_every", [8])
 def test_a_run_killed_whole_resumes_in_a_new_epoch(tmp_path: Path, checkpoint_every: int) -> None:
     """Issue 40: the whole run (controller and every role) is killed with -9 at a step at
     least checkpoint + η + 2, then ``--resume``d. The logs hold groups sampled from weights
@@ -336,13 +339,15 @@ SERVED = {
 
 @pytest.mark.parametrize(
     ("how", "served"),
+    # A judge's role is the same RewardRole as a teacher's (another scorer): its kill -9
+    # variant was dropped for CI's 30 minutes; tests/chaos/test_hangs.py wedges a judge's
+    # role in a forward and sees it restarted.
     [
-        (signal.SIGKILL, "judge"),
         (signal.SIGKILL, "teacher"),
         (signal.SIGSTOP, "teacher"),
         (signal.SIGKILL, "self-teacher"),
     ],
-    ids=["kill-9-judge", "kill-9-teacher", "sigstop-teacher", "kill-9-self-teacher"],
+    ids=["kill-9-teacher", "sigstop-teacher", "kill-9-self-teacher"],
 )
 def test_a_lost_reward_role_restarts_and_every_group_is_scored_once(
     tmp_path: Path, how: int, served: str

@@ -302,7 +302,6 @@ def _restart_role(role: str) -> str:
 
 # How soon the GCS declares a node dead whose raylet is gone: within half a second, or after
 # Ray's default health checks (every 3 s, dead after 5 misses: ~15 s).
-SEEN_AT_ONCE = {"health_check_period_ms": 200, "health_check_failure_threshold": 2}
 RAY_DEFAULT: dict = {}
 N_ROLES = 1 + 2 + 2  # buffer shard, learner ranks, generators (configs/tiny.yaml)
 # Ray places a zero-resource actor (every CPU role) on a random node: a run whose roles all
@@ -364,8 +363,11 @@ def _launch_on_both_nodes(
 
 @pytest.mark.parametrize(
     "health_checks",
-    [SEEN_AT_ONCE, RAY_DEFAULT],
-    ids=["node-death-seen-at-once", "ray-default-health-checks"],
+    # Ray's default health checks only, those a user's cluster has: a variant with node death
+    # seen at once (health_check_period_ms 200, failure threshold 2), a second ~120 s run of
+    # the same restart, was dropped for CI's 30 minutes (docs/experiments.md, 2026-12-06).
+    [RAY_DEFAULT],
+    ids=["ray-default-health-checks"],
 )
 def test_a_lost_worker_node_s_roles_restart_on_the_head(
     tmp_path: Path, health_checks: dict

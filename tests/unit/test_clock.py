@@ -37,6 +37,9 @@ def test_on_timeline_keeps_an_old_epoch_up_to_its_fork_only():
     assert clock.on_timeline(2, 50) and clock.on_timeline(3, 0)  # current or newer: kept
     assert clock.on_timeline(0, 8) and not clock.on_timeline(0, 9)
     assert clock.on_timeline(1, 9) and not clock.on_timeline(1, 10)
+    # A resume without a checkpoint forks at -1: nothing of the old epoch is kept, not even v0.
+    restarted = LearnerClock(1, 0, [-1])
+    assert not restarted.on_timeline(0, 0) and restarted.on_timeline(1, 0)
     # A reader that never heard the forks keeps nothing of older epochs.
     blind = LearnerClock()
     blind.observe(2, 10)
