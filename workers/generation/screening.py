@@ -5,7 +5,7 @@ Why: a group whose samples all score alike carries no GRPO signal, and the shard
 (``buffer.drop_zero_variance``). With guidance on, the default job's remaining waste is such
 groups all right alike: 13-23% of its generated tokens (docs/experiments.md, 2026-12-05). A
 group whose first N samples already agree is flat at G with chance ``(p^G + (1-p)^G) /
-(p^N + (1-p)^N)`` for a question answered right with chance p (0.66 at p = 0.95, N = 4, G =
+(p^N + (1-p)^N)`` for a question answered right with chance p (0.81 at p = 0.95, N = 4, G =
 8): its remaining G - N samples are mostly wasted. Such a group is settled at N samples
 (delivered flat; the shard drops and counts it as zero variance), the others get their G - N
 more in a second engine call. This is the adaptive sample budget of the issue: fewer samples
