@@ -34,7 +34,6 @@ from streamrl.data import Prompt
 from streamrl.models import stop_token_ids
 from streamrl.models.prompt import has_chat_template
 from streamrl.protocol import Trajectory, TrajectoryGroup, pack_int32
-from streamrl.workers.engines import GenerationOutput
 
 log = logging.getLogger(__name__)
 
@@ -88,20 +87,14 @@ class Guidance:
             return None
         return self.tokenizer.encode(answered[len(asked) :], add_special_tokens=False)
 
-    def reference(
-        self,
-        prompt: Prompt,
-        prompt_ids: bytes,
-        sampled: list[GenerationOutput],
-        temperature: float,
-    ) -> Trajectory | None:
-        """``prompt``'s reference as one more trajectory of the group ``sampled`` (unscored),
-        or None where it has none (``response_ids``)."""
+    def reference(self, prompt: Prompt, prompt_ids: bytes, temperature: float) -> Trajectory | None:
+        """``prompt``'s reference as one more trajectory of its group (unscored; its token
+        versions are the group's newest once ``settle`` keeps it), or None where it has none
+        (``response_ids``)."""
         ids = self.response_ids(prompt)
         if ids is None:
             return None
-        version = max(max(out.token_versions, default=0) for out in sampled)
-        return self.trajectory(prompt_ids, ids, temperature, version)
+        return self.trajectory(prompt_ids, ids, temperature, version=0)
 
     def trajectory(
         self, prompt_ids: bytes, response_ids: list[int], temperature: float, version: int
@@ -135,6 +128,9 @@ class Guidance:
             return
         self.tokens_displaced += sampled[-1].num_policy_tokens
         self.groups_guided += 1
+        # As stale as the samples it joins: their newest version (the displaced one's too).
+        newest = max(t.max_version for t in sampled)
+        reference.token_versions = pack_int32([newest] * reference.num_response_tokens)
         # A teacher's term compares its logprobs with the behaviour's, which a reference
         # does not have: it trains by its reward's advantage alone.
         reference.teacher_logprobs, reference.teacher_coef = b"", 0.0
@@ -149,13 +145,7 @@ class NoGuidance:
     groups_guided = 0
     tokens_displaced = 0
 
-    def reference(
-        self,
-        prompt: Prompt,
-        prompt_ids: bytes,
-        sampled: list[GenerationOutput],
-        temperature: float,
-    ) -> None:
+    def reference(self, prompt: Prompt, prompt_ids: bytes, temperature: float) -> None:
         return None
 
     def settle(self, group: TrajectoryGroup) -> None:

@@ -173,9 +173,7 @@ class Sampler:
             return
         trajectories = group.trajectories
         if self.episodes is None and not self.plain:
-            parts: list[list[float | None]] = [
-                [t.reward_parts[i] for t in trajectories] for i in range(len(self.config.rewards))
-            ]
+            parts = self._reward_parts(trajectories)
             for i in self.served:
                 if i not in served:  # a teacher routed to other data sources
                     parts[i] = [None] * len(trajectories)
@@ -226,12 +224,15 @@ class Sampler:
             group = trajectories[i]
             reference = group.pop() if group and group[-1].guided else None
             group.extend(extra[k])
-            if reference is not None:  # last again, at the group's newest version
-                newest = max(t.max_version for t in group)
-                reference.token_versions = pack_int32([newest] * reference.num_response_tokens)
+            if reference is not None:  # last again (``guidance.settle`` looks for it there)
                 group.append(reference)
             refused[i] = extra_refused[k]
         return trajectories, refused
+
+    def _reward_parts(self, trajectories: list[Trajectory]) -> list[list[float | None]]:
+        """Per reward (config order), each trajectory's score of it so far (``reward_parts``;
+        NaN where a served reward has not answered)."""
+        return [[t.reward_parts[i] for t in trajectories] for i in range(len(self.config.rewards))]
 
     def _settled_early(self, group: list[Trajectory]) -> bool:
         """Whether a group's first samples settle it (``screening``): their rewards by the
@@ -239,10 +240,7 @@ class Sampler:
         if self.plain:
             rewards = [t.reward for t in group]
         else:
-            parts: list[list[float | None]] = [
-                [t.reward_parts[i] for t in group] for i in range(len(self.config.rewards))
-            ]
-            rewards, _ = self.mix.combine(parts)
+            rewards, _ = self.mix.combine(self._reward_parts(group))
         guided = bool(group) and group[-1].guided
         sampled = rewards[:-1] if guided else rewards
         return self.screening.settles(sampled, rewards[-1] if guided else None)
@@ -301,7 +299,7 @@ class Sampler:
         ]
         # Each group's reference (guidance), scored with its group as a sample is.
         references = [
-            self.guidance.reference(prompt, prompt_bytes[i], sampled[i], temperature)
+            self.guidance.reference(prompt, prompt_bytes[i], temperature)
             if with_references
             else None
             for i, prompt in enumerate(prompts)
