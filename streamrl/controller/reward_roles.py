@@ -166,7 +166,9 @@ class RewardPool:
             else:
                 role = str(RoleId.reward(index))
                 heard, stalled = ctx.state.last_seen.get(role), ctx.state.stalled.get(role, 0.0)
-                unresponsive = slot.unresponsive(heard, stalled, now, ctx.config.run)
+                unresponsive = slot.unresponsive(
+                    heard, stalled, now, ctx.config.run, ctx.roles.listening_since
+                )
                 if unresponsive is None:
                     continue
                 failure = unresponsive

@@ -80,21 +80,27 @@ class RoleSlot:
     incarnation: int = 0
     started_at: float = field(default_factory=time.time)
 
-    def silent_for(self, heard: float | None, now: float) -> float:
+    def silent_for(self, heard: float | None, now: float, listening_since: float = 0.0) -> float:
         """Seconds since its newest heartbeat (``heard``), or, before its first, since its
-        start less ``FIRST_BEAT_GRACE_S``: what supervision compares with
-        ``run.heartbeat_timeout_s``."""
-        return now - (heard or self.started_at + FIRST_BEAT_GRACE_S)
+        start less ``FIRST_BEAT_GRACE_S``, and at most since ``listening_since`` (the end of
+        a restart that held the controller, ``Roles.listening_since``): what supervision
+        compares with ``run.heartbeat_timeout_s``."""
+        return now - max(heard or self.started_at + FIRST_BEAT_GRACE_S, listening_since)
 
     def unresponsive(
-        self, heard: float | None, stalled_s: float, now: float, run: RunConfig
+        self,
+        heard: float | None,
+        stalled_s: float,
+        now: float,
+        run: RunConfig,
+        listening_since: float = 0.0,
     ) -> str | None:
         """Why this live process is to be replaced like a dead one, or None: silent (no
         heartbeat for ``run.heartbeat_timeout_s``: killed, SIGSTOPped) or stalled (its
         heartbeats say its work has not moved for ``run.stall_timeout_s``: a wedged
         forward, a hung reward; ``workers.progress``). The one liveness rule of every
         supervised role."""
-        silent_for = self.silent_for(heard, now)
+        silent_for = self.silent_for(heard, now, listening_since)
         if silent_for > run.heartbeat_timeout_s:
             return f"no heartbeat for {silent_for:.0f} s"
         if run.stall_timeout_s > 0 and stalled_s > run.stall_timeout_s:
@@ -109,6 +115,12 @@ class Roles:
         # Every role process started and not yet seen gone, replaced ones included (pids.json).
         self.processes: set[ProcessIdentity] = set()
         self.all_pids: set[int] = set()  # every role pid ever learned (tests read it)
+        # When a restart last released the controller's loop. While it held the loop the
+        # heartbeats were not read, and the restarted processes loading on the same cores
+        # can starve the others' heartbeat threads (a generator's beats arrived 2-3 s late
+        # and 2 s apart after a learner restart on a loaded 2-core host): silence is counted
+        # from here, not from before the restart.
+        self.listening_since = 0.0
         self._pids_text = ""
 
     def put(self, role: RoleId, slot: RoleSlot) -> None:

@@ -263,9 +263,10 @@ class Controller:
                 self._record_reports()
                 restarted = self.recovery.check_roles(self._record_reports) or self.rewards.check()
                 if restarted:
-                    # A restart held this loop: take the heartbeats queued meanwhile before
-                    # judging any generator silent.
+                    # A restart held this loop: take the heartbeats queued meanwhile, and
+                    # count silence from now (``Roles.listening_since``).
                     self.intake.drain(timeout_ms=0)
+                    self.ctx.roles.listening_since = time.time()
                 self.pool.check()
                 self.ctx.write_pids()  # a generator started or replaced: it is ours too
                 if not restarted and self._learners_finished():

@@ -98,7 +98,9 @@ class GeneratorPool:
                 continue
             role = str(RoleId.generator(generator_id))
             heard, stalled = state.last_seen.get(role), state.stalled.get(role, 0.0)
-            reason = slot.unresponsive(heard, stalled, now, ctx.config.run)
+            reason = slot.unresponsive(
+                heard, stalled, now, ctx.config.run, ctx.roles.listening_since
+            )
             if reason is not None:
                 if health.retiring or state.stop:
                     self._forget(generator_id, f"{reason} while leaving")

@@ -52,8 +52,17 @@ FAILURE = {
 }
 
 
-def _launch(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    return launch_tiny(run_dir, f"run.max_steps={STEPS}", "run.heartbeat_timeout_s=5", *overrides)
+# Heartbeat timeouts: short where a SIGSTOP is to be seen, else long enough that a role
+# starved for a few seconds on a loaded 2-core CI host (a restart's processes loading, the
+# other xdist worker) is not taken for a silent one. CI once replaced generator 0 during a
+# learner restart under the short timeout.
+SILENCE_S = {signal.SIGSTOP: 8, signal.SIGKILL: 30}
+
+
+def _launch(run_dir: Path, *overrides: str, how: int = signal.SIGKILL) -> subprocess.Popen:
+    return launch_tiny(
+        run_dir, f"run.max_steps={STEPS}", f"run.heartbeat_timeout_s={SILENCE_S[how]}", *overrides
+    )
 
 
 def _run_to_step(run_dir: Path, proc: subprocess.Popen, at: int) -> None:
@@ -80,7 +89,7 @@ def _kill_at_random_step(
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["kill-9", "sigstop"])
 def test_a_lost_generator_is_replaced(tmp_path: Path, how: int) -> None:
     run_dir = tmp_path / "run"
-    proc = _launch(run_dir, *ONE_LEARNER)
+    proc = _launch(run_dir, *ONE_LEARNER, how=how)
     with killed_on_error(proc):
         # Paused, the run cannot finish on generator 0 alone before the silence is seen.
         stopped = how == signal.SIGSTOP
@@ -90,7 +99,7 @@ def test_a_lost_generator_is_replaced(tmp_path: Path, how: int) -> None:
             assert cli(["admin", "resume", "--run", str(run_dir)]) == 0
     out, summary = finish_run(proc, run_dir)
     assert summary["version"] == STEPS
-    assert summary["restarts"] == {"generator 1": 1}
+    assert summary["restarts"] == {"generator 1": 1}, events(run_dir, "restart")
     (restart,) = events(run_dir, "restart")
     assert re.fullmatch(FAILURE[how], restart["failure"]), restart
     assert f"generator 1: {restart['failure']}; replaced (restart 1/3)" in out
@@ -105,7 +114,7 @@ def test_a_killed_buffer_shard_restarts_on_its_log(tmp_path: Path) -> None:
         victim = _kill_at_random_step(run_dir, proc, "buffer shard 0", signal.SIGKILL)
     out, summary = finish_run(proc, run_dir)
     assert summary["version"] == STEPS
-    assert summary["restarts"] == {"buffer shard 0": 1}
+    assert summary["restarts"] == {"buffer shard 0": 1}, events(run_dir, "restart")
     assert "buffer shard 0:" in out and "restarted on its log (restart 1/3)" in out
     assert not alive(victim)
     assert_nothing_lost(summary, run_dir)
@@ -124,7 +133,7 @@ def test_a_killed_learner_rank_restarts_the_group_from_its_checkpoint(tmp_path: 
         victim = _kill_at_random_step(run_dir, proc, "learner rank 1", signal.SIGKILL)
     out, summary = finish_run(proc, run_dir)
     assert summary["version"] == STEPS
-    assert summary["restarts"] == {"learner group": 1}
+    assert summary["restarts"] == {"learner group": 1}, events(run_dir, "restart")
     assert "learner group restarted from step-" in out
     assert not alive(victim)
     (restart,) = events(run_dir, "restart")
@@ -158,7 +167,7 @@ def test_a_restart_far_past_its_checkpoint_does_not_livelock(tmp_path: Path) -> 
     proc = launch_tiny(
         run_dir,
         f"run.max_steps={steps}",
-        "run.heartbeat_timeout_s=5",
+        f"run.heartbeat_timeout_s={SILENCE_S[signal.SIGKILL]}",
         "run.checkpoint_every=8",
         "buffer.max_staleness=1",
         *ONE_GENERATOR,
@@ -296,7 +305,7 @@ def test_evaluations_across_a_learner_restart_are_of_live_weights_once_each(
     proc = launch_tiny(
         run_dir,
         f"run.max_steps={steps}",
-        "run.heartbeat_timeout_s=5",
+        f"run.heartbeat_timeout_s={SILENCE_S[signal.SIGKILL]}",
         "run.checkpoint_every=4",
         "generator.count=1",
         "eval.every=2",
@@ -367,12 +376,14 @@ def test_a_lost_reward_role_restarts_and_every_group_is_scored_once(
     # No periodic compaction: the log keeps every group it received, consumed or not, so the
     # checks below see the dead incarnation's groups too (a compaction a minute into a slow
     # run drops the consumed ones, and with a fault at step 2 those are all of them).
-    proc = _launch(run_dir, f"rewards=[{rule}, {reward}]", "buffer.compact_every_s=0", *ONE_LEARNER)
+    proc = _launch(
+        run_dir, f"rewards=[{rule}, {reward}]", "buffer.compact_every_s=0", *ONE_LEARNER, how=how
+    )
     with killed_on_error(proc):
         victim = _kill_at_random_step(run_dir, proc, "reward role 1", how)
     out, summary = finish_run(proc, run_dir)
     assert summary["version"] == STEPS
-    assert summary["restarts"] == {"reward role 1": 1}
+    assert summary["restarts"] == {"reward role 1": 1}, events(run_dir, "restart")
     (restart,) = events(run_dir, "restart")
     assert re.fullmatch(FAILURE[how], restart["failure"]), restart
     line = f"reward role 1 ({label}): {restart['failure']}; restarted (restart 1/3)"

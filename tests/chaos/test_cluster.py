@@ -316,7 +316,7 @@ def _launch(cluster: _Cluster, run_dir: Path, env: dict[str, str]) -> subprocess
         run_dir,
         f"run.max_steps={STEPS}",
         "run.checkpoint_every=2",
-        "run.heartbeat_timeout_s=5",
+        "run.heartbeat_timeout_s=8",
         "buffer.durable=true",
         "--address",
         cluster.info["address"],

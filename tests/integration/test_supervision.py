@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 
 def _launch(run_dir: Path, steps: int) -> subprocess.Popen:
-    return launch_tiny(run_dir, f"run.max_steps={steps}", "run.heartbeat_timeout_s=5")
+    return launch_tiny(run_dir, f"run.max_steps={steps}", "run.heartbeat_timeout_s=30")
 
 
 def test_generator_count_scales_live(tmp_path: Path) -> None:

@@ -83,6 +83,10 @@ def test_one_rule_says_why_a_live_process_is_replaced() -> None:
     late = now + FIRST_BEAT_GRACE_S + 61
     assert fresh.unresponsive(None, 0.0, late, run) is not None
     assert slot.unresponsive(now - 1, 10**6, now, RunConfig(stall_timeout_s=0.0)) is None
+    # A restart held the controller until 10 s ago: silence counts from there.
+    assert slot.unresponsive(now - 61, 0.0, now, run, listening_since=now - 10) is None
+    held = slot.unresponsive(now - 100, 0.0, now, run, listening_since=now - 61)
+    assert held == "no heartbeat for 61 s"
 
 
 def test_the_controller_keeps_the_stall_of_the_current_incarnation_only() -> None:
