@@ -16,7 +16,12 @@ import ray
 
 from streamrl.controller.specs import GeneratorSpec, LearnerSpec, RewardRoleSpec, ShardSpec
 from streamrl.cores import favour_side_threads
-from streamrl.malloc import SlowCollections, freeze_startup_heap, keep_freed_memory
+from streamrl.malloc import (
+    SlowCollections,
+    defer_collections,
+    freeze_startup_heap,
+    keep_freed_memory,
+)
 from streamrl.transport import resolve_host
 
 
@@ -32,6 +37,7 @@ def _setup_process(log_file: str, cores: list[int] | None = None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     keep_freed_memory()
     SlowCollections().install()
+    defer_collections()  # until the role's loop starts (freeze_startup_heap)
     if cores:
         # Affinity only: the role sets its torch threads (cores.role_threads).
         os.sched_setaffinity(0, cores)

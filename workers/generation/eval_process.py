@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 
 from streamrl.evaluation import EvalResult
-from streamrl.malloc import SlowCollections, freeze_startup_heap
+from streamrl.malloc import SlowCollections, defer_collections, freeze_startup_heap
 from streamrl.protocol import GeneratorActivity, LearnerClockInfo
 from streamrl.role_specs import GeneratorSpec
 
@@ -140,6 +140,7 @@ def serve(spec: GeneratorSpec, conn: Connection, gate: Any) -> None:
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
     policy = _idle_priority(spec.slack_cores)
+    defer_collections()  # until it is ready (freeze_startup_heap)
     import torch
     import zmq
 
