@@ -105,7 +105,12 @@ class Controller:
         self.config, self.address, self.console = config, address, console
         self.checked = checked  # the pre-flight's findings, when the caller ran it
         self.state = RunState()
-        self.policy = AdmissionPolicy(config.learner.groups_per_step, config.buffer, self.state)
+        self.policy = AdmissionPolicy(
+            config.learner.groups_per_step,
+            config.buffer,
+            self.state,
+            last_step=config.run.max_steps,
+        )
         self.state.policy = self.policy
         self.zmq = zmq.Context()
         self.intake = ReportIntake(

@@ -14,6 +14,13 @@ Example (groups_per_step=4, max_staleness=1, learner at v=0): 8 groups may start
 batches); group 5 is budgeted for step 1 and needs weights >= 0; after the learner reaches
 v=1, groups 8..11 open up and need weights >= 1.
 
+No group is budgeted past the run's last step (``last_step``: ``run.max_steps``): the bound
+is at most ``last_step * groups_per_step``, so the learner's last η steps no longer have
+generators sample groups for steps that never come. Such groups were generated and never
+trained: the default job's "in buffer" loss, 2-3% of its generation (η = 1, one step's groups
+left at the end). A group dropped at the end still returns its budget and is replaced, so the
+last step is filled as every other is; the budget is exact (a synchronous run relies on it).
+
 ``max_staleness`` is live (``controller.knobs``) and has one owner in the controller, the run's
 config section ``buffer``: the policy reads it there at every decision and keeps no copy, so a
 ``PATCH /config`` that sets the config has set the policy.
@@ -43,11 +50,16 @@ class Grant:
 
 class AdmissionPolicy:
     def __init__(
-        self, groups_per_step: int, bound: StalenessBound, versions: VersionSource
+        self,
+        groups_per_step: int,
+        bound: StalenessBound,
+        versions: VersionSource,
+        last_step: int | None = None,
     ) -> None:
         self.groups_per_step = groups_per_step
         self.bound = bound
         self.versions = versions
+        self.last_step = last_step  # None: no end (a simulation, a test)
         self.started = 0
         self.dropped = 0  # groups the buffer dropped (stale, overflow): their budget returns
         self.returned = 0  # groups admitted to a generator that died or left before pushing
@@ -58,7 +70,10 @@ class AdmissionPolicy:
 
     def capacity(self) -> int:
         v = self.versions.current_version()
-        return (self.max_staleness + v + 1) * self.groups_per_step
+        steps = self.max_staleness + v + 1
+        if self.last_step is not None:
+            steps = min(steps, self.last_step)
+        return steps * self.groups_per_step
 
     def request(self, n_groups: int) -> Grant:
         room = self.capacity() - self.in_flight()

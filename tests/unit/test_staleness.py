@@ -50,3 +50,19 @@ def test_dropped_groups_return_their_budget() -> None:
     assert policy.request(2).granted == 1
     policy.set_dropped(0)  # counts are monotonic; a stale report never takes budget back
     assert policy.dropped == 1
+
+
+def test_no_group_is_budgeted_past_the_last_step() -> None:
+    """Two steps in all (η = 1): at v=1 the bound would open a third step's groups; the run
+    has none, so it stays at two steps' worth. A group dropped then is still replaced."""
+    versions = FakeVersions()
+    policy = AdmissionPolicy(
+        groups_per_step=2, bound=BufferConfig(max_staleness=1), versions=versions, last_step=2
+    )
+    assert policy.request(8).granted == 4  # steps 1 and 2
+    versions.version = 1
+    assert policy.request(2).granted == 0  # step 3 never comes
+    policy.set_dropped(1)  # one of step 2's groups came back alike
+    assert policy.request(2).granted == 1
+    unbounded = AdmissionPolicy(2, BufferConfig(max_staleness=1), versions)
+    assert unbounded.request(8).granted == 6
