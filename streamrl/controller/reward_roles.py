@@ -164,10 +164,8 @@ class RewardPool:
                 except ray.exceptions.RayError as exc:
                     failure = last_line(exc)
             else:
-                role = str(RoleId.reward(index))
-                heard, stalled = ctx.state.last_seen.get(role), ctx.state.stalled.get(role, 0.0)
-                unresponsive = slot.unresponsive(
-                    heard, stalled, now, ctx.config.run, ctx.roles.listening_since
+                unresponsive = ctx.roles.unresponsive(
+                    RoleId.reward(index), ctx.state, now, ctx.config.run
                 )
                 if unresponsive is None:
                     continue

@@ -207,6 +207,14 @@ class Roles:
             self._pids_text = text
             atomic_write_text(path, text)
 
+    def unresponsive(self, role: RoleId, state: Any, now: float, run: RunConfig) -> str | None:
+        """Why ``role``'s live process is to be replaced (``RoleSlot.unresponsive``), from its
+        newest heartbeat in ``state`` (the ``RunState``), its silence counted from
+        ``listening_since`` at the earliest."""
+        name = str(role)
+        heard, stalled = state.last_seen.get(name), state.stalled.get(name, 0.0)
+        return self.slots[role].unresponsive(heard, stalled, now, run, self.listening_since)
+
     def health(self, state: Any, now: float) -> dict[str, dict[str, Any]]:
         """Every role: alive, its newest heartbeat or report, restarts and last failure
         (``state``: the ``RunState``, read under its lock)."""

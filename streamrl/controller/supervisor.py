@@ -96,10 +96,8 @@ class GeneratorPool:
                 else:
                     self._replace(generator_id, failure)
                 continue
-            role = str(RoleId.generator(generator_id))
-            heard, stalled = state.last_seen.get(role), state.stalled.get(role, 0.0)
-            reason = slot.unresponsive(
-                heard, stalled, now, ctx.config.run, ctx.roles.listening_since
+            reason = ctx.roles.unresponsive(
+                RoleId.generator(generator_id), state, now, ctx.config.run
             )
             if reason is not None:
                 if health.retiring or state.stop:
