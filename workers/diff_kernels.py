@@ -4,11 +4,26 @@ What numpy cannot do in one pass: find the elements of a block whose bf16 bits c
 write them out as the codec's sparse form (a count per 255-element window, an offset per
 change, the new values). In numpy that is a compare (a bool array the block's size), a
 ``flatnonzero`` over it, a ``divmod``/``bincount`` for the index and a gather: four passes and
-two block-sized temporaries. Here it is one loop that reads the two images 64 bits at a time
-and stops at a word only when it changed (7% of the words at the default job's 2% of changed
-values). On SmolLM2-135M's real diff (1.8% changed, 275 blocks) ``encode_part`` over every
-block took 63-67 ms against numpy's 113-121 ms on one thread, checksums included (AMD EPYC,
-capability AVX512; docs/experiments.md, 2026-12-04 session 5).
+two block-sized temporaries. Here it is one pass that reads each image once.
+
+Two forms of that pass, the same bytes out (``tests/unit/test_diff_kernels.py`` holds both to
+the numpy reference):
+
+- **Vectors** (``_emit_vectors``, where numba targets x86 with AVX2 or better): 32 elements a
+  step; the changed lanes' values and window offsets are packed to the front of a register
+  (LLVM's ``vector.compress``: one ``vpcompressw``/``vpcompressb`` with AVX-512 VBMI2, a
+  shuffle sequence with AVX2) and stored whole, and the output advances by the mask's
+  popcount. No branch depends on the data, so its time is the two images' read whatever the
+  density: SmolLM2-135M-sized blocks (135M elements in 8M-element blocks, random changes) took
+  48 / 52 / 63 ms at 0.5 / 2.3 / 10% changed, against 57 / 107 / 315 ms for the word loop
+  below, on one thread of an Intel Xeon with AMX (AVX-512 VBMI2; ``NUMBA_CPU_NAME=haswell``,
+  AVX2 only: 49 / 50 / 64 ms; docs/experiments.md, 2026-12-06 session 21).
+- **Words** (``_emit_words``, every other target): reads the images 64 bits at a time and
+  stops at a word only when it changed. Its branches follow the data, which costs ~25 ns a
+  changed word on the Xeon (half that on an AMD EPYC: 63-67 ms for the real diff at 1.8%,
+  against numpy's 113-121 ms, docs/experiments.md, 2026-12-04 session 5). Without AVX2
+  (``NUMBA_CPU_NAME=generic``) LLVM unrolls the compress lane by lane and the vectors lose
+  (200 ms at 2.3%), so the words stay there.
 
 Applying stays in numpy (``weight_codec.apply_in_place``): a compiled apply measured the
 same (30 ms against 31 for that diff, plus the 10 ms checksum), because writing 2% of the
@@ -18,17 +33,24 @@ Example: ``new = [5, 7, 9]``, ``old = [5, 6, 9]`` -> counts ``[1]``, offsets ``[
 ``[7]``.
 
 Each kernel compiles on first use and is cached on disk beside this file (or in numba's
-user cache where that is not writable), so a process pays the compile (~1 s) once per machine.
-Only processes that encode import this module (``weight_codec.encode_part`` imports it where
-it is used): a generator never loads numba.
+user cache where that is not writable; numba keys it by the CPU it was compiled for), so a
+process pays the compile (~1 s) once per machine. Only processes that encode import this
+module (``weight_codec.encode_part`` imports it where it is used): a generator never loads
+numba.
 """
 
 from __future__ import annotations
 
+import llvmlite.binding
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 from streamrl.protocol import SPARSE_WINDOW as WINDOW
+
+LANES = 32  # elements a vector step compares: 64 bytes of bf16, one AVX-512 register
 
 _LANE = np.uint64(0xFFFF)
 
@@ -70,6 +92,127 @@ def _emit_words(new64, old64, first, index, nwin, values, k, limit):  # pragma: 
     return k
 
 
+# ---------------------------------------------------------------------------- vectors
+
+
+def _vector_pointer(context, builder, array_type, array, index):
+    """A pointer to ``LANES`` elements of ``array`` from ``index`` on, as one LLVM vector."""
+    data = context.make_array(array_type)(context, builder, array).data
+    lanes = ir.VectorType(data.type.pointee, LANES)
+    return builder.bitcast(builder.gep(data, [index]), lanes.as_pointer())
+
+
+@intrinsic
+def _changed_mask(typingctx, new, old, i):
+    """Bit j set where ``new[i + j] != old[i + j]``, for j < ``LANES``."""
+
+    def codegen(context, builder, signature, args):
+        a = builder.load(
+            _vector_pointer(context, builder, signature.args[0], args[0], args[2]), align=1
+        )
+        b = builder.load(
+            _vector_pointer(context, builder, signature.args[1], args[1], args[2]), align=1
+        )
+        flags = builder.icmp_unsigned("!=", a, b)
+        return builder.zext(builder.bitcast(flags, ir.IntType(LANES)), ir.IntType(64))
+
+    return types.uint64(new, old, i), codegen
+
+
+@intrinsic
+def _compress_store(typingctx, source, i, mask, target, k):
+    """Store the lanes of ``source[i : i + LANES]`` whose ``mask`` bit is set, in order, at
+    ``target[k:]``; writes ``LANES`` elements there whatever the mask (the caller leaves room)."""
+
+    def codegen(context, builder, signature, args):
+        pointer = _vector_pointer(context, builder, signature.args[0], args[0], args[1])
+        lanes = pointer.type.pointee
+        flags = builder.bitcast(
+            builder.trunc(args[2], ir.IntType(LANES)), ir.VectorType(ir.IntType(1), LANES)
+        )
+        name = f"llvm.experimental.vector.compress.v{LANES}i{lanes.element.width}"
+        try:
+            compress = builder.module.get_global(name)
+        except KeyError:
+            compress = ir.Function(
+                builder.module, ir.FunctionType(lanes, [lanes, flags.type, lanes]), name
+            )
+        packed = builder.call(
+            compress, [builder.load(pointer, align=1), flags, ir.Constant(lanes, ir.Undefined)]
+        )
+        builder.store(
+            packed, _vector_pointer(context, builder, signature.args[3], args[3], args[4]), align=1
+        )
+        return context.get_dummy_value()
+
+    return types.void(source, i, mask, target, k), codegen
+
+
+@intrinsic
+def _popcount(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.ctpop(args[0])
+
+    return types.uint64(x), codegen
+
+
+# Row b: the window offsets of LANES consecutive elements whose first sits at offset b.
+_OFFSETS = ((np.arange(WINDOW)[:, None] + np.arange(LANES)) % WINDOW).astype(np.uint8).ravel()
+
+
+@numba.njit(nogil=True, cache=True)
+def _emit_vectors(new, old, stop, index, nwin, values, limit, offsets):  # pragma: no cover
+    # Elements [0, stop), stop a multiple of LANES. Each step stores LANES values and offsets
+    # and keeps the changed ones (the rest are overwritten by the next step): no branch on
+    # the data but the rare window crossing.
+    one = np.uint64(1)
+    k = 0
+    at = 0  # the offset of element i in its window
+    win = 0
+    for i in range(0, stop, LANES):
+        mask = _changed_mask(new, old, i)
+        _compress_store(new, i, mask, values, k)
+        _compress_store(offsets, at * LANES, mask, index, nwin + k)
+        changed = _popcount(mask)
+        room = WINDOW - at
+        if room < LANES:  # the step crosses into the next window
+            here = _popcount(mask & ((one << np.uint64(room)) - one))
+            index[win] += np.uint8(here)
+            index[win + 1] += np.uint8(changed - here)
+        else:
+            index[win] += np.uint8(changed)
+        k += changed
+        if k > limit:
+            return -1
+        at += LANES
+        if at >= WINDOW:
+            at -= WINDOW
+            win += 1
+    return k
+
+
+def _vectors_pay() -> bool:
+    """Whether numba compiles for x86 with AVX2 or better (module doc): its configured CPU
+    when one is set, else this host's."""
+    name = numba.config.CPU_NAME or llvmlite.binding.get_host_cpu_name()
+    if name == "host":
+        name = llvmlite.binding.get_host_cpu_name()
+    if name in (
+        "generic",
+        "x86-64",
+        "x86-64-v2",
+    ) or not llvmlite.binding.get_process_triple().startswith("x86_64"):
+        return False
+    features = numba.config.CPU_FEATURES or llvmlite.binding.get_host_cpu_features().flatten()
+    return "+avx2" in features.split(",")
+
+
+VECTORS = _vectors_pay()
+
+
+# ---------------------------------------------------------------------------- the diff
+
+
 def _aligned_head(new: np.ndarray, old: np.ndarray) -> int:
     """Elements before both arrays reach an 8-byte boundary (all of them when they never do)."""
     head = (-(new.ctypes.data // 2)) % 4
@@ -79,27 +222,34 @@ def _aligned_head(new: np.ndarray, old: np.ndarray) -> int:
 
 
 def sparse_diff(
-    new: np.ndarray, old: np.ndarray, limit: int
+    new: np.ndarray, old: np.ndarray, limit: int, *, vectors: bool = VECTORS
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The changed elements of ``new`` against ``old`` (flat int16 bits of one block) as the
     codec's sparse index (uint8: one count per window, then one offset per change) and the
     new values (int16), or ``None`` when more than ``limit`` elements changed (the caller
-    sends the block some other way and never pays for a sparse form it would not use)."""
+    sends the block some other way and never pays for a sparse form it would not use).
+    ``vectors``: which pass (module doc); both write the same bytes."""
     if new.shape != old.shape:
         raise ValueError(f"blocks of {new.size} and {old.size} elements")
     size = new.size
     nwin = -(-size // WINDOW)
-    index = np.empty(nwin + limit, np.uint8)  # pages past what is written are never touched
+    # Room for a vector step's whole store past the last change; pages past what is written
+    # are never touched.
+    index = np.empty(nwin + limit + LANES, np.uint8)
     index[:nwin] = 0
-    values = np.empty(limit, np.uint16)
+    values = np.empty(limit + LANES, np.uint16)
     bits, base = new.view(np.uint16), old.view(np.uint16)
-    head = _aligned_head(bits, base)
-    words = (size - head) // 4
-    tail = head + 4 * words
-    k = _emit_scalar(bits, base, 0, head, index, nwin, values, 0, limit)
-    if words and k >= 0:
-        new64 = bits[head:tail].view(np.uint64)
-        k = _emit_words(new64, base[head:tail].view(np.uint64), head, index, nwin, values, k, limit)
+    if vectors:
+        tail = size - size % LANES
+        k = _emit_vectors(bits, base, tail, index, nwin, values, limit, _OFFSETS)
+    else:
+        head = _aligned_head(bits, base)
+        words = (size - head) // 4
+        tail = head + 4 * words
+        k = _emit_scalar(bits, base, 0, head, index, nwin, values, 0, limit)
+        if words and k >= 0:
+            new64, old64 = bits[head:tail].view(np.uint64), base[head:tail].view(np.uint64)
+            k = _emit_words(new64, old64, head, index, nwin, values, k, limit)
     if k >= 0:
         k = _emit_scalar(bits, base, tail, size, index, nwin, values, k, limit)
     if k < 0:
@@ -110,5 +260,5 @@ def sparse_diff(
 def compile_kernels() -> None:
     """Compile (or load from numba's cache) what ``sparse_diff`` runs, so that the first
     version a publisher encodes does not pay for it."""
-    tiny = np.arange(9, dtype=np.int16)
+    tiny = np.arange(2 * LANES + 9, dtype=np.int16)
     sparse_diff(tiny, tiny[::-1].copy(), limit=tiny.size)

@@ -1,8 +1,11 @@
 """The compiled sparse diff against the codec's numpy reference of the same format.
 
 References: ``encode_positions`` (the format written in numpy) and plain
-fancy indexing (which elements changed, what they hold). Blocks of every length modulo 4 and
-at every alignment, so the scalar head and tail around the 64-bit words are exercised.
+fancy indexing (which elements changed, what they hold). Both passes (``vectors``: 32 elements
+a step, or 64-bit words) on every machine: the vector pass is correct on any target and only
+slow on some. Blocks of every length modulo 4 and 32 and at every alignment, so the scalar
+head and tail around the words and vectors and the vector steps that cross a window are
+exercised.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import pytest
 
 from streamrl.workers.diff_kernels import sparse_diff
 from streamrl.workers.weight_codec import encode_positions
+
+PASSES = pytest.mark.parametrize("vectors", [True, False], ids=["vectors", "words"])
 
 
 def pair(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -23,34 +28,52 @@ def pair(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return new, old
 
 
-@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 254, 255, 256, 1021, 70_001])
+@PASSES
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 31, 32, 33, 254, 255, 256, 287, 1021, 70_001])
 @pytest.mark.parametrize("fraction", [0.0, 0.02, 0.3, 1.0])
-def test_the_diff_is_the_reference_format(n: int, fraction: float) -> None:
+def test_the_diff_is_the_reference_format(n: int, fraction: float, vectors: bool) -> None:
     new, old = pair(n, fraction, seed=n)
-    index, values = sparse_diff(new, old, limit=n)
+    index, values = sparse_diff(new, old, limit=n, vectors=vectors)
     positions = np.flatnonzero(new != old)
     assert index.tobytes() == encode_positions(positions, n)
     np.testing.assert_array_equal(values, new[positions])
 
 
+@PASSES
 @pytest.mark.parametrize(("skip_new", "skip_old"), [(0, 0), (1, 1), (3, 3), (1, 2), (2, 0)])
-def test_any_alignment_of_either_image(skip_new: int, skip_old: int) -> None:
+def test_any_alignment_of_either_image(skip_new: int, skip_old: int, vectors: bool) -> None:
     """Blocks are row ranges of a larger image, so they start anywhere; when the two images
     are not aligned alike the kernel compares element by element and must agree."""
     new_all, old_all = pair(10_007, 0.05, seed=7)
     new, old = new_all[skip_new : skip_new + 9_000], old_all[skip_old : skip_old + 9_000]
-    index, values = sparse_diff(new, old, limit=9_000)
+    index, values = sparse_diff(new, old, limit=9_000, vectors=vectors)
     positions = np.flatnonzero(new != old)
     assert index.tobytes() == encode_positions(positions, 9_000)
     np.testing.assert_array_equal(values, new[positions])
 
 
-def test_more_changes_than_the_limit_give_none() -> None:
-    new, old = pair(4_000, 0.1, seed=3)
+@PASSES
+@pytest.mark.parametrize("n", [4_000, 4_001])  # the limit crossed in a vector step, or the tail
+def test_more_changes_than_the_limit_give_none(n: int, vectors: bool) -> None:
+    new, old = pair(n, 0.1, seed=3)
+    if n % 32:
+        new[-1] = old[-1] + 1  # the last change in the scalar tail
     changes = int((new != old).sum())
-    assert sparse_diff(new, old, limit=changes - 1) is None
-    index, values = sparse_diff(new, old, limit=changes)
+    assert sparse_diff(new, old, limit=changes - 1, vectors=vectors) is None
+    index, values = sparse_diff(new, old, limit=changes, vectors=vectors)
     assert values.size == changes
-    assert sparse_diff(new, old, limit=0) is None
-    unchanged = sparse_diff(old, old.copy(), limit=0)
+    assert sparse_diff(new, old, limit=0, vectors=vectors) is None
+    unchanged = sparse_diff(old, old.copy(), limit=0, vectors=vectors)
     assert unchanged is not None and unchanged[1].size == 0
+
+
+@PASSES
+def test_a_dense_window_counts_to_255(vectors: bool) -> None:
+    """Every element of a 255-element window changed: its count is the byte's largest value,
+    and the vector steps that straddle it split their lanes between two windows."""
+    new, old = pair(1_000, 0.0, seed=5)
+    new[255:510] += 1
+    index, values = sparse_diff(new, old, limit=1_000, vectors=vectors)
+    assert list(index[:4]) == [0, 255, 0, 0]
+    assert index[4:].tolist() == list(range(255))
+    np.testing.assert_array_equal(values, new[255:510])
