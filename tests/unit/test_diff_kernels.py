@@ -77,3 +77,24 @@ def test_a_dense_window_counts_to_255(vectors: bool) -> None:
     assert list(index[:4]) == [0, 255, 0, 0]
     assert index[4:].tolist() == list(range(255))
     np.testing.assert_array_equal(values, new[255:510])
+
+
+def test_the_vector_pass_is_chosen_only_where_numba_targets_avx2(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without AVX2 LLVM compresses lane by lane and the vectors lose to the word loop."""
+    import llvmlite.binding
+    import numba
+
+    from streamrl.workers.diff_kernels import _vectors_pay
+
+    monkeypatch.setattr(numba.config, "CPU_NAME", "generic")
+    assert not _vectors_pay()
+    monkeypatch.setattr(numba.config, "CPU_NAME", None)
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", None)
+    host = llvmlite.binding.get_host_cpu_features().flatten().split(",")
+    x86 = llvmlite.binding.get_process_triple().startswith("x86_64")
+    assert _vectors_pay() == (x86 and "+avx2" in host)
+    monkeypatch.setattr(numba.config, "CPU_NAME", "haswell")
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", "+avx,-avx2")
+    assert not _vectors_pay()
