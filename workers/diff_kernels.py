@@ -193,7 +193,10 @@ def _emit_vectors(new, old, stop, index, nwin, values, limit, offsets):  # pragm
 
 def _vectors_pay() -> bool:
     """Whether numba compiles for x86 with AVX2 or better (module doc): its configured CPU
-    when one is set, else this host's."""
+    when one is set, else this host's. Never with an LLVM older than 19, which has no
+    ``vector.compress`` (numba 0.60, which pyproject allows, brings LLVM 14)."""
+    if tuple(llvmlite.binding.llvm_version_info) < (19,):
+        return False
     name = numba.config.CPU_NAME or llvmlite.binding.get_host_cpu_name()
     if name == "host":
         name = llvmlite.binding.get_host_cpu_name()

@@ -98,3 +98,7 @@ def test_the_vector_pass_is_chosen_only_where_numba_targets_avx2(
     monkeypatch.setattr(numba.config, "CPU_NAME", "haswell")
     monkeypatch.setattr(numba.config, "CPU_FEATURES", "+avx,-avx2")
     assert not _vectors_pay()
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", "+avx,+avx2")
+    assert _vectors_pay() == x86
+    monkeypatch.setattr(llvmlite.binding, "llvm_version_info", (15, 0, 7))  # no vector.compress
+    assert not _vectors_pay()
