@@ -43,7 +43,8 @@ def test_the_diff_is_the_reference_format(n: int, fraction: float, vectors: bool
 @pytest.mark.parametrize(("skip_new", "skip_old"), [(0, 0), (1, 1), (3, 3), (1, 2), (2, 0)])
 def test_any_alignment_of_either_image(skip_new: int, skip_old: int, vectors: bool) -> None:
     """Blocks are row ranges of a larger image, so they start anywhere; when the two images
-    are not aligned alike the kernel compares element by element and must agree."""
+    are not aligned alike the word pass compares element by element (the vector pass loads
+    unaligned either way) and must agree."""
     new_all, old_all = pair(10_007, 0.05, seed=7)
     new, old = new_all[skip_new : skip_new + 9_000], old_all[skip_old : skip_old + 9_000]
     index, values = sparse_diff(new, old, limit=9_000, vectors=vectors)
