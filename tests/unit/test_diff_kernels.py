@@ -103,3 +103,23 @@ def test_the_vector_pass_is_chosen_only_where_numba_targets_avx2(
     assert _vectors_pay() == x86
     monkeypatch.setattr(llvmlite.binding, "llvm_version_info", (15, 0, 7))  # no vector.compress
     assert not _vectors_pay()
+
+
+def test_the_benchmark_prints_both_passes() -> None:
+    """``benchmarks/diff_kernels.py`` at a toy size: it checks the passes agree and tables them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    args = ["--elements", "20000", "--densities", "0.01,0.5", "--reps", "1"]
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/diff_kernels.py", *args],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "default pass here:" in proc.stdout
+    assert [line.split("|")[1].strip() for line in proc.stdout.splitlines()[-2:]] == ["1%", "50%"]

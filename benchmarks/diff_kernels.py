@@ -1,0 +1,86 @@
+"""The weight encoder's compaction, the vector pass against the word loop, per density.
+
+    python benchmarks/diff_kernels.py                          # 135M elements (SmolLM2-135M)
+    NUMBA_CPU_NAME=haswell python benchmarks/diff_kernels.py   # as numba compiles for AVX2
+
+Synthetic images of ``--elements`` int16 values cut into 8M-element blocks (16 MiB of bf16,
+the publisher's default chunk), random changes at each density; ``sparse_diff`` over every
+block on one thread, best of ``--reps``, for both passes (``workers/diff_kernels.py``; they
+write the same bytes, checked here too). Prints the CPU line, numba's target and which pass
+this machine uses by default. Both images are read once per pass, so the vector pass's floor
+is the memory's read speed; XXH3 of one image is printed beside it for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import llvmlite.binding
+import numba
+import numpy as np
+import xxhash
+
+from streamrl.hardware import cpu_description
+from streamrl.workers.diff_kernels import VECTORS, compile_kernels, sparse_diff
+
+BLOCK = 8 * 1024 * 1024
+
+
+def best_of(reps: int, work, *args) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        work(*args)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def diff_all(blocks: list[tuple[np.ndarray, np.ndarray]], vectors: bool) -> list:
+    return [sparse_diff(n, o, limit=n.size // 2, vectors=vectors) for n, o in blocks]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--elements", type=int, default=135_000_000)
+    parser.add_argument("--densities", default="0.005,0.023,0.1")
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    compile_kernels()
+    for vectors in (True, False):  # both compiled before anything is timed
+        sparse_diff(np.zeros(99, np.int16), np.ones(99, np.int16), limit=99, vectors=vectors)
+    target = numba.config.CPU_NAME or llvmlite.binding.get_host_cpu_name()
+    print(
+        f"# {cpu_description()}; numba {numba.__version__} for {target}, "
+        f"LLVM {'.'.join(map(str, llvmlite.binding.llvm_version_info))}; "
+        f"default pass here: {'vectors' if VECTORS else 'words'}"
+    )
+    rng = np.random.default_rng(0)
+    old = rng.integers(-(2**15), 2**15, args.elements, dtype=np.int16)
+    starts = range(0, args.elements, BLOCK)
+    hash_s = best_of(
+        args.reps, lambda: [xxhash.xxh3_64_intdigest(old[a : a + BLOCK]) for a in starts]
+    )
+    print(f"XXH3 of one image: {1000 * hash_s:.1f} ms")
+    print("| changed | words ms | vectors ms | words / vectors |")
+    print("|---|---|---|---|")
+    for density in (float(d) for d in args.densities.split(",")):
+        new = old.copy()
+        new[rng.random(args.elements) < density] ^= 1
+        blocks = [(new[a : a + BLOCK], old[a : a + BLOCK]) for a in starts]
+
+        for (i_w, v_w), (i_v, v_v) in zip(
+            diff_all(blocks, False), diff_all(blocks, True), strict=True
+        ):
+            if not (np.array_equal(i_w, i_v) and np.array_equal(v_w, v_v)):
+                raise SystemExit("the two passes wrote different bytes")
+        words = best_of(args.reps, diff_all, blocks, False)
+        vectors = best_of(args.reps, diff_all, blocks, True)
+        print(
+            f"| {100 * density:g}% | {1000 * words:.1f} | {1000 * vectors:.1f} | "
+            f"{words / vectors:.2f}x |"
+        )
+
+
+if __name__ == "__main__":
+    main()
