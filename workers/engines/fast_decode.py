@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from streamrl.workers.engines.packed_linear import PackedLinear
+from streamrl.workers.engines.packed_linear import PackedLinear, PackedWeight
 
 # model_type -> decoder layers that are exactly Llama's (checked module by module below too).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -50,13 +50,14 @@ class MergedProjection:
         self.widths = [sum(self.member_widths[i] for i in group) for group in groups]
         self.packed: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None
+        self.weights: PackedWeight | None = None
         # The prefill's last input and its members' outputs (``member_output``).
         self._input: torch.Tensor | None = None
         self._outputs: list[torch.Tensor] = []
         self._taken: set[int] = set()
         if all(isinstance(layer, PackedLinear) for layer in layers):
-            self.rows = layers[0].rows
-            self.repack()
+            self.weights = PackedWeight([s.weight.detach() for s in self.sources], layers[0].rows)
+            self.adopt((self.weights.current, self._bias({})))
             for index, layer in enumerate(layers):
                 layer.share(self, index)
 
@@ -70,21 +71,25 @@ class MergedProjection:
     def pack(self, new: dict[int, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The merged packed weight and bias, each source parameter ``p`` taken from
         ``new[id(p)]`` where given (a version not adopted yet, packed on the weight thread)."""
+        assert self.weights is not None, "only a merged copy of packed layers is packed"
+        weights = [new.get(id(s.weight), s.weight.detach()) for s in self.sources]
+        return self.weights.pack(weights), self._bias(new)
+
+    def _bias(self, new: dict[int, torch.Tensor]) -> torch.Tensor | None:
         sources = self.sources
-
-        def value(p: torch.Tensor) -> torch.Tensor:
-            return new.get(id(p), p.detach())
-
-        weight = torch.cat([value(s.weight) for s in sources])
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.rows)
-        bias = None
-        if any(s.bias is not None for s in sources):
-            zeros = weight.new_zeros
-            biases = [zeros(s.out_features) if s.bias is None else value(s.bias) for s in sources]
-            bias = torch.cat(biases)
-        return packed, bias
+        if all(s.bias is None for s in sources):
+            return None
+        weight = sources[0].weight
+        return torch.cat(
+            [
+                weight.new_zeros(s.out_features) if s.bias is None else new.get(id(s.bias), s.bias)
+                for s in sources
+            ]
+        ).detach()
 
     def adopt(self, packed: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        if self.weights is not None:
+            self.weights.adopt(packed[0])
         self.packed, self.bias = packed
 
     def member_output(self, index: int, x: torch.Tensor) -> torch.Tensor:
