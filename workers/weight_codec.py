@@ -80,9 +80,9 @@ def shard_rows(full_rows: int, rank: int, world: int) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------- positions
-# The format in numpy. Applying decodes with these; encoding runs the compiled pass of
-# ``diff_kernels`` (one read of the two images instead of four passes over them), which the
-# tests hold to ``encode_positions``.
+# The format in numpy. Encoding and applying run the compiled passes of ``diff_kernels`` (one
+# read of the two images instead of four passes over them; one pass over the changes instead
+# of three), which the tests hold to these.
 
 
 def window_count(size: int) -> int:
@@ -180,9 +180,8 @@ def encode_part(
     head = (name, full_shape, row_offset, rows)
     if old is None:
         return EncodedPart(_header(*head, "dense", new, new.size), new)
-    # Imported here: numba (llvmlite) loads only in processes that encode, never in a
-    # generator's (a subscriber decodes with numpy), where it would cost memory and trips
-    # vLLM's engine construction (``vllm_engine.llvmlite_scannable``).
+    # Imported here: numba (llvmlite, ~70 MB) loads only in processes that encode or apply
+    # sparse parts (vLLM's engine construction needs ``vllm_engine.llvmlite_scannable`` then).
     from streamrl.workers.diff_kernels import sparse_diff
 
     found = sparse_diff(new, old, limit=int(dense_threshold * new.size))
@@ -201,14 +200,16 @@ def encode_part(
     return EncodedPart(_header(*head, encoding, new, num_changed), values, indices)
 
 
-Undo = tuple[np.ndarray | None, np.ndarray]  # (positions, or None for all; old values)
+# What ``undo`` needs to put a block back: the part applied (None: a dense part) and the old
+# values it replaced (the whole old block for a dense part).
+Undo = tuple["EncodedPart | None", np.ndarray]
 
 
 def apply_in_place(part: EncodedPart, block: np.ndarray) -> Undo:
     """Apply ``part`` to ``block`` (the flat, writable int16 bits of its rows) in place and
-    verify the checksum of the result. Returns what ``undo`` needs to restore the block: the
-    old values at the changed positions (the whole old block for a dense part). On a malformed
-    part or a checksum mismatch the block is left as it was and ``ValueError`` is raised."""
+    verify the checksum of the result. Returns what ``undo`` needs to restore the block. On a
+    malformed part or a checksum mismatch the block is left as it was and ``ValueError`` is
+    raised."""
     head, total = part.header, block.size
     if head.encoding == "dense":
         new = np.frombuffer(part.values, dtype="<i2")
@@ -220,31 +221,47 @@ def apply_in_place(part: EncodedPart, block: np.ndarray) -> Undo:
         block[:] = new
         return None, old
     values = np.frombuffer(part.values, dtype="<i2")
-    if head.encoding == "bitmap":
-        packed = np.frombuffer(part.indices, dtype=np.uint8)
-        if packed.size != math.ceil(total / 8):
-            raise ValueError(f"{head.name}: bitmap of {packed.size} bytes for {total}")
-        positions = np.flatnonzero(np.unpackbits(packed, count=total))
-    elif head.encoding == "sparse":
-        positions = decode_positions(part.indices, total)
+    if head.encoding == "sparse":
+        # Imported here, as in ``encode_part``: the compiled pass (diff_kernels' module doc).
+        from streamrl.workers.diff_kernels import apply_sparse
+
+        try:
+            old = apply_sparse(np.frombuffer(part.indices, dtype=np.uint8), values, block)
+        except ValueError as exc:
+            raise ValueError(f"{head.name}: {exc}") from None
     else:
-        raise ValueError(f"{head.name}: unknown encoding {head.encoding!r}")
-    if positions.size != values.size or (positions.size and positions[-1] >= total):
-        raise ValueError(f"{head.name}: {positions.size} positions for {values.size} values")
-    old = block[positions]
-    block[positions] = values
+        positions = _bitmap_positions(part, total)
+        if positions.size != values.size:
+            raise ValueError(f"{head.name}: {positions.size} positions for {values.size} values")
+        old = block[positions]
+        block[positions] = values
+    record = (part, old)
     if checksum(block) != head.checksum:
-        block[positions] = old
+        undo(block, record)
         raise ValueError(f"{head.name}[{head.row_offset}:]: checksum mismatch")
-    return positions, old
+    return record
+
+
+def _bitmap_positions(part: EncodedPart, total: int) -> np.ndarray:
+    head = part.header
+    if head.encoding != "bitmap":
+        raise ValueError(f"{head.name}: unknown encoding {head.encoding!r}")
+    packed = np.frombuffer(part.indices, dtype=np.uint8)
+    if packed.size != math.ceil(total / 8):
+        raise ValueError(f"{head.name}: bitmap of {packed.size} bytes for {total}")
+    return np.flatnonzero(np.unpackbits(packed, count=total))
 
 
 def undo(block: np.ndarray, record: Undo) -> None:
-    positions, old = record
-    if positions is None:
+    part, old = record
+    if part is None:
         block[:] = old
+    elif part.header.encoding == "sparse":
+        from streamrl.workers.diff_kernels import undo_sparse
+
+        undo_sparse(np.frombuffer(part.indices, dtype=np.uint8), old, block)
     else:
-        block[positions] = old
+        block[_bitmap_positions(part, block.size)] = old
 
 
 def apply_part(part: EncodedPart, old: np.ndarray) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""The compiled sparse diff against the codec's numpy reference of the same format.
+"""The compiled sparse diff against the codec's numpy reference of the same format, and the
+compiled apply and undo against fancy indexing.
 
 References: ``encode_positions`` (the format written in numpy) and plain
 fancy indexing (which elements changed, what they hold). Both passes (``vectors``: 32 elements
@@ -13,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamrl.workers.diff_kernels import sparse_diff
+from streamrl.workers.diff_kernels import apply_sparse, sparse_diff, undo_sparse
 from streamrl.workers.weight_codec import encode_positions
 
 PASSES = pytest.mark.parametrize("vectors", [True, False], ids=["vectors", "words"])
@@ -123,3 +124,43 @@ def test_the_benchmark_prints_both_passes() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "default pass here:" in proc.stdout
     assert [line.split("|")[1].strip() for line in proc.stdout.splitlines()[-2:]] == ["1%", "50%"]
+
+
+@pytest.mark.parametrize("n", [1, 254, 255, 256, 1021, 70_001])
+@pytest.mark.parametrize("fraction", [0.0, 0.02, 1.0])
+def test_apply_writes_what_fancy_indexing_does_and_undo_puts_it_back(n, fraction) -> None:
+    new, old = pair(n, fraction, seed=n + 1)
+    positions = np.flatnonzero(new != old)
+    index = np.frombuffer(encode_positions(positions, n), dtype=np.uint8)
+    block = old.copy()
+    kept = apply_sparse(index, new[positions], block)
+    np.testing.assert_array_equal(block, new)
+    np.testing.assert_array_equal(kept, old[positions])
+    undo_sparse(index, kept, block)
+    np.testing.assert_array_equal(block, old)
+
+
+def test_an_index_that_does_not_fit_is_refused_before_anything_is_written() -> None:
+    index = np.frombuffer(encode_positions(np.array([3, 300, 599]), 600), dtype=np.uint8)
+    values = np.array([-1, -2, -3], dtype=np.int16)
+    cases = {  # (index, values, block size)
+        "too short for its windows": (index[:2], values, 600),
+        "a count without its offset": (index[:-1], values, 600),
+        "a position past the block": (index, values, 591),
+        "an offset of 255": (np.array([1, 0, 0, 255], dtype=np.uint8), values[:1], 600),
+        "fewer values than positions": (index, values[:2], 600),
+    }
+    for name, (bad, some, size) in cases.items():
+        block = np.arange(size, dtype=np.int16)
+        with pytest.raises(ValueError):
+            apply_sparse(bad, some, block)
+        np.testing.assert_array_equal(block, np.arange(size, dtype=np.int16), err_msg=name)
+
+
+def test_undo_of_a_position_named_twice_restores_its_first_value() -> None:
+    block = np.arange(300, dtype=np.int16)
+    index = np.array([2, 0, 7, 7], dtype=np.uint8)  # window 0 names offset 7 twice
+    kept = apply_sparse(index, np.array([-1, -2], dtype=np.int16), block)
+    assert block[7] == -2
+    undo_sparse(index, kept, block)
+    np.testing.assert_array_equal(block, np.arange(300, dtype=np.int16))

@@ -365,6 +365,11 @@ class GeneratorWeights:
             os.sched_setaffinity(0, cores)  # this thread only (Linux affinity is per thread)
             log.info("generator[%d]: weight thread on cores %s", self.generator_id, cores)
         try:
+            # Here, not at import: numba loads where versions are applied (diff_kernels), and
+            # the first one does not wait for its compile.
+            from streamrl.workers.diff_kernels import compile_kernels
+
+            compile_kernels()
             while not self._stop.is_set():
                 with self._handoff:
                     if self._prepared is not None:  # adopted at the next decode step
