@@ -28,10 +28,11 @@ the numpy reference):
 Applying a sparse part (``apply_sparse``, ``weight_codec.apply_in_place``) is one pass too:
 each changed position decoded from its window's count and offset, its old value kept for the
 undo and the new one written. numpy decodes the positions, gathers the old values and
-scatters the new in three passes: 70 ms for a SmolLM2-sized diff at 2.4% (135M elements in
-8M-element blocks, random changes) against 33 ms here, on one thread of an Intel Xeon with
-AMX; the checksum of each block written (23 ms) is the same either way. (On an AMD EPYC an
-earlier compiled apply measured no better than numpy: 30 ms against 31.)
+scatters the new in three passes: 17 / 60 / 110 ms for SmolLM2-sized diffs at 0.5 / 2.3 /
+10% changed (as above) against 11 / 26 / 44 ms here, on one thread of an Intel Xeon with AMX
+(``benchmarks/diff_kernels.py``); the checksum of each block written (22 ms) is the same
+either way. (On an AMD EPYC an earlier compiled apply measured no better than numpy: 30 ms
+against 31 for a real diff at 1.8%.)
 
 Example: ``new = [5, 7, 9]``, ``old = [5, 6, 9]`` -> counts ``[1]``, offsets ``[1]``, values
 ``[7]``.
