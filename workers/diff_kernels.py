@@ -53,6 +53,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from streamrl.protocol import SPARSE_WINDOW as WINDOW
+from streamrl.workers.weight_codec import encode_positions, split_index
 
 LANES = 32  # elements a vector step compares: 64 bytes of bf16, one AVX-512 register
 
@@ -260,14 +261,17 @@ def sparse_diff(
     return index[: nwin + k], values[:k].view(np.int16)
 
 
-def compile_kernels() -> None:
-    """Compile (or load from numba's cache) what ``sparse_diff`` and ``apply_sparse`` run, so
-    that the first version a publisher encodes or a subscriber applies does not pay for it."""
+def compile_kernels(*, encode: bool = True, apply: bool = True) -> None:
+    """Compile (or load from numba's cache) the passes a process runs, so that its first
+    version does not pay for them: ``encode``, what ``sparse_diff`` runs (a publisher);
+    ``apply``, what ``apply_sparse`` and ``undo_sparse`` run (a subscriber)."""
     tiny = np.arange(2 * LANES + 9, dtype=np.int16)
-    found = sparse_diff(tiny, tiny[::-1].copy(), limit=tiny.size)
-    assert found is not None
-    block = tiny.copy()
-    undo_sparse(found[0], apply_sparse(found[0], found[1], block), block)
+    if encode:
+        sparse_diff(tiny, tiny[::-1].copy(), limit=tiny.size)
+    if apply:
+        index = np.frombuffer(encode_positions(np.arange(0, tiny.size, 3), tiny.size), np.uint8)
+        block, values = tiny.copy(), -tiny[::3]
+        undo_sparse(index, apply_sparse(index, values, block), block)
 
 
 # ---------------------------------------------------------------------------- applying
@@ -297,14 +301,11 @@ def _undo_sparse(counts, offsets, old, block):  # pragma: no cover - numba
 
 
 def _index(index: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """A sparse index's counts and offsets for a block of ``size`` elements, checked so that
-    every position it names lies in the block (``weight_codec.decode_positions``' errors)."""
-    nwin = -(-size // WINDOW)
-    if index.size < nwin:
-        raise ValueError(f"sparse index of {index.size} bytes for {nwin} windows")
-    counts, offsets = index[:nwin], index[nwin:]
-    if int(counts.sum(dtype=np.int64)) != offsets.size:
-        raise ValueError(f"sparse index counts {int(counts.sum())} offsets, holds {offsets.size}")
+    """A sparse index's counts and offsets for a block of ``size`` elements
+    (``weight_codec.split_index``), checked so that every position it names lies in the block
+    and in its own window."""
+    counts, offsets = split_index(index, size)
+    nwin = counts.size
     if offsets.size and int(offsets.max()) >= WINDOW:
         raise ValueError(f"an offset of {int(offsets.max())} in a window of {WINDOW}")
     last = offsets[offsets.size - int(counts[-1]) :] if nwin else offsets[:0]

@@ -105,9 +105,10 @@ def encode_positions(positions: np.ndarray, size: int) -> bytes:
     return counts.astype(np.uint8).tobytes() + offsets.astype(np.uint8).tobytes()
 
 
-def decode_positions(data: bytes | memoryview, size: int) -> np.ndarray:
-    """Inverse of ``encode_positions``; raises ``ValueError`` on an index that does not fit a
-    block of ``size`` elements (wrong length, a position past the block's end)."""
+def split_index(data: bytes | memoryview | np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A sparse index's per-window counts and its offsets (uint8 views), for a block of
+    ``size`` elements; raises ``ValueError`` where their lengths disagree (too few bytes for
+    the windows, counts that name more or fewer offsets than it holds)."""
     raw = np.frombuffer(data, dtype=np.uint8)
     n_windows = window_count(size)
     if raw.size < n_windows:
@@ -115,7 +116,14 @@ def decode_positions(data: bytes | memoryview, size: int) -> np.ndarray:
     counts, offsets = raw[:n_windows], raw[n_windows:]
     if int(counts.sum(dtype=np.int64)) != offsets.size:
         raise ValueError(f"sparse index counts {int(counts.sum())} offsets, holds {offsets.size}")
-    starts = np.repeat(np.arange(n_windows, dtype=np.int64) * WINDOW, counts)
+    return counts, offsets
+
+
+def decode_positions(data: bytes | memoryview, size: int) -> np.ndarray:
+    """Inverse of ``encode_positions``; raises ``ValueError`` on an index that does not fit a
+    block of ``size`` elements (wrong length, a position past the block's end)."""
+    counts, offsets = split_index(data, size)
+    starts = np.repeat(np.arange(counts.size, dtype=np.int64) * WINDOW, counts)
     positions = starts + offsets
     if positions.size and int(positions.max()) >= size:
         raise ValueError(f"position {int(positions.max())} beyond a block of {size}")

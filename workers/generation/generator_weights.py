@@ -369,7 +369,7 @@ class GeneratorWeights:
             # the first one does not wait for its compile.
             from streamrl.workers.diff_kernels import compile_kernels
 
-            compile_kernels()
+            compile_kernels(encode=False)
             while not self._stop.is_set():
                 with self._handoff:
                     if self._prepared is not None:  # adopted at the next decode step

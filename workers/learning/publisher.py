@@ -272,7 +272,7 @@ class WeightPublisher:
         self.encoder_cores = encoder_cores
         # The encoder fans a version's blocks out over the cores it may use (streamrl.cores).
         self._pool = burst_pool(encoder_cores, f"encode[{rank}]")
-        compile_kernels()
+        compile_kernels(apply=False)  # a learner encodes; its subscribers apply
         self.model, self.rank, self.world_size, self.config = model, rank, world_size, config
         self.shard_rank = shard_rank
         self.ctx = ctx or zmq.Context.instance()
