@@ -53,7 +53,6 @@ from numba import types
 from numba.extending import intrinsic
 
 from streamrl.protocol import SPARSE_WINDOW as WINDOW
-from streamrl.workers.weight_codec import encode_positions, split_index
 
 LANES = 32  # elements a vector step compares: 64 bytes of bf16, one AVX-512 register
 
@@ -269,8 +268,9 @@ def compile_kernels(*, encode: bool = True, apply: bool = True) -> None:
     if encode:
         sparse_diff(tiny, tiny[::-1].copy(), limit=tiny.size)
     if apply:
-        index = np.frombuffer(encode_positions(np.arange(0, tiny.size, 3), tiny.size), np.uint8)
-        block, values = tiny.copy(), -tiny[::3]
+        index = np.array([2, 0, 5], np.uint8)  # one window: positions 0 and 5
+        values = -tiny[:2]
+        block = tiny.copy()
         undo_sparse(index, apply_sparse(index, values, block), block)
 
 
@@ -301,11 +301,15 @@ def _undo_sparse(counts, offsets, old, block):  # pragma: no cover - numba
 
 
 def _index(index: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """A sparse index's counts and offsets for a block of ``size`` elements
-    (``weight_codec.split_index``), checked so that every position it names lies in the block
-    and in its own window."""
-    counts, offsets = split_index(index, size)
-    nwin = counts.size
+    """A sparse index's counts and offsets for a block of ``size`` elements, checked so that
+    every position it names lies in the block and in its own window (the length checks are
+    ``weight_codec.split_index``'s, repeated: that module imports this one)."""
+    nwin = -(-size // WINDOW)
+    if index.size < nwin:
+        raise ValueError(f"sparse index of {index.size} bytes for {nwin} windows")
+    counts, offsets = index[:nwin], index[nwin:]
+    if int(counts.sum(dtype=np.int64)) != offsets.size:
+        raise ValueError(f"sparse index counts {int(counts.sum())} offsets, holds {offsets.size}")
     if offsets.size and int(offsets.max()) >= WINDOW:
         raise ValueError(f"an offset of {int(offsets.max())} in a window of {WINDOW}")
     last = offsets[offsets.size - int(counts[-1]) :] if nwin else offsets[:0]
