@@ -12,7 +12,7 @@ this machine uses by default. Both images are read once per pass, so the vector 
 is the memory's read speed; XXH3 of one image is printed beside it for scale (an apply
 hashes every block it wrote too, on top of the figures here). Apply: the sparse parts the
 vector pass wrote, applied to a copy of the old image by ``apply_sparse`` and by numpy's
-decode, gather and scatter (``weight_codec.decode_positions``), the results compared.
+decode, gather and scatter (``sparse_index.decode_positions``), the results compared.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import xxhash
 
 from streamrl.hardware import cpu_description
 from streamrl.workers.diff_kernels import VECTORS, apply_sparse, compile_kernels, sparse_diff
-from streamrl.workers.weight_codec import decode_positions
+from streamrl.workers.sparse_index import decode_positions
 
 BLOCK = 8 * 1024 * 1024
 

@@ -275,7 +275,7 @@ def index_sizes(changed) -> dict[str, int]:
     """Bytes of the positions of ``changed`` (a bool array) in each candidate encoding."""
     import numpy as np
 
-    from streamrl.workers.weight_codec import encode_positions
+    from streamrl.workers.sparse_index import encode_positions
 
     positions = np.flatnonzero(changed)
     k = positions.size

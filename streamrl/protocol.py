@@ -636,7 +636,7 @@ class TensorPart(msgspec.Struct):
 
     ``encoding``: ``dense`` (``values`` holds the whole block), ``sparse`` (``indices`` are the
     block's changed positions, a byte per ``SPARSE_WINDOW``-element window counting them then
-    a byte per position for its offset in its window: ``weight_codec.encode_positions``;
+    a byte per position for its offset in its window: ``sparse_index.encode_positions``;
     ``values`` the new bf16 values at them) or ``bitmap`` (``indices`` is a packed bitmap over
     the block's elements).
     ``checksum`` is XXH3-64 of the complete new bf16 block, verified after applying.

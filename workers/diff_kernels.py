@@ -53,6 +53,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from streamrl.protocol import SPARSE_WINDOW as WINDOW
+from streamrl.workers.sparse_index import split_index, window_count
 
 LANES = 32  # elements a vector step compares: 64 bytes of bf16, one AVX-512 register
 
@@ -235,7 +236,7 @@ def sparse_diff(
     if new.shape != old.shape:
         raise ValueError(f"blocks of {new.size} and {old.size} elements")
     size = new.size
-    nwin = -(-size // WINDOW)
+    nwin = window_count(size)
     # Room for a vector step's whole store past the last change; pages past what is written
     # are never touched.
     index = np.empty(nwin + limit + LANES, np.uint8)
@@ -300,30 +301,11 @@ def _undo_sparse(counts, offsets, old, block):  # pragma: no cover - numba
             block[base + offsets[k]] = old[k]
 
 
-def _index(index: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """A sparse index's counts and offsets for a block of ``size`` elements, checked so that
-    every position it names lies in the block and in its own window (the length checks are
-    ``weight_codec.split_index``'s, repeated: that module imports this one)."""
-    nwin = -(-size // WINDOW)
-    if index.size < nwin:
-        raise ValueError(f"sparse index of {index.size} bytes for {nwin} windows")
-    counts, offsets = index[:nwin], index[nwin:]
-    if int(counts.sum(dtype=np.int64)) != offsets.size:
-        raise ValueError(f"sparse index counts {int(counts.sum())} offsets, holds {offsets.size}")
-    if offsets.size and int(offsets.max()) >= WINDOW:
-        raise ValueError(f"an offset of {int(offsets.max())} in a window of {WINDOW}")
-    last = offsets[offsets.size - int(counts[-1]) :] if nwin else offsets[:0]
-    furthest = (nwin - 1) * WINDOW + int(last.max()) if last.size else -1
-    if furthest >= size:
-        raise ValueError(f"position {furthest} beyond a block of {size}")
-    return counts, offsets
-
-
 def apply_sparse(index: np.ndarray, values: np.ndarray, block: np.ndarray) -> np.ndarray:
     """Write ``values`` (int16) at the positions the sparse ``index`` (uint8, the codec's
     form) names in ``block`` (flat int16, in place); returns the old values there, for
     ``undo_sparse``. Raises ``ValueError`` on an index that does not fit, before writing."""
-    counts, offsets = _index(index, block.size)
+    counts, offsets = split_index(index, block.size)
     if offsets.size != values.size:
         raise ValueError(f"{offsets.size} positions for {values.size} values")
     old = np.empty(values.size, np.int16)
@@ -333,5 +315,5 @@ def apply_sparse(index: np.ndarray, values: np.ndarray, block: np.ndarray) -> np
 
 def undo_sparse(index: np.ndarray, old: np.ndarray, block: np.ndarray) -> None:
     """Put back what ``apply_sparse`` replaced in ``block``."""
-    counts, offsets = _index(index, block.size)
+    counts, offsets = split_index(index, block.size)
     _undo_sparse(counts, offsets, old, block)

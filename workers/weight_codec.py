@@ -7,7 +7,7 @@ the last published one, and the changed elements travel in one of three encoding
 is smallest for that block:
 
 - ``sparse``: a byte per 255-element window (how many of its elements changed), then a byte per
-  change (its offset in its window), then the new values (``encode_positions``). About 1.2
+  change (its offset in its window), then the new values (``sparse_index``). About 1.2
   bytes per change at 2% density, 1.8 at 0.5%, and never the 4 bytes of a raw uint32 index
   (``benchmarks/weights.py`` measures the alternatives);
 - ``bitmap``: one bit per element of the block (smaller than the sparse index above ~12%
@@ -39,7 +39,6 @@ import numpy as np
 import torch
 import xxhash
 
-from streamrl.protocol import SPARSE_WINDOW as WINDOW
 from streamrl.protocol import TensorPart
 
 
@@ -77,57 +76,6 @@ def shard_rows(full_rows: int, rank: int, world: int) -> tuple[int, int]:
     per_rank = -(-full_rows // world)
     start = min(rank * per_rank, full_rows)
     return start, min(start + per_rank, full_rows)
-
-
-# --------------------------------------------------------------------------- positions
-# The format in numpy. Encoding and applying run the compiled passes of ``diff_kernels`` (one
-# read of the two images instead of four passes over them; one pass over the changes instead
-# of three), which the tests hold to these.
-
-
-def window_count(size: int) -> int:
-    return -(-size // WINDOW)
-
-
-def encode_positions(positions: np.ndarray, size: int) -> bytes:
-    """Sorted distinct flat positions in a block of ``size`` elements -> the sparse index: one
-    byte per ``WINDOW``-element window (how many positions fall in it), then one byte per
-    position (its offset in its window). ``ceil(size / 255) + k`` bytes for ``k`` positions.
-
-    Why windows of bytes and not varint gaps: both sides are a few vectorised passes over the
-    ``k`` positions (a ``bincount``, a ``repeat``) instead of one masked pass per varint byte,
-    and the size stays close. On SmolLM2-135M's real diffs (2% changed) encoding and decoding
-    the positions took 34 ms a version against 116 ms for LEB128 gaps, and the diff grew from
-    8.1 to 8.2 MB (Intel Xeon, one core; docs/experiments.md, 2026-12-02).
-    Example: positions [3, 300] in 600 elements -> counts [1, 1, 0], offsets [3, 45]."""
-    windows, offsets = np.divmod(positions.astype(np.int64, copy=False), WINDOW)
-    counts = np.bincount(windows, minlength=window_count(size))
-    return counts.astype(np.uint8).tobytes() + offsets.astype(np.uint8).tobytes()
-
-
-def split_index(data: bytes | memoryview | np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """A sparse index's per-window counts and its offsets (uint8 views), for a block of
-    ``size`` elements; raises ``ValueError`` where their lengths disagree (too few bytes for
-    the windows, counts that name more or fewer offsets than it holds)."""
-    raw = np.frombuffer(data, dtype=np.uint8)
-    n_windows = window_count(size)
-    if raw.size < n_windows:
-        raise ValueError(f"sparse index of {raw.size} bytes for {n_windows} windows")
-    counts, offsets = raw[:n_windows], raw[n_windows:]
-    if int(counts.sum(dtype=np.int64)) != offsets.size:
-        raise ValueError(f"sparse index counts {int(counts.sum())} offsets, holds {offsets.size}")
-    return counts, offsets
-
-
-def decode_positions(data: bytes | memoryview, size: int) -> np.ndarray:
-    """Inverse of ``encode_positions``; raises ``ValueError`` on an index that does not fit a
-    block of ``size`` elements (wrong length, a position past the block's end)."""
-    counts, offsets = split_index(data, size)
-    starts = np.repeat(np.arange(counts.size, dtype=np.int64) * WINDOW, counts)
-    positions = starts + offsets
-    if positions.size and int(positions.max()) >= size:
-        raise ValueError(f"position {int(positions.max())} beyond a block of {size}")
-    return positions
 
 
 # --------------------------------------------------------------------------- parts

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from streamrl.workers.diff_kernels import apply_sparse, sparse_diff, undo_sparse
-from streamrl.workers.weight_codec import encode_positions
+from streamrl.workers.sparse_index import encode_positions
 
 PASSES = pytest.mark.parametrize("vectors", [True, False], ids=["vectors", "words"])
 

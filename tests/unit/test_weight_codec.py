@@ -19,12 +19,11 @@ from streamrl.workers.learning.publisher import (
     local_bf16_shards,
     stream_chunks,
 )
+from streamrl.workers.sparse_index import decode_positions, encode_positions
 from streamrl.workers.weight_codec import (
     EncodedPart,
     apply_part,
-    decode_positions,
     encode_part,
-    encode_positions,
     row_blocks,
     shard_rows,
 )
@@ -74,6 +73,8 @@ def test_a_sparse_index_that_does_not_fit_its_block_is_refused() -> None:
         decode_positions(data[:2], 600)
     with pytest.raises(ValueError, match="beyond"):
         decode_positions(data, 591)  # 599 lies past a block of 591
+    with pytest.raises(ValueError, match="window of 255"):
+        decode_positions(bytes([1, 0, 0, 255]), 600)  # an offset that names the next window
 
 
 @pytest.mark.parametrize(
