@@ -98,7 +98,8 @@ def test_anchor_service_survives_fuzz_and_serves_the_image(ctx: zmq.Context) -> 
         assert anchor.version == 1 and [p.name for p in anchor.parts] == list(image)
         for part, values in zip(anchor.parts, payload[::2], strict=True):
             assert values == image[part.name].bits.tobytes()
-        assert publisher.anchors_served == valid + 1
+        # Counted once its last message is handed to the socket, which may be after we read it.
+        wait_until(lambda: publisher.anchors_served == valid + 1, what="the count")
         good.close()
         sock.close()
     finally:
