@@ -81,7 +81,7 @@ def _mode(lora: bool, args: argparse.Namespace, out: str) -> None:
     )
     from streamrl.transport import free_port
     from streamrl.workers.learning.learner import build_train_step, rendezvous
-    from streamrl.workers.learning.publisher import encode_shard, local_bf16_shards
+    from streamrl.workers.learning.shard_image import encode_shard, local_bf16_shards
 
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as every role process does

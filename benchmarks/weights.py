@@ -149,7 +149,8 @@ def run_config(
 
     from streamrl.config import WeightsConfig
     from streamrl.models import load_causal_lm
-    from streamrl.workers.learning.publisher import WeightPublisher, local_bf16_shards
+    from streamrl.workers.learning.publisher import WeightPublisher
+    from streamrl.workers.learning.shard_image import local_bf16_shards
 
     sub_cores = None
     if split:
@@ -298,7 +299,7 @@ def compare_index_encodings(
 
     from streamrl.config import WeightsConfig
     from streamrl.models import load_causal_lm
-    from streamrl.workers.learning.publisher import local_bf16_shards
+    from streamrl.workers.learning.shard_image import local_bf16_shards
     from streamrl.workers.weight_codec import row_blocks
 
     model = load_causal_lm(model_dir, "float32", device=device)

@@ -48,6 +48,7 @@ from __future__ import annotations
 import llvmlite.binding
 import numba
 import numpy as np
+import torch
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
@@ -165,16 +166,59 @@ def _popcount(typingctx, x):
 _OFFSETS = ((np.arange(WINDOW)[:, None] + np.arange(LANES)) % WINDOW).astype(np.uint8).ravel()
 
 
+@intrinsic
+def _cast_lanes(typingctx, source, new, i):
+    """``new[i : i + LANES]`` := the bf16 bits of the float32 bits ``source[i : i + LANES]``,
+    rounded to nearest even, any NaN as 0xFFFF: what torch's ``.to(torch.bfloat16)`` makes
+    on the CPU with its AVX2 and AVX-512 kernels (its scalar one makes NaNs 0x7FC0;
+    ``tests/unit/test_diff_kernels.py`` holds the two to each other, denormals and infinities
+    included). In 32 bits: only a NaN's bits can wrap, and it is replaced."""
+
+    def codegen(context, builder, signature, args):
+        bits = builder.load(
+            _vector_pointer(context, builder, signature.args[0], args[0], args[2]), align=1
+        )
+        lanes = bits.type
+
+        def splat(value: int) -> ir.Constant:
+            return ir.Constant(lanes, [ir.Constant(lanes.element, value)] * LANES)
+
+        odd = builder.and_(builder.lshr(bits, splat(16)), splat(1))  # ties to the even one
+        rounded = builder.lshr(builder.add(builder.add(bits, odd), splat(0x7FFF)), splat(16))
+        nan = builder.icmp_unsigned(">", builder.and_(bits, splat(0x7FFFFFFF)), splat(0x7F800000))
+        out = builder.trunc(builder.select(nan, splat(0xFFFF), rounded), _HALVES)
+        builder.store(
+            out, _vector_pointer(context, builder, signature.args[1], args[1], args[2]), align=1
+        )
+        return context.get_dummy_value()
+
+    return types.void(source, new, i), codegen
+
+
+_HALVES = ir.VectorType(ir.IntType(16), LANES)
+
+
+def _cast(source: np.ndarray, new: np.ndarray, start: int) -> None:
+    """``new[start:]`` := bf16 bits of the float32 ``source[start:]``, by torch itself."""
+    if start < new.size:
+        torch.from_numpy(new[start:]).view(torch.bfloat16).copy_(torch.from_numpy(source[start:]))
+
+
 @numba.njit(nogil=True, cache=True)
-def _emit_vectors(new, old, stop, index, nwin, values, limit, offsets):  # pragma: no cover
+def _emit_vectors(new, old, stop, index, nwin, values, limit, offsets, source, cast):
+    # pragma: no cover - numba
     # Elements [0, stop), stop a multiple of LANES. Each step stores LANES values and offsets
     # and keeps the changed ones (the rest are overwritten by the next step): no branch on
-    # the data but the rare window crossing.
+    # the data but the rare window crossing. ``cast``: first write the step's LANES elements
+    # of ``new`` from ``source`` (float32 bits), so that the masters are read once and the
+    # new image compared while it is still in L1.
     one = np.uint64(1)
     k = 0
     at = 0  # the offset of element i in its window
     win = 0
     for i in range(0, stop, LANES):
+        if cast:
+            _cast_lanes(source, new, i)
         mask = _changed_mask(new, old, i)
         _compress_store(new, i, mask, values, k)
         _compress_store(offsets, at * LANES, mask, index, nwin + k)
@@ -226,15 +270,24 @@ def _aligned_head(new: np.ndarray, old: np.ndarray) -> int:
 
 
 def sparse_diff(
-    new: np.ndarray, old: np.ndarray, limit: int, *, vectors: bool = VECTORS
+    new: np.ndarray,
+    old: np.ndarray,
+    limit: int,
+    *,
+    source: np.ndarray | None = None,
+    vectors: bool = VECTORS,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The changed elements of ``new`` against ``old`` (flat int16 bits of one block) as the
     codec's sparse index (uint8: one count per window, then one offset per change) and the
     new values (int16), or ``None`` when more than ``limit`` elements changed (the caller
     sends the block some other way and never pays for a sparse form it would not use).
+    ``source``: the block's float32 masters (flat): ``new`` is first written as their bf16
+    rounding, in the same pass where ``vectors`` (whole in any case, ``None`` or not).
     ``vectors``: which pass (module doc); both write the same bytes."""
     if new.shape != old.shape:
         raise ValueError(f"blocks of {new.size} and {old.size} elements")
+    if source is not None and (source.dtype != np.float32 or source.shape != new.shape):
+        raise ValueError(f"a {source.dtype} source of {source.size} for {new.size} elements")
     size = new.size
     nwin = window_count(size)
     # Room for a vector step's whole store past the last change; pages past what is written
@@ -245,8 +298,11 @@ def sparse_diff(
     bits, base = new.view(np.uint16), old.view(np.uint16)
     if vectors:
         tail = size - size % LANES
-        k = _emit_vectors(bits, base, tail, index, nwin, values, limit, _OFFSETS)
+        src = _NO_SOURCE if source is None else source.view(np.uint32)
+        k = _emit_vectors(bits, base, tail, index, nwin, values, limit, _OFFSETS, src, src.size)
     else:
+        if source is not None:
+            _cast(source, new, 0)
         head = _aligned_head(bits, base)
         words = (size - head) // 4
         tail = head + 4 * words
@@ -254,11 +310,17 @@ def sparse_diff(
         if words and k >= 0:
             new64, old64 = bits[head:tail].view(np.uint64), base[head:tail].view(np.uint64)
             k = _emit_words(new64, old64, head, index, nwin, values, k, limit)
+    if source is not None and vectors:
+        # The tail, or all that a pass stopped at ``limit`` left unwritten.
+        _cast(source, new, tail if k >= 0 else 0)
     if k >= 0:
         k = _emit_scalar(bits, base, tail, size, index, nwin, values, k, limit)
     if k < 0:
         return None
     return index[: nwin + k], values[:k].view(np.int16)
+
+
+_NO_SOURCE = np.empty(0, np.uint32)
 
 
 def compile_kernels(*, encode: bool = True, apply: bool = True) -> None:
@@ -268,6 +330,7 @@ def compile_kernels(*, encode: bool = True, apply: bool = True) -> None:
     tiny = np.arange(2 * LANES + 9, dtype=np.int16)
     if encode:
         sparse_diff(tiny, tiny[::-1].copy(), limit=tiny.size)
+        sparse_diff(tiny.copy(), tiny, limit=tiny.size, source=tiny.astype(np.float32))
     if apply:
         index = np.array([2, 0, 5], np.uint8)  # one window: positions 0 and 5
         values = -tiny[:2]

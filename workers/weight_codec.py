@@ -129,18 +129,23 @@ def encode_part(
     row_offset: int,
     rows: int,
     dense_threshold: float,
+    source: np.ndarray | None = None,
 ) -> EncodedPart | None:
     """Encode one block (``new``/``old``: flat int16 bits of the block's bf16 image, ``old=None``
     for a snapshot). Returns ``None`` when nothing changed: the block is left out of the diff.
-    ``row_offset`` is the block's first row in the full tensor."""
+    ``row_offset`` is the block's first row in the full tensor. ``source``: the block's
+    float32 masters, from which ``new`` is written first (in the diff's own pass where it
+    can: ``diff_kernels.sparse_diff``)."""
     head = (name, full_shape, row_offset, rows)
     if old is None:
+        if source is not None:
+            torch.from_numpy(new).view(torch.bfloat16).copy_(torch.from_numpy(source))
         return EncodedPart(_header(*head, "dense", new, new.size), new)
     # Imported here: numba (llvmlite, ~70 MB) loads only in processes that encode or apply
     # sparse parts (vLLM's engine construction needs ``vllm_engine.llvmlite_scannable`` then).
     from streamrl.workers.diff_kernels import sparse_diff
 
-    found = sparse_diff(new, old, limit=int(dense_threshold * new.size))
+    found = sparse_diff(new, old, limit=int(dense_threshold * new.size), source=source)
     if found is None:  # more than dense_threshold changed
         return EncodedPart(_header(*head, "dense", new, int(np.count_nonzero(new != old))), new)
     sparse, values = found

@@ -31,7 +31,8 @@ from streamrl.protocol import (
     WeightAnchor,
 )
 from streamrl.transport import make_socket
-from streamrl.workers.learning.publisher import WeightPublisher, local_bf16_shards
+from streamrl.workers.learning.publisher import WeightPublisher
+from streamrl.workers.learning.shard_image import local_bf16_shards
 
 N_INPUTS = 10_000
 

@@ -29,7 +29,7 @@ from streamrl.models.tiny import ARCHITECTURES
 from streamrl.workers.engines.base import EngineArgs
 from streamrl.workers.engines.hf import HFEngine
 from streamrl.workers.learning.learner import build_train_step
-from streamrl.workers.learning.publisher import local_bf16_shards
+from streamrl.workers.learning.shard_image import local_bf16_shards
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda", 0)

@@ -108,7 +108,8 @@ def test_the_publisher_s_snapshot_is_the_next_forward_s_image(mesh) -> None:
     outlive a release (the masters may change after one), nor serve two refreshes."""
     from streamrl.config import WeightsConfig
     from streamrl.workers.learning.fsdp import offer_compute_image
-    from streamrl.workers.learning.publisher import WeightPublisher, whole_tensors
+    from streamrl.workers.learning.publisher import WeightPublisher
+    from streamrl.workers.learning.shard_image import whole_tensors
 
     offered, fresh = (shard_for_training(_off_grid_model(), mesh, "bfloat16") for _ in range(2))
     publisher = WeightPublisher(offered, 0, 1, WeightsConfig())

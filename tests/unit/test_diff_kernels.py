@@ -164,3 +164,53 @@ def test_undo_of_a_position_named_twice_restores_its_first_value() -> None:
     assert block[7] == -2
     undo_sparse(index, kept, block)
     np.testing.assert_array_equal(block, np.arange(300, dtype=np.int16))
+
+
+# Float32 values whose bf16 rounding is a corner: NaNs (both signs), infinities, zeros of both
+# signs, denormals, the largest finite values (one rounds to infinity), ties to even both ways.
+CORNERS = [
+    float("nan"), -float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -1e-40,
+    1.1754942e-38, 3.4e38, -3.4e38, 3.3895314e38, 1.0 + 2**-8, 1.0 + 3 * 2**-8,
+]  # fmt: skip
+
+
+@PASSES
+@pytest.mark.parametrize("n", [0, 1, 14, 31, 32, 33, 255, 1021, 70_001])
+@pytest.mark.parametrize("fraction", [0.0, 0.03, 1.0])
+def test_a_diff_from_float32_masters_writes_torchs_rounding_in_the_same_pass(
+    n: int, fraction: float, vectors: bool
+) -> None:
+    """``source``: ``new`` is written as torch's bf16 rounding of the masters, and the diff is
+    the one of that image; past ``limit`` the image is still written whole."""
+    import torch
+
+    rng = np.random.default_rng(n)
+    masters = torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 0.02)
+    masters[: min(n, len(CORNERS))] = torch.tensor(CORNERS[:n])
+    reference = masters.to(torch.bfloat16).view(torch.int16).numpy()
+    # A NaN's bits are the kernel's choice: 0xFFFF from torch's vector kernels (AVX2,
+    # AVX-512) as from ours, 0x7FC0 from its scalar one (ATEN_CPU_CAPABILITY=default).
+    nan = torch.isnan(masters).numpy()
+    old = reference.copy()
+    flip = rng.random(n) < fraction
+    old[flip] ^= rng.integers(1, 2**15, int(flip.sum()), dtype=np.int16)
+    new = np.zeros(n, np.int16)
+    found = sparse_diff(new, old, limit=n, source=masters.numpy(), vectors=vectors)
+    np.testing.assert_array_equal(new[~nan], reference[~nan])
+    assert torch.from_numpy(new[nan]).view(torch.bfloat16).isnan().all()
+    expected = sparse_diff(new.copy(), old, limit=n, vectors=vectors)
+    assert found is not None and expected is not None
+    np.testing.assert_array_equal(found[0], expected[0])
+    np.testing.assert_array_equal(found[1], expected[1])
+    if int(flip.sum()) > 0:
+        over = np.zeros(n, np.int16)
+        assert sparse_diff(over, old, limit=0, source=masters.numpy(), vectors=vectors) is None
+        np.testing.assert_array_equal(over[~nan], reference[~nan])
+
+
+def test_a_source_that_is_not_the_blocks_float32_masters_is_refused() -> None:
+    new = np.zeros(64, np.int16)
+    with pytest.raises(ValueError, match="source"):
+        sparse_diff(new, new.copy(), limit=64, source=np.zeros(64, np.float64))
+    with pytest.raises(ValueError, match="source"):
+        sparse_diff(new, new.copy(), limit=64, source=np.zeros(63, np.float32))

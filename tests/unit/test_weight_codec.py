@@ -13,12 +13,8 @@ import torch
 import torch.distributed as dist
 
 from streamrl.workers.learning.fsdp import shard_for_training
-from streamrl.workers.learning.publisher import (
-    chunk_parts,
-    encode_shard,
-    local_bf16_shards,
-    stream_chunks,
-)
+from streamrl.workers.learning.publisher import chunk_parts, stream_chunks
+from streamrl.workers.learning.shard_image import encode_shard, local_bf16_shards
 from streamrl.workers.sparse_index import decode_positions, encode_positions
 from streamrl.workers.weight_codec import (
     EncodedPart,
@@ -229,7 +225,7 @@ def test_a_burst_pool_encodes_and_applies_what_one_thread_does() -> None:
     import msgspec
 
     from streamrl.workers.generation.subscriber import _overlapping
-    from streamrl.workers.learning.publisher import LocalShard
+    from streamrl.workers.learning.shard_image import LocalShard
 
     old = {f"w{i}": LocalShard(bits(4000, seed=i), (40, 100), 0) for i in range(5)}
     new = {n: LocalShard(changed(s.bits, 0.05, seed=7), s.full_shape, 0) for n, s in old.items()}

@@ -37,7 +37,8 @@ from streamrl.transport import interface_holding, make_socket, resolve_host
 from streamrl.workers.learning import checkpoint
 from streamrl.workers.learning.fsdp import adamw, offer_compute_image, shard_for_training
 from streamrl.workers.learning.lora_forward import merge_in_forward
-from streamrl.workers.learning.publisher import WeightPublisher, whole_tensors
+from streamrl.workers.learning.publisher import WeightPublisher
+from streamrl.workers.learning.shard_image import whole_tensors
 from streamrl.workers.learning.train_step import TrainStep
 from streamrl.workers.learning.training_record import NoRecord, TrainingRecord
 

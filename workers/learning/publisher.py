@@ -2,21 +2,28 @@
 
 Each learner rank publishes its own FSDP2 shard; nothing is gathered through rank 0.
 
-    learner thread            encoder thread                    anchor thread
-    ──────────────            ──────────────                    ─────────────
+    learner thread              pool threads          encoder thread          anchor thread
+    ──────────────              ────────────          ──────────────          ─────────────
     optimizer.step()
-    publish(v): bf16 snapshot
-      of the local shard ───► diff vs image(base), encode,
-    (returns; next step         send chunks on PUB (never
-     overlaps the encode)       blocks: PUB drops at its HWM),
-                                image := snapshot, version := v ─► answers AnchorRequests on
-                                                                   ROUTER with image@version
+    publish(v): take_image ───► each block: masters
+      (waits for the blocks;      -> bf16 image(v),
+       the masters may change     diff vs image(v-1) ─► send each block's part
+       once they are read)                              as it is done, on PUB
+    returns; next step                                  (never blocks: PUB drops
+                                                        at its HWM);
+                                                        image := image(v) ───► answers
+                                                                               AnchorRequests on
+                                                                               ROUTER with
+                                                                               image@version
 
-Only ``publish`` runs on the learner's thread, and it only copies the shard to a bf16 snapshot.
-If the learner publishes again before the encoder has sent the previous snapshot, the pending
-snapshot is replaced by the newer one (coalescing): the next diff then goes from the last
-*sent* version straight to the newest, ``WeightDiff(version=7, base_version=5)``, and
-subscribers follow the ``base_version`` chain. The learner never waits for the network.
+``publish`` takes the version's bf16 image and its diff against the image taken before in one
+pass over the masters (``shard_image.take_image``), on the pool's threads, and returns once
+every block has been read (SmolLM2-135M: ~0.08 s on two threads); the encoder thread packs the
+parts into chunks and sends each as soon as its blocks are done. If the learner publishes
+again before the encoder has sent the previous version, the pending version is replaced by the
+newer one (coalescing): its diff is then encoded again from the last *sent* version straight
+to the newest, ``WeightDiff(version=7, base_version=5)``, and subscribers follow the
+``base_version`` chain. The learner never waits for the network.
 
 Wire format: one ZeroMQ multipart message per chunk: a msgpack ``WeightDiff``/``WeightAnchor``
 header (``payload_frames=True``, parts with empty ``values``/``indices``), then two frames per
@@ -28,182 +35,51 @@ least one (possibly empty) message per version, so that subscribers know its row
 version.
 
 Memory cost (host RAM, bf16 = 2 bytes x parameters of this rank's shard = S):
-steady state S (the published image, which anchors are served from); plus S for the snapshot
-while it is being encoded; plus S for one pending snapshot if the learner outruns the encoder
-(never more: newer snapshots replace it). Encoded diffs add at most S while being sent.
+steady state S (the published image, which anchors are served from, and the next diff's
+base); plus S for the image being taken and sent; plus S for one pending image if the learner
+outruns the encoder (never more: newer ones replace it). Encoded diffs add at most S while
+being sent.
 
 Whole-image verification: every ``weights.verify_every`` versions, and when the learner asks
 (``publish(v, verify=True)``: a checkpoint is saved at ``v``), the last chunk of the version's
 diff carries an ``ImageChecksum`` of this rank's whole shard at ``v``; subscribers compare it
 with their copy. A verified version coalesced away passes the request on to the newer one.
 
-Invariant: a diff is always taken against the image last *sent*, and that image is what anchors
-serve. Example: after the encoder has sent version 5, an anchor request is answered with
+Invariant: a diff sent is always against the image last *sent*, and that image is what
+anchors serve. Example: after the encoder has sent version 5, an anchor request is answered with
 version 5 and the next diff is ``WeightDiff(version=6, base_version=5)``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 import msgspec
-import numpy as np
 import torch
 import zmq
 
 from streamrl.config import WeightsConfig
 from streamrl.cores import burst_pool, side_thread
-from streamrl.models.lora import wire_name
-from streamrl.protocol import AnchorRequest, ImageChecksum, WeightAnchor, WeightDiff
+from streamrl.protocol import AnchorRequest, WeightAnchor, WeightDiff
 from streamrl.transport import Codec, bind_random, make_socket
 from streamrl.workers.diff_kernels import compile_kernels
-from streamrl.workers.weight_codec import (
-    EncodedPart,
-    as_i16,
-    encode_part,
-    image_checksum,
-    image_digests,
-    row_blocks,
-    shard_rows,
+from streamrl.workers.learning.shard_image import (
+    LocalShard,
+    encode_shard,
+    encoded_blocks,
+    local_bf16_shards,
+    shard_image_checksum,
+    take_image,
 )
+from streamrl.workers.weight_codec import EncodedPart
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LocalShard:
-    """This rank's rows ``[row_offset, row_offset + rows)`` of a parameter, as flat bf16 bits."""
-
-    bits: np.ndarray  # int16, flat, owned (a copy, never a view of the live parameter)
-    full_shape: tuple[int, ...]
-    row_offset: int
-
-    @property
-    def rows(self) -> int:
-        return self.bits.size // max(math.prod(self.full_shape[1:]), 1)
-
-
-def local_bf16_shards(
-    model: torch.nn.Module, shard_rank: int | None = None, pool: Executor | None = None
-) -> dict[str, LocalShard]:
-    """name -> bf16 snapshot of this rank's rows, for every trained parameter (tied weights
-    once; a LoRA model's adapters only, by the adapter file's names: ``streamrl.models.lora``).
-    FSDP2 parameters are DTensors sharded ``Shard(0)`` with ``torch.chunk`` row ranges; plain
-    parameters are the whole tensor at offset 0. ``shard_rank``: this rank's index on the
-    (1-D) FSDP mesh; by default the mesh is asked, which needs its process group. ``pool``:
-    threads the host parameters are cast on (a GPU's are copied on the calling thread, in
-    its stream's order)."""
-    rows: list[tuple[str, torch.Tensor, tuple[int, ...], int]] = []
-    adapters = hasattr(model, "peft_config")
-    for name, param in model.named_parameters():
-        if adapters:
-            if not param.requires_grad:
-                continue  # the frozen base: every generator loaded it, it never changes
-            name = wire_name(name)
-        data = param.detach()
-        offset = 0
-        if hasattr(data, "to_local"):
-            placements = tuple(type(p).__name__ for p in data.placements)
-            if placements != ("Shard",) or data.placements[0].dim != 0:
-                raise ValueError(f"{name}: expected FSDP2 Shard(0), got {data.placements}")
-            mesh = data.device_mesh
-            index = mesh.get_local_rank() if shard_rank is None else shard_rank
-            offset, stop = shard_rows(data.shape[0], index, mesh.size())
-            local = data.to_local()
-            if local.shape[0] != stop - offset:
-                raise ValueError(f"{name}: local rows {local.shape[0]} != {stop - offset}")
-            data = local
-        rows.append((name, data, tuple(param.shape), offset))
-
-    def snapshot(row: tuple[str, torch.Tensor, tuple[int, ...], int]) -> LocalShard:
-        _name, data, shape, offset = row
-        # One copy: fp32 master -> bf16 on the host (or a plain copy when already bf16).
-        return LocalShard(as_i16(data.to("cpu", torch.bfloat16, copy=True)), shape, offset)
-
-    on_host = all(data.device.type == "cpu" for _, data, _, _ in rows)
-    shards = pool.map(snapshot, rows) if pool is not None and on_host else map(snapshot, rows)
-    return {row[0]: shard for row, shard in zip(rows, shards, strict=True)}
-
-
-def encode_shard(
-    image: dict[str, LocalShard],
-    base: dict[str, LocalShard] | None,
-    *,
-    chunk_bytes: int,
-    dense_threshold: float,
-    pool: Executor | None = None,
-) -> list[EncodedPart]:
-    """Every changed block of ``image`` against ``base`` (``None``: every block, dense), in
-    ``image``'s order; the blocks are encoded on ``pool``'s threads where given."""
-    return list(
-        encoded_blocks(
-            image, base, chunk_bytes=chunk_bytes, dense_threshold=dense_threshold, pool=pool
-        )
-    )
-
-
-def encoded_blocks(
-    image: dict[str, LocalShard],
-    base: dict[str, LocalShard] | None,
-    *,
-    chunk_bytes: int,
-    dense_threshold: float,
-    pool: Executor | None = None,
-) -> Iterator[EncodedPart]:
-    """``encode_shard``'s parts as they are encoded, in order (the pool works ahead), so
-    that the first can be sent while the rest are still being encoded."""
-
-    def encode(block: tuple[str, LocalShard, int, int, int]) -> EncodedPart | None:
-        name, shard, row_elems, start, stop = block
-        lo, hi = start * row_elems, stop * row_elems
-        return encode_part(
-            name,
-            shard.bits[lo:hi],
-            None if base is None else base[name].bits[lo:hi],
-            full_shape=shard.full_shape,
-            row_offset=shard.row_offset + start,
-            rows=stop - start,
-            dense_threshold=dense_threshold,
-        )
-
-    blocks = [
-        (name, shard, row_elems, start, stop)
-        for name, shard in image.items()
-        for row_elems in [max(math.prod(shard.full_shape[1:]), 1)]
-        for start, stop in row_blocks(shard.rows, row_elems, chunk_bytes)
-    ]
-    encoded = pool.map(encode, blocks) if pool is not None else map(encode, blocks)
-    return (part for part in encoded if part is not None)
-
-
-def whole_tensors(image: dict[str, LocalShard]) -> dict[str, torch.Tensor]:
-    """The shards that hold their whole tensor (a single rank's), as bf16 tensors of its shape
-    sharing the snapshot's memory: what a one-rank learner's compute image would cast anew
-    (``fsdp.offer_compute_image``)."""
-    return {
-        name: torch.from_numpy(shard.bits).view(torch.bfloat16).view(shard.full_shape)
-        for name, shard in image.items()
-        if shard.row_offset == 0 and shard.rows == shard.full_shape[0]
-    }
-
-
-def shard_image_checksum(image: dict[str, LocalShard]) -> ImageChecksum:
-    """The whole-image checksum of this rank's shard (every tensor's rows, in ``image`` order)."""
-    digests = image_digests([shard.bits for shard in image.values()])
-    return ImageChecksum(
-        names=list(image),
-        row_offsets=[shard.row_offset for shard in image.values()],
-        rows=[shard.rows for shard in image.values()],
-        digests=digests.tobytes(),
-        checksum=image_checksum(digests),
-    )
 
 
 def stream_chunks(
@@ -246,9 +122,19 @@ def message_frames(encoder: msgspec.msgpack.Encoder, header, chunk: list[Encoded
 @dataclass
 class _Snapshot:
     version: int
-    image: dict[str, LocalShard]
+    image: dict[str, LocalShard]  # complete once every one of ``parts`` is done
     taken_at: float  # wall clock, when publish() was called: the start of publish-to-applied
     verify: bool = False  # send the whole shard's ImageChecksum with this version
+    # Its blocks' parts against the image taken before it (``base_version``), in order; sent
+    # as they are when that is the image last sent, else encoded again against that one.
+    parts: list[Future[EncodedPart | None]] = field(default_factory=list)
+    base_version: int = -1
+    coalesced: bool = False  # it replaced a pending version, so its parts' base was never sent
+
+    def wait(self) -> None:
+        """Until the image is complete; raises what a block's pass raised."""
+        for part in self.parts:
+            part.result()
 
 
 class WeightPublisher:
@@ -290,6 +176,7 @@ class WeightPublisher:
         self.version = version  # last version sent (the image anchors serve)
         self.image = local_bf16_shards(model, shard_rank)
         self.last_snapshot = self.image  # the newest ``publish`` took (never written after)
+        self._taken_version = version  # last_snapshot's version: the next diff's base
         self._pending: _Snapshot | None = None
         self._busy = False
         self.anchors_served = 0
@@ -319,16 +206,31 @@ class WeightPublisher:
         start, now = time.perf_counter(), time.time()
         every = self.config.verify_every
         verify = verify or (every > 0 and version % every == 0)
-        image = local_bf16_shards(self.model, self.shard_rank, self._pool)
-        snapshot = _Snapshot(version, image, now, verify)
-        self.last_snapshot = snapshot.image
+        # The image and its diff against the one taken before, in one pass over the masters
+        # (shard_image.take_image) on the pool's threads; the encoder sends each block's part
+        # as it is done, while the rest are still being taken.
+        image, parts = take_image(
+            self.model,
+            self.last_snapshot,
+            chunk_bytes=self.config.chunk_bytes,
+            dense_threshold=self.config.dense_threshold,
+            shard_rank=self.shard_rank,
+            pool=self._pool,
+        )
+        snapshot = _Snapshot(version, image, now, verify, parts, self._taken_version)
         with self._lock:
             if self._pending is not None:
                 self.coalesced += 1  # the encoder is behind: skip straight to the newest
                 snapshot.verify |= self._pending.verify  # verify the newer version instead
+                snapshot.coalesced = True
             self._pending = snapshot
             self._lock.notify_all()
             metrics = dict(self.last_metrics)
+        # The masters may change once every block has read them; a block that failed leaves
+        # the image incomplete, so this version is raised here (the encoder drops it too).
+        for part in parts:
+            part.result()
+        self.last_snapshot, self._taken_version = image, version
         metrics["weights/snapshot_s"] = time.perf_counter() - start
         return metrics
 
@@ -369,13 +271,17 @@ class WeightPublisher:
         its parts are encoded (``stream_chunks``): subscribers write the first chunks while
         the rest are encoded. ``num_chunks`` is known, and sent, on the last chunk only."""
         start = time.perf_counter()
-        parts = encoded_blocks(
-            snapshot.image,
-            self.image,
-            chunk_bytes=self.config.chunk_bytes,
-            dense_threshold=self.config.dense_threshold,
-            pool=self._pool,
-        )
+        if snapshot.base_version == self.version and not snapshot.coalesced:
+            parts = (p for f in snapshot.parts if (p := f.result()) is not None)
+        else:  # its base was never sent (coalesced, or a failed send): against what was
+            snapshot.wait()
+            parts = encoded_blocks(
+                snapshot.image,
+                self.image,
+                chunk_bytes=self.config.chunk_bytes,
+                dense_threshold=self.config.dense_threshold,
+                pool=self._pool,
+            )
         check, verify_s, send_s = None, 0.0, 0.0
         sent = changed = 0
         for i, (chunk, last) in enumerate(stream_chunks(parts, self.config.chunk_bytes)):
