@@ -25,6 +25,13 @@ the numpy reference):
   (``NUMBA_CPU_NAME=generic``) LLVM unrolls the compress lane by lane and the vectors lose
   (200 ms at 2.3%), so the words stay there.
 
+Where the new image is still to be made from float32 masters (a learner rank's host
+parameters, ``shard_image.take_image``), the vector pass makes it too (``sparse_diff``'s
+``source``): each step rounds 32 masters to bf16 in registers (``_cast_lanes``), stores them
+and compares them, so the new image is written once and never read back. SmolLM2-135M, two
+threads of an Intel Xeon with AMX: 0.082 s against 0.126-0.141 s for torch's cast then the
+diff (docs/experiments.md, 2026-12-06 session 23). The words pass casts with torch first.
+
 Applying a sparse part (``apply_sparse``, ``weight_codec.apply_in_place``) is one pass too:
 each changed position decoded from its window's count and offset, its old value kept for the
 undo and the new one written. numpy decodes the positions, gathers the old values and
