@@ -138,8 +138,8 @@ def encode_part(
     can: ``diff_kernels.sparse_diff``)."""
     head = (name, full_shape, row_offset, rows)
     if old is None:
-        if source is not None:
-            torch.from_numpy(new).view(torch.bfloat16).copy_(torch.from_numpy(source))
+        if source is not None:  # no caller takes a first image this way (shard_image)
+            raise ValueError(f"{name}: masters to take without the image before them")
         return EncodedPart(_header(*head, "dense", new, new.size), new)
     # Imported here: numba (llvmlite, ~70 MB) loads only in processes that encode or apply
     # sparse parts (vLLM's engine construction needs ``vllm_engine.llvmlite_scannable`` then).

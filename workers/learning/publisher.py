@@ -129,7 +129,6 @@ class _Snapshot:
     # as they are when that is the image last sent, else encoded again against that one.
     parts: list[Future[EncodedPart | None]] = field(default_factory=list)
     base_version: int = -1
-    coalesced: bool = False  # it replaced a pending version, so its parts' base was never sent
 
     def wait(self) -> None:
         """Until the image is complete; raises what a block's pass raised."""
@@ -222,14 +221,12 @@ class WeightPublisher:
             if self._pending is not None:
                 self.coalesced += 1  # the encoder is behind: skip straight to the newest
                 snapshot.verify |= self._pending.verify  # verify the newer version instead
-                snapshot.coalesced = True
             self._pending = snapshot
             self._lock.notify_all()
             metrics = dict(self.last_metrics)
         # The masters may change once every block has read them; a block that failed leaves
         # the image incomplete, so this version is raised here (the encoder drops it too).
-        for part in parts:
-            part.result()
+        snapshot.wait()
         self.last_snapshot, self._taken_version = image, version
         metrics["weights/snapshot_s"] = time.perf_counter() - start
         return metrics
@@ -271,7 +268,9 @@ class WeightPublisher:
         its parts are encoded (``stream_chunks``): subscribers write the first chunks while
         the rest are encoded. ``num_chunks`` is known, and sent, on the last chunk only."""
         start = time.perf_counter()
-        if snapshot.base_version == self.version and not snapshot.coalesced:
+        # Its parts hold when their base is the version last sent. A coalesced version's base
+        # is the one it replaced, never sent (versions only grow), so it never passes this.
+        if snapshot.base_version == self.version:
             parts = (p for f in snapshot.parts if (p := f.result()) is not None)
         else:  # its base was never sent (coalesced, or a failed send): against what was
             snapshot.wait()

@@ -46,7 +46,7 @@ class LocalShard:
 
     @property
     def rows(self) -> int:
-        return self.bits.size // max(math.prod(self.full_shape[1:]), 1)
+        return self.bits.size // _row_elems(self)
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,47 @@ def _host_masters(data: torch.Tensor) -> np.ndarray | None:
     return data.reshape(-1).numpy()
 
 
+# A block: rows [start, stop) of one tensor's shard, cut by ``row_blocks`` to fit a chunk.
+_Block = tuple[str, int, int]
+
+
+def _blocks(image: dict[str, LocalShard], chunk_bytes: int) -> list[_Block]:
+    """Every block of ``image``, in its order (the order parts are sent in)."""
+    return [
+        (name, start, stop)
+        for name, shard in image.items()
+        for start, stop in row_blocks(shard.rows, _row_elems(shard), chunk_bytes)
+    ]
+
+
+def _row_elems(shard: LocalShard) -> int:
+    return max(math.prod(shard.full_shape[1:]), 1)
+
+
+def _encode_block(
+    block: _Block,
+    image: dict[str, LocalShard],
+    base: dict[str, LocalShard] | None,
+    dense_threshold: float,
+    masters: np.ndarray | None = None,
+) -> EncodedPart | None:
+    """One block of ``image`` against ``base`` (``weight_codec.encode_part``); ``masters``:
+    the tensor's flat float32 masters, from which the block's image is written first."""
+    name, start, stop = block
+    shard = image[name]
+    lo, hi = start * _row_elems(shard), stop * _row_elems(shard)
+    return encode_part(
+        name,
+        shard.bits[lo:hi],
+        None if base is None else base[name].bits[lo:hi],
+        full_shape=shard.full_shape,
+        row_offset=shard.row_offset + start,
+        rows=stop - start,
+        dense_threshold=dense_threshold,
+        source=None if masters is None else masters[lo:hi],
+    )
+
+
 def take_image(
     model: torch.nn.Module,
     base: dict[str, LocalShard],
@@ -130,39 +171,25 @@ def take_image(
     future is done, and each block's part (``None``: unchanged) in ``encode_shard``'s
     order. The masters must not change until then."""
     image: dict[str, LocalShard] = {}
-    work: list[tuple[str, np.ndarray | None, int, int]] = []  # name, masters, start, stop
+    masters: dict[str, np.ndarray | None] = {}
     for row in _local_rows(model, shard_rank):
         if row.name not in base or base[row.name].bits.size != row.data.numel():
             raise ValueError(f"{row.name}: no base image of its {row.data.numel()} elements")
-        masters = _host_masters(row.data)
-        if masters is None:  # a GPU's or a bf16 master: copied here, in its stream's order
+        masters[row.name] = host = _host_masters(row.data)
+        if host is None:  # a GPU's or a bf16 master: copied here, in its stream's order
             image[row.name] = row.snapshot()
         else:
-            bits = np.empty(masters.size, np.int16)  # written by the blocks' passes
+            bits = np.empty(host.size, np.int16)  # written by the blocks' passes
             image[row.name] = LocalShard(bits, row.full_shape, row.row_offset)
-        row_elems = max(math.prod(row.full_shape[1:]), 1)
-        for start, stop in row_blocks(image[row.name].rows, row_elems, chunk_bytes):
-            work.append((row.name, masters, start * row_elems, stop * row_elems))
 
-    def encode(block: tuple[str, np.ndarray | None, int, int]) -> EncodedPart | None:
-        name, masters, lo, hi = block
-        shard = image[name]
-        row_elems = max(math.prod(shard.full_shape[1:]), 1)
-        return encode_part(
-            name,
-            shard.bits[lo:hi],
-            base[name].bits[lo:hi],
-            full_shape=shard.full_shape,
-            row_offset=shard.row_offset + lo // row_elems,
-            rows=(hi - lo) // row_elems,
-            dense_threshold=dense_threshold,
-            source=None if masters is None else masters[lo:hi],
-        )
+    def encode(block: _Block) -> EncodedPart | None:
+        return _encode_block(block, image, base, dense_threshold, masters[block[0]])
 
+    blocks = _blocks(image, chunk_bytes)
     if pool is not None:
-        return image, [pool.submit(encode, block) for block in work]
+        return image, [pool.submit(encode, block) for block in blocks]
     futures: list[Future[EncodedPart | None]] = []
-    for block in work:
+    for block in blocks:
         future: Future[EncodedPart | None] = Future()
         future.set_result(encode(block))
         futures.append(future)
@@ -197,25 +224,10 @@ def encoded_blocks(
     """``encode_shard``'s parts as they are encoded, in order (the pool works ahead), so
     that the first can be sent while the rest are still being encoded."""
 
-    def encode(block: tuple[str, LocalShard, int, int, int]) -> EncodedPart | None:
-        name, shard, row_elems, start, stop = block
-        lo, hi = start * row_elems, stop * row_elems
-        return encode_part(
-            name,
-            shard.bits[lo:hi],
-            None if base is None else base[name].bits[lo:hi],
-            full_shape=shard.full_shape,
-            row_offset=shard.row_offset + start,
-            rows=stop - start,
-            dense_threshold=dense_threshold,
-        )
+    def encode(block: _Block) -> EncodedPart | None:
+        return _encode_block(block, image, base, dense_threshold)
 
-    blocks = [
-        (name, shard, row_elems, start, stop)
-        for name, shard in image.items()
-        for row_elems in [max(math.prod(shard.full_shape[1:]), 1)]
-        for start, stop in row_blocks(shard.rows, row_elems, chunk_bytes)
-    ]
+    blocks = _blocks(image, chunk_bytes)
     encoded = pool.map(encode, blocks) if pool is not None else map(encode, blocks)
     return (part for part in encoded if part is not None)
 
