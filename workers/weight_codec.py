@@ -33,6 +33,7 @@ version is hashed twice, by the publisher and by each subscriber.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,7 @@ import torch
 import xxhash
 
 from streamrl.protocol import TensorPart
+from streamrl.workers.sparse_index import decode_positions
 
 
 def as_i16(t: torch.Tensor) -> np.ndarray:
@@ -161,9 +163,10 @@ def encode_part(
     return EncodedPart(_header(*head, encoding, new, num_changed), values, indices)
 
 
-# What ``undo`` needs to put a block back: the part applied (None: a dense part) and the old
-# values it replaced (the whole old block for a dense part).
-Undo = tuple["EncodedPart | None", np.ndarray]
+# What ``undo`` needs to put a block back: the part applied and the old values it replaced
+# (the whole old block for a dense part). The part also says which elements it changed
+# (``changed_positions``).
+Undo = tuple["EncodedPart", np.ndarray]
 
 
 def apply_in_place(part: EncodedPart, block: np.ndarray) -> Undo:
@@ -180,7 +183,7 @@ def apply_in_place(part: EncodedPart, block: np.ndarray) -> Undo:
             raise ValueError(f"{head.name}[{head.row_offset}:]: checksum mismatch")
         old = block.copy()
         block[:] = new
-        return None, old
+        return part, old
     values = np.frombuffer(part.values, dtype="<i2")
     if head.encoding == "sparse":
         # Imported here, as in ``encode_part``: the compiled pass (diff_kernels' module doc).
@@ -203,6 +206,37 @@ def apply_in_place(part: EncodedPart, block: np.ndarray) -> Undo:
     return record
 
 
+def changed_positions(part: EncodedPart, size: int) -> np.ndarray | None:
+    """The flat positions (int64) in its block of ``size`` elements that an applied ``part``
+    wrote; None for a dense part (every element). Example: a sparse part naming positions 3
+    and 300 -> [3, 300]."""
+    encoding = part.header.encoding
+    if encoding == "dense":
+        return None
+    if encoding == "sparse":
+        return decode_positions(part.indices, size)
+    return _bitmap_positions(part, size)
+
+
+def changed_elements(records: Iterable[Undo]) -> dict[str, np.ndarray]:
+    """Per tensor, the flat positions in the whole (unsharded) tensor that these applied parts
+    wrote, for each tensor all of whose parts name their positions; a tensor with a dense part
+    is left out (a block changed whole is cheaper to copy whole). A position two steps
+    changed appears twice. Example: parts of rows 2-3 of a [4, 10] tensor naming positions 1
+    and 12 of their block -> {name: [21, 32]}."""
+    found: dict[str, list[np.ndarray]] = {}
+    whole: set[str] = set()
+    for part, _ in records:
+        head = part.header
+        row_len = math.prod(head.full_shape[1:])
+        positions = changed_positions(part, head.rows * row_len)
+        if positions is None:
+            whole.add(head.name)
+        else:
+            found.setdefault(head.name, []).append(positions + head.row_offset * row_len)
+    return {name: np.concatenate(p) for name, p in found.items() if name not in whole}
+
+
 def _bitmap_positions(part: EncodedPart, total: int) -> np.ndarray:
     head = part.header
     if head.encoding != "bitmap":
@@ -215,7 +249,7 @@ def _bitmap_positions(part: EncodedPart, total: int) -> np.ndarray:
 
 def undo(block: np.ndarray, record: Undo) -> None:
     part, old = record
-    if part is None:
+    if part.header.encoding == "dense":
         block[:] = old
     elif part.header.encoding == "sparse":
         from streamrl.workers.diff_kernels import undo_sparse

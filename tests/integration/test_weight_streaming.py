@@ -169,9 +169,10 @@ def generator_spec(config, model_dir, ranks: FakeRanks):
     )
 
 
-def tiny_engine_on_a_stream():
-    """The tiny model's HF engine (bf16) and two ``FakeRanks`` streaming its fp32 weights:
-    what ``GeneratorWeights`` tests run on. Returns (model directory, ranks, config, engine)."""
+def tiny_engine_on_a_stream(compute_dtype: str = "bfloat16"):
+    """The tiny model's HF engine (bf16 unless asked) and two ``FakeRanks`` streaming its fp32
+    weights: what ``GeneratorWeights`` tests run on. Returns (model directory, ranks, config,
+    engine)."""
     from streamrl.config import load_config
     from streamrl.models import load_causal_lm, resolve_model
     from streamrl.workers.engines import make_engine
@@ -181,8 +182,17 @@ def tiny_engine_on_a_stream():
         2, WeightsConfig(chunk_bytes=8192), lambda: load_causal_lm(model_dir, "float32")
     )
     config = load_config(None, [])
-    engine = make_engine(config.generator, model_dir, 0, compute_dtype="bfloat16", max_model_len=64)
+    engine = make_engine(
+        config.generator, model_dir, 0, compute_dtype=compute_dtype, max_model_len=64
+    )
     return model_dir, ranks, config, engine
+
+
+def assert_engine_holds(engine, reference: dict[str, torch.Tensor]) -> None:
+    """Every engine parameter, whatever its dtype, is exactly the bf16 image of ``reference``."""
+    for name, param in engine.params.items():
+        expected = reference[name].to(torch.bfloat16).to(param.dtype)
+        assert torch.equal(param.data.view(-1), expected.view(-1)), name
 
 
 def assert_same_pack(layer) -> None:
@@ -635,20 +645,33 @@ def test_two_gloo_learners_stream_to_subscribers(tmp_path: Path) -> None:
         assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("background", [True, False], ids=["weight-thread", "inline"])
-def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: bool) -> None:
-    """``GeneratorWeights`` on a real HF engine (prepacked where oneDNN runs bf16): versions
-    stream while the engine samples and are adopted between its decode steps, on the weight
-    thread (prepared off the decode path, the engine's tensors never written in place) or
-    inline. The engine ends bitwise at the learner's image; every sequence's token versions
-    only move forward."""
+def test_the_generator_s_engine_follows_the_stream_while_it_samples(
+    background: bool, dtype: str
+) -> None:
+    """``GeneratorWeights`` on a real HF engine (prepacked where oneDNN runs bf16; fp32 as on
+    an AVX2 CPU): versions stream while the engine samples and are adopted between its decode
+    steps, on the weight thread (prepared off the decode path, the engine's tensors written
+    only by the adoption) or inline. A tensor the engine has whole once then goes by its
+    changed elements (its first version whole: the fp32 model the engine loaded is not the
+    bf16 image). The engine is bitwise at the learner's image after every version; every
+    sequence's token versions only move forward."""
     import zmq
 
     from streamrl.protocol import GeneratorActivity
     from streamrl.workers.engines.base import SamplingParams
     from streamrl.workers.generation.generator_weights import GeneratorWeights
 
-    model_dir, ranks, config, engine = tiny_engine_on_a_stream()
+    model_dir, ranks, config, engine = tiny_engine_on_a_stream(dtype)
+    by_positions: list[str] = []  # the tensors handed over by their changed elements
+    prepare = engine.prepare_weights
+
+    def spy(named, version, pool=None, positions=None):
+        by_positions.extend(positions or {})
+        return prepare(named, version, pool=pool, positions=positions)
+
+    engine.prepare_weights = spy
     spec = generator_spec(config, model_dir, ranks)
     timers, adopted = GeneratorActivity(), []
     ctx = zmq.Context()
@@ -657,10 +680,11 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: 
     )
     image = weights.subscriber.image
     # On the weight thread the tensors a forward reads are the image's own copies; inline
-    # the image is the engine's parameters.
+    # the image is the engine's parameters. An fp32 engine shares none.
     live = engine.live_weight_names() if background else set()
     for name, param in engine.params.items():
-        assert (image[name].data_ptr() == param.data_ptr()) == (name not in live), name
+        shared = dtype == "bfloat16" and name not in live
+        assert (image[name].data_ptr() == param.data_ptr()) == shared, name
     time.sleep(0.5)  # the SUB sockets connect before the first diff
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
     prompts = [[1, 5, 9, 2], [3, 4], [7, 7, 7]]
@@ -686,9 +710,13 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(background: 
                 assert time.monotonic() < deadline, engine.version
                 for out in engine.generate(prompts, params, on_step=weights.poll):
                     assert out.token_versions == sorted(out.token_versions)
+            assert_engine_holds(engine, ranks.full)
         assert weights.wait_for_version(ranks.version, time.monotonic() + 30)
+        # The fp32 engine's own copy, and on the weight thread the tensors a forward reads
+        # (the bf16 engine's embeddings and norms), go by positions once held whole.
+        if dtype == "float32" or background:
+            assert by_positions
         assert adopted == sorted(adopted) and adopted[-1] == ranks.version
-        assert_bitwise_equal({n: p.data for n, p in engine.params.items()}, ranks.full)
         # Every packed copy, built with the rest or ahead of it a group at a time, is the
         # one the final weights give.
         for layers in engine._packed.values():
@@ -872,9 +900,9 @@ def test_the_evaluation_process_s_engine_takes_only_the_version_it_evaluates() -
     prepared: list[tuple[int, set[str]]] = []
     prepare = engine.prepare_weights
 
-    def recording_prepare(named, version, pool=None):
+    def recording_prepare(named, version, pool=None, positions=None):
         prepared.append((version, {name for name, _ in named}))
-        return prepare(named, version, pool)
+        return prepare(named, version, pool, positions)
 
     engine.prepare_weights = recording_prepare
     ctx = zmq.Context()

@@ -18,7 +18,10 @@ from streamrl.workers.learning.shard_image import encode_shard, local_bf16_shard
 from streamrl.workers.sparse_index import decode_positions, encode_positions
 from streamrl.workers.weight_codec import (
     EncodedPart,
+    apply_in_place,
     apply_part,
+    changed_elements,
+    changed_positions,
     encode_part,
     row_blocks,
     shard_rows,
@@ -236,3 +239,75 @@ def test_a_burst_pool_encodes_and_applies_what_one_thread_does() -> None:
     assert not _overlapping(serial)
     twice = EncodedPart(msgspec.structs.replace(serial[0].header, rows=11), b"")
     assert _overlapping([serial[0], serial[1], twice])  # rows 0-10 of w0 written twice
+
+
+@pytest.mark.parametrize(("fraction", "encoding"), [(0.02, "sparse"), (0.2, "bitmap")])
+def test_changed_elements_name_what_each_applied_part_wrote(fraction: float, encoding: str) -> None:
+    """Rows 2-5 and 6-9 of a [10, 5000] tensor, applied in place: the positions the records
+    name, shifted by the rows before them, are exactly the elements that differ; a tensor
+    with a dense part is left out (copied whole), and a second step's positions add on."""
+    old = bits(50_000).reshape(10, 5000)
+    new = changed(old.reshape(-1), fraction).reshape(10, 5000)
+    image = old.copy()
+    records = []
+    for start in (2, 6):
+        block = image[start : start + 4].reshape(-1)
+        part = encode_part(
+            "w",
+            new[start : start + 4].reshape(-1),
+            block.copy(),
+            full_shape=(10, 5000),
+            row_offset=start,
+            rows=4,
+            dense_threshold=0.5,
+        )
+        assert part.header.encoding == encoding
+        records.append(apply_in_place(part, block))
+    found = changed_elements(records)
+    differs = np.flatnonzero((image != old).reshape(-1))
+    np.testing.assert_array_equal(np.sort(found["w"]), differs)
+    assert differs.min() >= 2 * 5000
+    # The same rows changed again: both steps' positions (one position may come twice).
+    block = image[2:6].reshape(-1)
+    again = changed(block, fraction, seed=7)
+    second_step = np.flatnonzero(again != block) + 2 * 5000
+    second = encode_part(
+        "w", again, block.copy(), full_shape=(10, 5000), row_offset=2, rows=4, dense_threshold=0.5
+    )
+    both = changed_elements([*records, apply_in_place(second, block)])["w"]
+    np.testing.assert_array_equal(np.unique(both), np.union1d(differs, second_step))
+    # A dense part anywhere in a tensor: no positions for it.
+    dense = encode_part(
+        "w",
+        bits(20_000, 3),
+        image[2:6].reshape(-1).copy(),
+        full_shape=(10, 5000),
+        row_offset=2,
+        rows=4,
+        dense_threshold=0.5,
+    )
+    assert dense.header.encoding == "dense"
+    assert changed_positions(dense, 20_000) is None
+    assert changed_elements([*records, apply_in_place(dense, image[2:6].reshape(-1))]) == {}
+
+
+def test_an_engine_copy_goes_by_positions_only_for_tensors_it_holds_whole() -> None:
+    """``EngineCopy``: nothing by positions until an adoption marks a tensor held; a tensor
+    that moved outside the records (``exclude``) goes whole; disabled, no positions at all."""
+    from streamrl.workers.generation.engine_copy import EngineCopy
+
+    old = bits(5000)
+    new = changed(old, 0.02)
+    block = old.copy()
+    part = encode_part(
+        "a", new, block.copy(), full_shape=(5000,), row_offset=0, rows=5000, dense_threshold=0.5
+    )
+    records = [apply_in_place(part, block)]
+    copy = EngineCopy(enabled=True)
+    assert copy.positions(records, ["a"]) == {}  # loaded from the model: not the image
+    mark = copy.on_adopt(["a"])
+    assert copy.positions(records, ["a"]) == {}  # prepared, not adopted yet
+    mark()
+    np.testing.assert_array_equal(copy.positions(records, ["a"])["a"], np.flatnonzero(new != old))
+    assert copy.positions(records, ["a"], exclude={"a"}) == {}
+    assert EngineCopy(enabled=False).positions(records, ["a"]) is None

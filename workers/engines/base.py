@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from streamrl.protocol import pack_float32
 
 if TYPE_CHECKING:  # annotations only: the registry imports this module without torch
+    import numpy as np
     import torch
 
 # What each engine needs installed, here (torch-free) and not in the engines' own modules:
@@ -95,6 +96,8 @@ class Engine(ABC):
     """Generates with the weights of ``self.version``; updated in place by ``update_weights``."""
 
     version: int = 0
+    # Whether ``prepare_weights`` uses ``positions`` (the caller works them out only then).
+    takes_positions: bool = False
 
     @abstractmethod
     def generate(
@@ -125,13 +128,18 @@ class Engine(ABC):
         named_tensors: list[tuple[str, torch.Tensor]],
         version: int,
         pool: Executor | None = None,
+        positions: Mapping[str, np.ndarray] | None = None,
     ) -> Callable[[], None]:
         """Called off the decode path (the weight thread, while ``generate`` runs): do what
         ``update_weights`` would that does not touch the live model, and return the rest, a
         call made between decode steps. The caller leaves ``named_tensors`` unchanged until
         that call returns. ``pool``: threads independent pieces of the preparation may run
-        on. Default: nothing ahead; the adoption is ``update_weights`` (an engine that
-        copies into its own layout, as vLLM and SGLang load weights)."""
+        on. ``positions``: for some of the named tensors, the flat positions (int64, maybe
+        repeated) of the only elements that differ from what the engine took for that tensor
+        last (the caller's tensor, whole or by positions, at every version since), so that an
+        engine with ``takes_positions`` may copy just those. Default: nothing ahead; the
+        adoption is ``update_weights`` (an engine that copies into its own layout, as vLLM
+        and SGLang load weights)."""
         return functools.partial(self.update_weights, list(named_tensors), version)
 
     def weight_groups(self) -> list[frozenset[str]] | None:

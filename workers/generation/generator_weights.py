@@ -49,6 +49,7 @@ from streamrl.models.lora import LoraMerge, adapter_settings, is_base, load_adap
 from streamrl.protocol import GeneratorActivity, LearnerClockInfo, WeightStages
 from streamrl.role_specs import GeneratorSpec
 from streamrl.workers.engines import Engine
+from streamrl.workers.generation.engine_copy import EngineCopy
 from streamrl.workers.generation.subscriber import WeightSubscriber
 from streamrl.workers.progress import Progress
 
@@ -151,6 +152,9 @@ class GeneratorWeights:
                 # tensors a forward reads; the others it writes in place.
                 live = engine.live_weight_names()
                 image = {n: t.clone() if n in live else t for n, t in image.items()}
+        # An engine with its own copy takes each tensor's changed elements once it has the
+        # tensor whole (LoRA's merged weights are not the image: whole each time).
+        self._copy = EngineCopy(engine.takes_positions and self.lora is None)
         # A version's blocks are applied, and its packed copies made, on every core the
         # weight thread may use (streamrl.cores.burst_pool).
         self._pool = burst_pool(spec.slack_cores, f"weights-{self.generator_id}")
@@ -270,9 +274,10 @@ class GeneratorWeights:
             if self.up_to is not None and 0 <= sub.version < self.up_to:
                 self._unprepared.update(changed)  # the image moved; the engine waits
                 return False
-            if self._unprepared:
-                changed = sorted(self._unprepared.union(changed))
-                self._unprepared.clear()
+            unprepared = self._unprepared  # moved through versions whose records are gone
+            if unprepared:
+                changed = sorted(unprepared.union(changed))
+                self._unprepared = set()
             # A version can move with no tensor changed (e.g. a zero-advantage step): still
             # adopt it; a repair anchor at the version held changes tensors without moving the
             # version. Version -1: a fresh subscriber after the learners restarted, anchors
@@ -294,9 +299,14 @@ class GeneratorWeights:
             else:
                 named = [(n, sub.image[n]) for n in changed if n not in done]
             received = time.perf_counter()
-            adopt = self.engine.prepare_weights(named, sub.version, pool=self._pool)
-            if ahead is not None:
-                adopt = _in_turn([*ahead.adopts, adopt])
+            names = [n for n, _ in named]
+            positions = self._copy.positions(sub.last_records, names, exclude=unprepared)
+            adopt = self.engine.prepare_weights(
+                named, sub.version, pool=self._pool, positions=positions
+            )
+            adopt = _in_turn(
+                [*(ahead.adopts if ahead is not None else []), adopt, self._copy.on_adopt(names)]
+            )
             prepare_s = time.perf_counter() - received
             log.info(
                 "generator[%d]: version %d applied to the image in %.3f s, prepared in %.3f s "
@@ -344,7 +354,9 @@ class GeneratorWeights:
             return
         start = time.perf_counter()
         named = [(n, sub.image[n]) for n in sorted(ready)]
-        ahead.adopts.append(self.engine.prepare_weights(named, version, pool=self._pool))
+        positions = self._copy.positions(sub.ahead_records(), ready, exclude=self._unprepared)
+        adopt = self.engine.prepare_weights(named, version, pool=self._pool, positions=positions)
+        ahead.adopts += [adopt, self._copy.on_adopt(ready)]
         ahead.names |= ready
         ahead.seconds += time.perf_counter() - start
         self.tensors_prepared_ahead += len(ready)

@@ -244,6 +244,10 @@ class WeightSubscriber:
         # Whether the last version taken was each rank's written-ahead diff alone (the image's
         # tensors are then exactly what ``ahead_final`` said they would be).
         self.took_ahead = False
+        # What the last ``poll`` that moved the image wrote: every applied part's undo record
+        # (``weight_codec.changed_elements`` reads which elements changed from them); empty
+        # after a poll that moved nothing.
+        self.last_records: list[Undo] = []
         self.version = version
         self.anchor_timeout_s = anchor_timeout_s
         self.ctx = ctx or zmq.Context.instance()
@@ -394,6 +398,7 @@ class WeightSubscriber:
         further than ``up_to``, if given and reachable: an evaluation waiting for those exact
         weights; a version past it only when nothing up to it can be reached).
         Returns the names of tensors that changed (empty if the version did not move)."""
+        self.last_records = []
         self._drain()
         if self.write_ahead:
             self._write_ahead(up_to)
@@ -468,6 +473,7 @@ class WeightSubscriber:
                 apply_s=self.last_apply_s,
             )
         self._arrived = {v: t for v, t in self._arrived.items() if v > target}
+        self.last_records = [record for _, record in undo_log]
         for state, (_, used_anchor) in zip(self.ranks, plans, strict=True):
             if used_anchor:
                 self.anchors_applied += 1
@@ -567,6 +573,11 @@ class WeightSubscriber:
             final &= done
         changed = {name for ahead in aheads for name in ahead.names}
         return aheads[0].version, final, changed
+
+    def ahead_records(self) -> list[Undo]:
+        """The undo records of every rank's chunks written ahead so far (``ahead_final``'s
+        version), oldest first."""
+        return [record for s in self.ranks if s.ahead is not None for _, record in s.ahead.undo]
 
     def _take_ahead(
         self, plans: list[tuple[Steps, bool]], undo_log: list[tuple[np.ndarray, Undo]]
