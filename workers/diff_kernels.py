@@ -343,6 +343,9 @@ def compile_kernels(*, encode: bool = True, apply: bool = True) -> None:
         values = -tiny[:2]
         block = tiny.copy()
         undo_sparse(index, apply_sparse(index, values, block), block)
+        positions = np.array([0, 5], np.int64)
+        copy_at(positions, tiny, block.view(np.uint16))
+        copy_at(positions, tiny, np.empty(tiny.size, np.uint32))
 
 
 # ---------------------------------------------------------------------------- applying
@@ -387,3 +390,39 @@ def undo_sparse(index: np.ndarray, old: np.ndarray, block: np.ndarray) -> None:
     """Put back what ``apply_sparse`` replaced in ``block``."""
     counts, offsets = split_index(index, block.size)
     _undo_sparse(counts, offsets, old, block)
+
+
+# ---------------------------------------------------------------------------- an engine's copy
+
+
+@numba.njit(nogil=True, cache=True)
+def _copy_at(positions, source, target):  # pragma: no cover - numba
+    for i in range(positions.size):
+        p = positions[i]
+        target[p] = source[p]
+
+
+@numba.njit(nogil=True, cache=True)
+def _widen_at(positions, source, target):  # pragma: no cover - numba
+    # bf16 -> fp32 is exact: the bf16 bits become the float32's high half.
+    for i in range(positions.size):
+        p = positions[i]
+        target[p] = np.uint32(np.uint16(source[p])) << 16
+
+
+def copy_at(positions: np.ndarray, source: np.ndarray, target: np.ndarray) -> None:
+    """Copy the bf16 elements at ``positions`` (int64, any order, repeats allowed) of
+    ``source`` (flat int16 bits) into ``target``: flat uint16 bits of a bf16 tensor, or
+    uint32 bits of a float32 one (widened exactly). One pass over the positions, no gathered
+    copy: an engine's copy taking a version's changed elements (``HFEngine.prepare_weights``).
+    Raises ``ValueError`` on a position outside either array, before writing."""
+    if source.dtype != np.int16 or target.dtype not in (np.uint16, np.uint32):
+        raise ValueError(f"copy_at: {source.dtype} into {target.dtype}")
+    if positions.size and (
+        int(positions.min()) < 0 or int(positions.max()) >= min(source.size, target.size)
+    ):
+        raise ValueError(f"copy_at: a position outside {min(source.size, target.size)} elements")
+    if target.dtype == np.uint16:
+        _copy_at(positions, source.view(np.uint16), target)
+    else:
+        _widen_at(positions, source, target)

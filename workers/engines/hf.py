@@ -58,6 +58,7 @@ from streamrl.workers.engines.fast_decode import FastDecoder, MergedProjection, 
 from streamrl.workers.engines.kv_room import RoomyLayer, make_roomy
 from streamrl.workers.engines.options import HFOptions
 from streamrl.workers.engines.packed_linear import PackedLinear, can_prepack, prepack_linears
+from streamrl.workers.engines.spare_copies import SpareCopies
 
 # Prefill the prompts' common prefix once only when that spares at least this many token
 # positions: below it the extra forward (one pass over every layer for a single row) costs
@@ -209,24 +210,6 @@ def _attach_float32_logprobs(
         out.logprobs_f32 = data[start:end]
 
 
-def _few_positions(
-    name: str,
-    tensor: torch.Tensor,
-    param: torch.Tensor,
-    positions: Mapping[str, np.ndarray] | None,
-    packed: Mapping[str, list],
-) -> np.ndarray | None:
-    """``positions[name]`` where writing just those elements of ``param`` in place is right and
-    cheaper than a new tensor: no packed copy is made from it, both are contiguous, and at
-    most a quarter of its elements changed."""
-    where = None if positions is None else positions.get(name)
-    if where is None or packed.get(name) or tensor.shape != param.shape:
-        return None
-    if not (tensor.is_contiguous() and param.is_contiguous()):
-        return None
-    return where if where.size <= param.numel() // 4 else None
-
-
 class HFEngine(Engine):
     takes_positions = True
 
@@ -236,6 +219,7 @@ class HFEngine(Engine):
         self.model = load_causal_lm(args.model_dir, dtype=args.dtype, device=args.device).eval()
         self.model.requires_grad_(False)
         self.params = dict(self.model.named_parameters())
+        self._spares = SpareCopies()  # where versions come by their changed elements
         # Per parameter name, the packed copies to rebuild when a version changes it.
         self._packed: dict[str, list[PackedLinear | MergedProjection]] = {}
         prepack, fast_decode = options.prepack, options.fast_decode
@@ -308,23 +292,23 @@ class HFEngine(Engine):
         engine decodes; the adoption swaps them in (pointer assignments, no copy). A tensor
         that is the parameter itself (a prepacked weight the thread wrote in place, which no
         forward reads) only gets its packed copies. A parameter with no packed copy whose
-        changed ``positions`` are given takes just those elements, written in place by the
-        adoption: about 1% of a version's elements change, so an fp32 engine (an AVX2 CPU) or
-        a GPU's copies 1% of what a whole tensor costs to convert or move."""
+        changed ``positions`` are given takes just those, written into its spare
+        (``SpareCopies``): about 1-3% of a version's elements change, so an fp32 engine (an
+        AVX2 CPU) or a GPU's writes that much, not a whole converted or moved model."""
         with torch.no_grad():
-            sparse, new = {}, {}
+            swaps, new, written = [], {}, []
             for name, tensor in named_tensors:
                 param = self.params[name]
                 if tensor.data_ptr() == param.data_ptr():
+                    written.append(name)
                     continue
-                where = _few_positions(name, tensor, param, positions, self._packed)
-                if where is not None:
-                    index = torch.from_numpy(where)
-                    values = tensor.reshape(-1).index_select(0, index)
-                    sparse[name] = (index.to(self.device), values.to(self.device, param.dtype))
-                else:
+                where = None
+                if not self._packed.get(name):
+                    where = self._spares.positions_for(name, tensor, param, positions)
+                if where is None:
                     new[name] = tensor.to(self.device, param.dtype, copy=True)
-            written = {name for name, _ in named_tensors} - set(new) - set(sparse)
+                else:
+                    swaps.append(self._spares.write(name, param, tensor, where))
             by_param = {id(self.params[name]): tensor for name, tensor in new.items()}
             changed = [*new, *written]
             layers = {id(layer): layer for n in changed for layer in self._packed.get(n, ())}
@@ -338,9 +322,9 @@ class HFEngine(Engine):
         def adopt() -> None:
             for name, tensor in new.items():
                 self.params[name].data = tensor
-            with torch.no_grad():
-                for name, (index, values) in sparse.items():
-                    self.params[name].data.view(-1).index_copy_(0, index, values)
+                self._spares.drop(name)
+            for swap in swaps:
+                swap()
             for layer, value in packed:
                 layer.adopt(value)
             self.version = version
@@ -354,6 +338,7 @@ class HFEngine(Engine):
                 param = self.params[name]
                 if param.data_ptr() != tensor.data_ptr():  # shared image: already in place
                     param.data.copy_(tensor.to(param.device, param.dtype))
+                    self._spares.drop(name)
                 for layer in self._packed.get(name, ()):
                     stale[id(layer)] = layer
             for layer in stale.values():
