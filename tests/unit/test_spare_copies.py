@@ -26,13 +26,14 @@ def moved(image: torch.Tensor, share: float, seed: int) -> np.ndarray:
     return where
 
 
+@pytest.mark.parametrize("share", [0.01, 0.05], ids=["scattered", "copied-whole"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_swap_leaves_the_live_tensor_at_the_image(dtype: torch.dtype) -> None:
+def test_every_swap_leaves_the_live_tensor_at_the_image(dtype: torch.dtype, share: float) -> None:
     image = torch.randn(64, 96).to(torch.bfloat16)
     param = torch.nn.Parameter(image.to(dtype, copy=True), requires_grad=False)
     spares = SpareCopies()
     for version in range(1, 8):
-        where = moved(image, 0.05, version)
+        where = moved(image, share, version)
         positions = {"w": where}
         assert spares.positions_for("w", image, param, positions) is where
         swap = spares.write("w", param, image, where)
@@ -40,7 +41,7 @@ def test_every_swap_leaves_the_live_tensor_at_the_image(dtype: torch.dtype) -> N
             image.view(-1)[torch.from_numpy(where)] = param.data.view(-1)[
                 torch.from_numpy(where)
             ].to(torch.bfloat16)
-            where = moved(image, 0.05, 100 + version)
+            where = moved(image, share, 100 + version)
             swap = spares.write("w", param, image, where)
         before = param.data.clone()
         swap()
@@ -61,13 +62,12 @@ def test_a_tensor_replaced_whole_drops_its_spare() -> None:
     assert torch.equal(param.data, image.float())
 
 
-def test_positions_are_refused_where_a_whole_tensor_is_cheaper_or_right() -> None:
+def test_positions_are_refused_where_a_whole_tensor_is_right() -> None:
     image = torch.zeros(100, dtype=torch.bfloat16)
     param = torch.nn.Parameter(torch.zeros(100), requires_grad=False)
     spares = SpareCopies()
-    few, many = np.arange(10), np.arange(30)
+    few = np.arange(10)
     assert spares.positions_for("w", image, param, {"w": few}) is few
-    assert spares.positions_for("w", image, param, {"w": many}) is None  # over a quarter
     assert spares.positions_for("w", image, param, None) is None
     assert spares.positions_for("w", image.float(), param, {"w": few}) is None  # not bf16
     assert spares.positions_for("w", image[:50], param, {"w": few}) is None  # another shape
