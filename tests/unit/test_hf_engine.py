@@ -206,3 +206,10 @@ def test_prepacked_layers_compute_the_plain_model_and_follow_updates(model_dir) 
         engine.params[name].data.mul_(-1)
         engine.update_weights([(name, engine.params[name].data)], version=2)
     torch.testing.assert_close(logits(packed), logits(plain), atol=2e-2, rtol=0)
+
+
+def test_spare_copies_are_on_for_a_cpu_unless_turned_off(model_dir) -> None:
+    """A CPU engine takes versions by changed elements (``spare_copies`` on); off, it is
+    given none (the generator then hands it whole tensors)."""
+    assert HFEngine(EngineArgs(model_dir), HFOptions()).takes_positions
+    assert not HFEngine(EngineArgs(model_dir), HFOptions(spare_copies=False)).takes_positions

@@ -211,8 +211,6 @@ def _attach_float32_logprobs(
 
 
 class HFEngine(Engine):
-    takes_positions = True
-
     def __init__(self, args: EngineArgs, options: HFOptions | None = None) -> None:
         options = options or HFOptions()
         self.device = torch.device(args.device)
@@ -220,6 +218,8 @@ class HFEngine(Engine):
         self.model.requires_grad_(False)
         self.params = dict(self.model.named_parameters())
         self._spares = SpareCopies()  # where versions come by their changed elements
+        spares = options.spare_copies
+        self.takes_positions = self.device.type == "cpu" if spares is None else spares
         # Per parameter name, the packed copies to rebuild when a version changes it.
         self._packed: dict[str, list[PackedLinear | MergedProjection]] = {}
         prepack, fast_decode = options.prepack, options.fast_decode

@@ -23,6 +23,11 @@ class HFOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # decode steps through FastDecoder (None: Llama-family models; fast_decode.py).
     prepack: bool | None = None
     fast_decode: bool | None = None
+    # A version's changed elements written into a second copy of each parameter the weight
+    # thread's image is not, so the adoption is a swap (spare_copies.py). None: on a CPU;
+    # off on a GPU, where the copy would cost a model's worth of its memory (not measured
+    # there yet). Off: the changed parameters made anew each version.
+    spare_copies: bool | None = None
 
 
 class VLLMOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -31,11 +31,12 @@ import torch
 from streamrl.workers.weight_codec import as_i16
 
 # Above this share of a tensor's elements to write, one streaming copy of the whole tensor
-# into the spare is cheaper than writing them one by one: a scattered write costs about 20 ns
-# an element against 0.7 ns for a copy (SmolLM2-135M's tensors in fp32, one core, AVX2 as
-# emulated on an Intel Xeon: 1% + 1% scattered 55 ms, 2.5% + 2.5% 97 ms, a copy 84-107 ms;
-# a new tensor, the page faults included, 86-300 ms).
-SCATTER_SHARE = 0.04
+# into the spare is cheaper than writing them one by one: a scattered write costs ~20 ns an
+# element against ~0.6 ns copied. SmolLM2-135M in fp32, one thread, AVX2 as emulated on an
+# Intel Xeon (``benchmarks/engine_copy.py``): the last version's and this one's positions
+# scattered 32 / 55 / 117 ms at 0.5 / 1 / 2.5% changed a version, a copy 74-79 ms, new
+# tensors (what the engine made before) 86-95 ms, page faults and all.
+SCATTER_SHARE = 0.03
 
 
 @dataclass
