@@ -712,10 +712,9 @@ def test_the_generator_s_engine_follows_the_stream_while_it_samples(
                     assert out.token_versions == sorted(out.token_versions)
             assert_engine_holds(engine, ranks.full)
         assert weights.wait_for_version(ranks.version, time.monotonic() + 30)
-        # The fp32 engine's own copy, and on the weight thread the tensors a forward reads
-        # (the bf16 engine's embeddings and norms), go by positions once held whole.
-        if dtype == "float32" or background:
-            assert by_positions
+        # The fp32 engine's own copy goes by positions once held whole (``spare_copies``:
+        # on for fp32, off by default for bf16).
+        assert bool(by_positions) == (dtype == "float32")
         assert adopted == sorted(adopted) and adopted[-1] == ranks.version
         # Every packed copy, built with the rest or ahead of it a group at a time, is the
         # one the final weights give.

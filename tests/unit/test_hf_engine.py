@@ -208,8 +208,11 @@ def test_prepacked_layers_compute_the_plain_model_and_follow_updates(model_dir) 
     torch.testing.assert_close(logits(packed), logits(plain), atol=2e-2, rtol=0)
 
 
-def test_spare_copies_are_on_for_a_cpu_unless_turned_off(model_dir) -> None:
-    """A CPU engine takes versions by changed elements (``spare_copies`` on); off, it is
-    given none (the generator then hands it whole tensors)."""
-    assert HFEngine(EngineArgs(model_dir), HFOptions()).takes_positions
-    assert not HFEngine(EngineArgs(model_dir), HFOptions(spare_copies=False)).takes_positions
+def test_spare_copies_are_on_for_an_fp32_cpu_engine_unless_set(model_dir) -> None:
+    """An fp32 CPU engine takes versions by changed elements (``spare_copies`` on); a bf16
+    one only when asked; off, an engine is given none (whole tensors)."""
+    fp32, bf16 = EngineArgs(model_dir, dtype="float32"), EngineArgs(model_dir, dtype="bfloat16")
+    assert HFEngine(fp32, HFOptions()).takes_positions
+    assert not HFEngine(fp32, HFOptions(spare_copies=False)).takes_positions
+    assert not HFEngine(bf16, HFOptions()).takes_positions
+    assert HFEngine(bf16, HFOptions(spare_copies=True)).takes_positions

@@ -219,7 +219,10 @@ class HFEngine(Engine):
         self.params = dict(self.model.named_parameters())
         self._spares = SpareCopies()  # where versions come by their changed elements
         spares = options.spare_copies
-        self.takes_positions = self.device.type == "cpu" if spares is None else spares
+        if spares is None:  # where it measured better: an fp32 CPU engine (docs/experiments.md)
+            dtype = next(iter(self.params.values())).dtype
+            spares = self.device.type == "cpu" and dtype == torch.float32
+        self.takes_positions = spares
         # Per parameter name, the packed copies to rebuild when a version changes it.
         self._packed: dict[str, list[PackedLinear | MergedProjection]] = {}
         prepack, fast_decode = options.prepack, options.fast_decode

@@ -24,9 +24,10 @@ class HFOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     prepack: bool | None = None
     fast_decode: bool | None = None
     # A version's changed elements written into a second copy of each parameter the weight
-    # thread's image is not, so the adoption is a swap (spare_copies.py). None: on a CPU;
-    # off on a GPU, where the copy would cost a model's worth of its memory (not measured
-    # there yet). Off: the changed parameters made anew each version.
+    # thread's image is not, so the adoption is a swap (spare_copies.py). None: on for an
+    # fp32 engine on a CPU (AVX2), where it measured better; off for bf16 (only the
+    # embedding and norms would take it; not measured better) and on a GPU (a model's worth
+    # of its memory; not measured there yet). Off: the changed parameters made anew.
     spare_copies: bool | None = None
 
 
