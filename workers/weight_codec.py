@@ -218,23 +218,44 @@ def changed_positions(part: EncodedPart, size: int) -> np.ndarray | None:
     return _bitmap_positions(part, size)
 
 
-def changed_elements(records: Iterable[Undo]) -> dict[str, np.ndarray]:
-    """Per tensor, the flat positions in the whole (unsharded) tensor that these applied parts
-    wrote, for each tensor all of whose parts name their positions; a tensor with a dense part
-    is left out (a block changed whole is cheaper to copy whole). A position two steps
-    changed appears twice. Example: parts of rows 2-3 of a [4, 10] tensor naming positions 1
-    and 12 of their block -> {name: [21, 32]}."""
-    found: dict[str, list[np.ndarray]] = {}
+class ChangedElements:
+    """The elements of one tensor that applied parts (none of them dense) wrote: ``size``
+    counted from their headers, the flat positions in the whole (unsharded) tensor decoded
+    only when asked (``np.asarray``), since an engine that copies the tensor whole needs only
+    the count. A position two steps changed comes twice. Example: parts of rows 2-3 of a
+    [4, 10] tensor naming positions 1 and 12 of their block -> size 2, positions [21, 32]."""
+
+    def __init__(self, records: list[Undo]) -> None:
+        self._records = records
+        # From the headers: it picks how to copy, never which elements (those are decoded).
+        self.size = sum(part.header.num_changed for part, _ in records)
+        self._positions: np.ndarray | None = None
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        if self._positions is None:
+            pieces = [np.empty(0, np.int64)]
+            for part, _ in self._records:
+                head = part.header
+                row_len = math.prod(head.full_shape[1:])
+                found = changed_positions(part, head.rows * row_len)
+                pieces.append(found + head.row_offset * row_len)
+            self._positions = np.concatenate(pieces)
+        return self._positions if dtype is None else self._positions.astype(dtype)
+
+
+def changed_elements(records: Iterable[Undo]) -> dict[str, ChangedElements]:
+    """Per tensor, what these applied parts wrote (``ChangedElements``), for each tensor all
+    of whose parts name their positions; a tensor with a dense part is left out (a block
+    changed whole is cheaper to copy whole)."""
+    by_name: dict[str, list[Undo]] = {}
     whole: set[str] = set()
-    for part, _ in records:
-        head = part.header
-        row_len = math.prod(head.full_shape[1:])
-        positions = changed_positions(part, head.rows * row_len)
-        if positions is None:
+    for record in records:
+        head = record[0].header
+        if head.encoding == "dense":
             whole.add(head.name)
         else:
-            found.setdefault(head.name, []).append(positions + head.row_offset * row_len)
-    return {name: np.concatenate(p) for name, p in found.items() if name not in whole}
+            by_name.setdefault(head.name, []).append(record)
+    return {name: ChangedElements(r) for name, r in by_name.items() if name not in whole}
 
 
 def _bitmap_positions(part: EncodedPart, total: int) -> np.ndarray:

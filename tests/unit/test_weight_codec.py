@@ -266,6 +266,7 @@ def test_changed_elements_name_what_each_applied_part_wrote(fraction: float, enc
     found = changed_elements(records)
     differs = np.flatnonzero((image != old).reshape(-1))
     np.testing.assert_array_equal(np.sort(found["w"]), differs)
+    assert found["w"].size == differs.size  # counted from the headers, nothing decoded
     assert differs.min() >= 2 * 5000
     # The same rows changed again: both steps' positions (one position may come twice).
     block = image[2:6].reshape(-1)

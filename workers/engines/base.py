@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING
 from streamrl.protocol import pack_float32
 
 if TYPE_CHECKING:  # annotations only: the registry imports this module without torch
-    import numpy as np
     import torch
+
+    from streamrl.workers.weight_codec import ChangedElements
 
 # What each engine needs installed, here (torch-free) and not in the engines' own modules:
 # ``validate`` says them too.
@@ -128,16 +129,17 @@ class Engine(ABC):
         named_tensors: list[tuple[str, torch.Tensor]],
         version: int,
         pool: Executor | None = None,
-        positions: Mapping[str, np.ndarray] | None = None,
+        positions: Mapping[str, ChangedElements] | None = None,
     ) -> Callable[[], None]:
         """Called off the decode path (the weight thread, while ``generate`` runs): do what
         ``update_weights`` would that does not touch the live model, and return the rest, a
         call made between decode steps. The caller leaves ``named_tensors`` unchanged until
         that call returns. ``pool``: threads independent pieces of the preparation may run
-        on. ``positions``: for some of the named tensors, the flat positions (int64, maybe
-        repeated) of the only elements that differ from what the engine took for that tensor
-        last (the caller's tensor, whole or by positions, at every version since), so that an
-        engine with ``takes_positions`` may copy just those. Default: nothing ahead; the
+        on. ``positions``: for some of the named tensors, the flat positions (``np.asarray``
+        gives them, int64, maybe repeated; ``size`` counts them) of the only elements that
+        differ from what the engine took for that tensor last (the caller's tensor, whole or
+        by positions, at every version since), so that an engine with ``takes_positions``
+        may copy just those. Default: nothing ahead; the
         adoption is ``update_weights`` (an engine that copies into its own layout, as vLLM
         and SGLang load weights)."""
         return functools.partial(self.update_weights, list(named_tensors), version)

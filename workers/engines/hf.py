@@ -43,7 +43,6 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 
-import numpy as np
 import torch
 
 from streamrl.models import load_causal_lm
@@ -58,7 +57,7 @@ from streamrl.workers.engines.fast_decode import FastDecoder, MergedProjection, 
 from streamrl.workers.engines.kv_room import RoomyLayer, make_roomy
 from streamrl.workers.engines.options import HFOptions
 from streamrl.workers.engines.packed_linear import PackedLinear, can_prepack, prepack_linears
-from streamrl.workers.engines.spare_copies import SpareCopies
+from streamrl.workers.engines.spare_copies import Positions, SpareCopies
 
 # Prefill the prompts' common prefix once only when that spares at least this many token
 # positions: below it the extra forward (one pass over every layer for a single row) costs
@@ -289,7 +288,7 @@ class HFEngine(Engine):
         named_tensors: list[tuple[str, torch.Tensor]],
         version: int,
         pool: Executor | None = None,
-        positions: Mapping[str, np.ndarray] | None = None,
+        positions: Mapping[str, Positions] | None = None,
     ) -> Callable[[], None]:
         """New tensors for the changed parameters and their packed copies, built while the
         engine decodes; the adoption swaps them in (pointer assignments, no copy). A tensor

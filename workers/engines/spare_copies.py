@@ -28,7 +28,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from streamrl.workers.weight_codec import as_i16
+from streamrl.workers.weight_codec import ChangedElements, as_i16
+
+# Flat positions: an int64 array, or what ``np.asarray`` makes one of (with its ``size``).
+Positions = np.ndarray | ChangedElements
 
 # Above this share of a tensor's elements to write, one streaming copy of the whole tensor
 # into the spare is cheaper than writing them one by one: a scattered write costs ~20 ns an
@@ -42,7 +45,8 @@ SCATTER_SHARE = 0.03
 @dataclass
 class _Spare:
     tensor: torch.Tensor
-    lag: list[np.ndarray] = field(default_factory=list)  # positions it may differ from live
+    # Positions it may differ from live (arrays, or ``ChangedElements`` not yet decoded).
+    lag: list[Positions] = field(default_factory=list)
 
 
 class SpareCopies:
@@ -56,8 +60,8 @@ class SpareCopies:
         name: str,
         source: torch.Tensor,
         param: torch.Tensor,
-        positions: Mapping[str, np.ndarray] | None,
-    ) -> np.ndarray | None:
+        positions: Mapping[str, Positions] | None,
+    ) -> Positions | None:
         """``positions[name]`` where taking just those is right: a bf16 host image of the
         same shape, both contiguous."""
         where = None if positions is None else positions.get(name)
@@ -69,7 +73,7 @@ class SpareCopies:
             return None
         return where
 
-    def write(self, name: str, param: torch.Tensor, source: torch.Tensor, where: np.ndarray):
+    def write(self, name: str, param: torch.Tensor, source: torch.Tensor, where: Positions):
         """Bring ``name``'s spare to ``source`` (the image, one version past what ``param``
         holds, differing from it at ``where``) off the decode path; returns the swap that
         makes it live, for the adoption."""
@@ -95,8 +99,9 @@ class SpareCopies:
         self._spares.pop(name, None)
 
 
-def _write_at(positions: np.ndarray, source: torch.Tensor, target: torch.Tensor) -> None:
-    """``target``'s elements at ``positions`` from ``source`` (bf16 on the host)."""
+def _write_at(where: Positions, source: torch.Tensor, target: torch.Tensor) -> None:
+    """``target``'s elements at ``where`` from ``source`` (bf16 on the host)."""
+    positions = np.asarray(where)
     if target.device.type == "cpu" and target.dtype in (torch.bfloat16, torch.float32):
         # Imported here: numba loads only where versions are applied.
         from streamrl.workers.diff_kernels import copy_at

@@ -18,11 +18,9 @@ several versions unprepared (``exclude``) goes whole again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
-import numpy as np
-
-from streamrl.workers.weight_codec import Undo, changed_elements
+from streamrl.workers.weight_codec import ChangedElements, Undo, changed_elements
 
 
 class EngineCopy:
@@ -34,19 +32,14 @@ class EngineCopy:
 
     def positions(
         self, records: list[Undo], names: Iterable[str], exclude: Collection[str] = ()
-    ) -> Mapping[str, np.ndarray] | None:
+    ) -> Mapping[str, ChangedElements] | None:
         """For each of ``names`` the engine mirrors (and not in ``exclude``, tensors that also
-        moved outside ``records``): the positions ``records`` wrote, worked out only for the
-        tensors the engine asks for (a prepacked weight written in place never is). None
-        when disabled."""
+        moved outside ``records``): what ``records`` wrote (its positions decoded only if the
+        engine asks for them). None when disabled."""
         if not self.enabled:
             return None
         wanted = {n for n in names if n in self.mirrored and n not in exclude}
-        by_name: dict[str, list[Undo]] = {}
-        for record in records:
-            if record[0].header.name in wanted:
-                by_name.setdefault(record[0].header.name, []).append(record)
-        return _Positions(by_name)
+        return changed_elements(r for r in records if r[0].header.name in wanted)
 
     def on_adopt(self, names: Iterable[str]) -> Callable[[], None]:
         """The call that records, once an update is adopted, that the engine mirrors ``names``
@@ -58,30 +51,3 @@ class EngineCopy:
                 self.mirrored |= taken
 
         return mark
-
-
-class _Positions(Mapping[str, np.ndarray]):
-    """Per tensor, the positions its records wrote, decoded when first asked for; a tensor
-    with a dense part has none (``changed_elements``)."""
-
-    def __init__(self, by_name: dict[str, list[Undo]]) -> None:
-        self._records = by_name
-        self._decoded: dict[str, np.ndarray | None] = {}
-
-    def _positions(self, name: str) -> np.ndarray | None:
-        if name not in self._decoded:
-            found = changed_elements(self._records.get(name, ()))
-            self._decoded[name] = found.get(name)
-        return self._decoded[name]
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        found = self._positions(name) if name in self._records else None
-        if found is None:
-            raise KeyError(name)
-        return found
-
-    def __iter__(self) -> Iterator[str]:
-        return (n for n in self._records if self._positions(n) is not None)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
