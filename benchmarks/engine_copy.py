@@ -20,15 +20,15 @@ Per share of elements changed a version (random positions, as a diff's are), the
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 
 import numpy as np
 import torch
 
+from streamrl.hardware import cpu_description
 from streamrl.workers.diff_kernels import compile_kernels
-from streamrl.workers.engines.spare_copies import SCATTER_SHARE, _write_at
+from streamrl.workers.engines.spare_copies import SCATTER_SHARE, write_at
 
 # SmolLM2-135M: the tied embedding, then per layer q, k, v, o, gate, up, down (30 layers).
 SHAPES = [(49152, 576)] + [
@@ -36,20 +36,10 @@ SHAPES = [(49152, 576)] + [
 ] * 30  # fmt: skip
 
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def timed(fn) -> float:
+def timed(fn, device: str) -> float:
     start = time.perf_counter()
     fn()
-    if torch.cuda.is_available():
+    if device.startswith("cuda"):
         torch.cuda.synchronize()
     return time.perf_counter() - start
 
@@ -70,7 +60,7 @@ def main() -> None:
     spare = [t.to(args.device, dtype) for t in image]
     numel = sum(t.numel() for t in image)
     print(
-        f"# {cpu_name()}, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
+        f"# {cpu_description()}, torch {torch.__version__}, "
         f"{args.device} {args.dtype}, {numel / 1e6:.0f}M elements, one thread; "
         f"SCATTER_SHARE {SCATTER_SHARE}"
     )
@@ -101,15 +91,15 @@ def one_version(image, live, spare, last, now, device, dtype) -> list[tuple[str,
 
     def scatter() -> None:
         for a, b, s, t in zip(last, now, spare, image, strict=True):
-            _write_at(a, t, s)
-            _write_at(b, t, s)
+            write_at(a, t, s)
+            write_at(b, t, s)
 
     def place() -> None:
         for b, s, t in zip(now, live, image, strict=True):
-            _write_at(b, t, s)
+            write_at(b, t, s)
 
     return [
-        (k, timed(f))
+        (k, timed(f, device))
         for k, f in (("new", new), ("copy", copy), ("scatter", scatter), ("place", place))
     ]
 

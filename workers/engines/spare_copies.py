@@ -85,7 +85,7 @@ class SpareCopies:
             spare.tensor.copy_(source)  # dense enough: one streaming pass is cheaper
         else:
             for positions in spare.lag:
-                _write_at(positions, source, spare.tensor)
+                write_at(positions, source, spare.tensor)
 
         def swap() -> None:
             live = param.data
@@ -99,7 +99,7 @@ class SpareCopies:
         self._spares.pop(name, None)
 
 
-def _write_at(where: Positions, source: torch.Tensor, target: torch.Tensor) -> None:
+def write_at(where: Positions, source: torch.Tensor, target: torch.Tensor) -> None:
     """``target``'s elements at ``where`` from ``source`` (bf16 on the host)."""
     positions = np.asarray(where)
     if target.device.type == "cpu" and target.dtype in (torch.bfloat16, torch.float32):
