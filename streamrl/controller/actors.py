@@ -77,17 +77,20 @@ class LearnerActor:
         _setup_process(spec.log_file, spec.cores)
         self.spec = spec
         self.learner = None
+        self.listener = None  # rank 0's store socket, bound in rendezvous_address
 
     def rendezvous_address(self) -> str:
-        from streamrl.transport import free_port
+        from streamrl.workers.learning.learner import group_listener
 
         host = resolve_host(self.spec.bind_host)
-        return f"{host}:{free_port(host)}"
+        self.listener = group_listener(host, self.spec.world_size)
+        return f"{host}:{self.listener.getsockname()[1]}"
 
     def setup(self, master: str) -> tuple[str, str]:
         from streamrl.workers.learning.learner import Learner
 
-        self.learner = Learner(self.spec, master)
+        self.learner = Learner(self.spec, master, self.listener)
+        self.listener = None  # the store owns its descriptor now
         return self.learner.endpoints()
 
     def pid(self) -> int:

@@ -17,7 +17,6 @@ from support import learner_logprobs, whole
 from streamrl.config import load_config
 from streamrl.models import TINY, load_causal_lm, load_tokenizer, resolve_model
 from streamrl.protocol import Trajectory, TrajectoryGroup
-from streamrl.transport import free_port
 from streamrl.workers.engines.base import EngineArgs, SamplingParams
 from streamrl.workers.engines.hf import HFEngine
 from streamrl.workers.learning.learner import build_train_step, rendezvous
@@ -31,7 +30,7 @@ def nccl_group():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     torch.cuda.set_device(0)
-    store = rendezvous(f"127.0.0.1:{free_port()}", 0, 1)
+    store = rendezvous("127.0.0.1:0", 0, 1)
     dist.init_process_group("nccl", store=store, rank=0, world_size=1)
     yield
     dist.destroy_process_group()

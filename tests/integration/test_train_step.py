@@ -95,7 +95,7 @@ def model_dir() -> Path:
 
 
 def _process_group(world_size: int = 1, rank: int = 0, master: str | None = None) -> None:
-    master = master or f"127.0.0.1:{free_port()}"
+    master = master or "127.0.0.1:0"  # a group of one binds any free port
     store = rendezvous(master, rank, world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
 

@@ -10,7 +10,6 @@ import torch.distributed as dist
 from support import whole
 
 from streamrl.models import TINY, load_causal_lm, resolve_model
-from streamrl.transport import free_port
 from streamrl.workers.learning.fsdp import (
     ComputeImage,
     fully_shard_model,
@@ -25,7 +24,7 @@ pytestmark = pytest.mark.slow  # a process group and a model per test
 
 @pytest.fixture
 def mesh():
-    store = rendezvous(f"127.0.0.1:{free_port()}", 0, 1)
+    store = rendezvous("127.0.0.1:0", 0, 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         yield dist.device_mesh.init_device_mesh("cpu", (1,))

@@ -9,14 +9,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from streamrl.transport import free_port
 from streamrl.workers.learning.learner import rendezvous
 from streamrl.workers.learning.train_step import StepMetrics, TrainStep
 
 
 @pytest.fixture
 def one_rank():
-    store = rendezvous(f"127.0.0.1:{free_port()}", 0, 1)
+    store = rendezvous("127.0.0.1:0", 0, 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     yield
     dist.destroy_process_group()

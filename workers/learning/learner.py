@@ -45,19 +45,34 @@ from streamrl.workers.learning.training_record import NoRecord, TrainingRecord
 log = logging.getLogger(__name__)
 
 
-def rendezvous(master: str, rank: int, world_size: int) -> dist.TCPStore:
+def group_listener(host: str, world_size: int) -> socket.socket:
+    """Rank 0's store socket, bound now to a free port on ``host``.
+
+    Binding when the port is chosen leaves no window for another process to take it between
+    the choice and the store's start (a port picked free and bound later was taken that way).
+    """
+    return socket.create_server((host, 0), backlog=2 * world_size)
+
+
+def rendezvous(
+    master: str, rank: int, world_size: int, listener: socket.socket | None = None
+) -> dist.TCPStore:
     """The process group's store at ``master`` (``host:port``), bound to that host only.
 
     TCPStore's own server listens on every interface, so rank 0 hands it a socket bound to
-    ``host``; with a loopback host, gloo's transport is kept on loopback too (forced: a
-    ``GLOO_SOCKET_IFNAME`` exported for a cluster must not put a local run's group on it).
+    ``host``: ``listener`` (``group_listener``) where rank 0 bound it already, else one bound
+    here (port 0 takes any free port: enough for a group of one). With a loopback host, gloo's
+    transport is kept on loopback too (forced: a ``GLOO_SOCKET_IFNAME`` exported for a cluster
+    must not put a local run's group on it).
     """
     host, port = master.rsplit(":", 1)
     if host in ("127.0.0.1", "localhost"):
         os.environ["GLOO_SOCKET_IFNAME"] = interface_holding(host) or "lo"
     listen_fd = None
     if rank == 0:
-        listen_fd = socket.create_server((host, int(port)), backlog=2 * world_size).detach()
+        server = listener or socket.create_server((host, int(port)), backlog=2 * world_size)
+        port = str(server.getsockname()[1])
+        listen_fd = server.detach()
     return dist.TCPStore(
         host,
         int(port),
@@ -151,9 +166,12 @@ def build_train_step(
 
 
 class Learner:
-    def __init__(self, spec: LearnerSpec, master: str) -> None:
+    def __init__(
+        self, spec: LearnerSpec, master: str, listener: socket.socket | None = None
+    ) -> None:
         """``spec``: the rank's whole wiring (``role_specs.LearnerSpec``); ``master``: rank 0's
-        rendezvous address (``host:port``), known only once rank 0 is placed. The spec's
+        rendezvous address (``host:port``), known only once rank 0 is placed; ``listener``:
+        rank 0's socket already bound to it (``group_listener``). The spec's
         ``incarnation`` and ``forks`` are the learner clock's epoch and the versions its
         epochs resumed at (``streamrl.clock``); every report and buffer request carries them."""
         config, rank, world_size = spec.config, spec.rank, spec.world_size
@@ -171,7 +189,7 @@ class Learner:
             torch.cuda.set_device(self.device.index or 0)
         dist.init_process_group(
             lc.backend,
-            store=rendezvous(master, rank, world_size),
+            store=rendezvous(master, rank, world_size, listener),
             rank=rank,
             world_size=world_size,
         )
