@@ -9,15 +9,20 @@ two block-sized temporaries. Here it is one pass that reads each image once.
 Two forms of that pass, the same bytes out (``tests/unit/test_diff_kernels.py`` holds both to
 the numpy reference):
 
-- **Vectors** (``_emit_vectors``, where numba targets x86 with AVX2 or better): 32 elements a
-  step; the changed lanes' values and window offsets are packed to the front of a register
-  (LLVM's ``vector.compress``: one ``vpcompressw``/``vpcompressb`` with AVX-512 VBMI2, LLVM's
-  own expansion with AVX2) and stored whole, and the output advances by the mask's
-  popcount. No branch depends on the data, so its time is the two images' read whatever the
-  density: SmolLM2-135M-sized blocks (135M elements in 8M-element blocks, random changes) took
-  48 / 52 / 63 ms at 0.5 / 2.3 / 10% changed, against 57 / 107 / 315 ms for the word loop
-  below, on one thread of an Intel Xeon with AMX (AVX-512 VBMI2; ``NUMBA_CPU_NAME=haswell``,
-  AVX2 only: 49 / 50 / 64 ms; docs/experiments.md, 2026-12-06 session 21).
+- **Vectors** (``_emit_vectors``, where numba targets x86 with AVX2 or better): 32 elements
+  a step; the changed lanes' values and window offsets are packed to the front and stored
+  whole, and the output advances by the mask's popcount. With AVX-512 VBMI2 the packing is
+  LLVM's ``vector.compress`` (one ``vpcompressw``/``vpcompressb``); without it, four byte
+  shuffles of 8 lanes each from a 256-row table (``_shuffle_compress``), since LLVM's own
+  expansion of the compress took 250 ms for SmolLM2's images on an AMD EPYC with AVX2 only,
+  five times the word loop at 0.5%. No branch depends on the data, so its time is the two
+  images' read whatever the density: SmolLM2-135M-sized blocks (135M elements in 8M-element
+  blocks, random changes) took 48 / 52 / 63 ms at 0.5 / 2.3 / 10% changed, against 57 /
+  107 / 315 ms for the word loop below, on one thread of an Intel Xeon with AMX (VBMI2); by
+  table on the AVX2-only EPYC, 49 / 47 / 55 ms against 37 / 68 / 232 ms (docs/experiments.md,
+  2026-12-06 session 21 and 2026-12-07 session 26). ``NUMBA_CPU_NAME=haswell`` alone does not
+  make a host an AVX2 one: numba keeps the host's features unless ``NUMBA_CPU_FEATURES``
+  names them (``tests/unit/test_diff_kernels.py``'s ``AVX2_ONLY``).
 - **Words** (``_emit_words``, every other target): reads the images 64 bits at a time and
   stops at a word only when it changed. Its branches follow the data, which costs ~25 ns a
   changed word on the Xeon (half that on an AMD EPYC: 63-67 ms for the real diff at 1.8%,
@@ -143,6 +148,10 @@ def _compress_store(typingctx, source, i, mask, target, k):
         flags = builder.bitcast(
             builder.trunc(args[2], ir.IntType(LANES)), ir.VectorType(ir.IntType(1), LANES)
         )
+        target = _vector_pointer(context, builder, signature.args[3], args[3], args[4])
+        if not NATIVE_COMPRESS:
+            _shuffle_compress(builder, pointer, args[2], target, lanes.element.width)
+            return context.get_dummy_value()
         name = f"llvm.experimental.vector.compress.v{LANES}i{lanes.element.width}"
         try:
             compress = builder.module.get_global(name)
@@ -153,12 +162,66 @@ def _compress_store(typingctx, source, i, mask, target, k):
         packed = builder.call(
             compress, [builder.load(pointer, align=1), flags, ir.Constant(lanes, ir.Undefined)]
         )
-        builder.store(
-            packed, _vector_pointer(context, builder, signature.args[3], args[3], args[4]), align=1
-        )
+        builder.store(packed, target, align=1)
         return context.get_dummy_value()
 
     return types.void(source, i, mask, target, k), codegen
+
+
+_BYTES = ir.VectorType(ir.IntType(8), 16)
+_GROUP = 8  # lanes a shuffle packs: 8 bf16 values or 8 window offsets, within 16 bytes
+
+
+def _shuffle_table(width: int) -> np.ndarray:
+    """Row m: the byte shuffle (``pshufb``) that packs the ``width``-bit lanes of an 8-lane
+    group whose bit is set in m to the front, in order (0x80 zeroes a byte)."""
+    size = width // 8
+    table = np.full((256, 16), 0x80, np.uint8)
+    for m in range(256):
+        picked = [size * j + b for j in range(_GROUP) if m >> j & 1 for b in range(size)]
+        table[m, : len(picked)] = picked
+    return table
+
+
+def _shuffle_compress(builder: ir.IRBuilder, source, mask, target, width: int) -> None:
+    """``vector.compress`` and its store, as four table-driven byte shuffles of 8 lanes each
+    (module doc): where the CPU has no compress instruction, LLVM's own expansion of it took
+    250 ms for SmolLM2's images on an AMD EPYC with AVX2 only. Each group's 16-byte store
+    goes where the group before ended; the caller leaves room past the last."""
+    module = builder.module
+    table_name = f"streamrl_compress_table_{width}"
+    try:
+        table = module.get_global(table_name)
+    except KeyError:
+        rows = _shuffle_table(width)
+        kind = ir.ArrayType(_BYTES, 256)
+        table = ir.GlobalVariable(module, kind, table_name)
+        table.initializer = ir.Constant(
+            kind, [ir.Constant(_BYTES, [int(b) for b in row]) for row in rows]
+        )
+        table.global_constant = True
+        table.linkage = "internal"
+        table.align = 16
+    shuffle_name = "llvm.x86.ssse3.pshuf.b.128"
+    try:
+        shuffle = module.get_global(shuffle_name)
+    except KeyError:
+        shuffle = ir.Function(module, ir.FunctionType(_BYTES, [_BYTES, _BYTES]), shuffle_name)
+    byte = ir.IntType(8).as_pointer()
+    source, target = builder.bitcast(source, byte), builder.bitcast(target, byte)
+    i64 = ir.IntType(64)
+    size = width // 8
+    written = ir.Constant(i64, 0)  # bytes stored so far
+    for g in range(LANES // _GROUP):
+        bits = builder.and_(builder.lshr(mask, ir.Constant(i64, _GROUP * g)), ir.Constant(i64, 255))
+        row = builder.load(builder.gep(table, [ir.Constant(i64, 0), bits]), align=16)
+        group = builder.bitcast(
+            builder.gep(source, [ir.Constant(i64, _GROUP * size * g)]), _BYTES.as_pointer()
+        )
+        packed = builder.call(shuffle, [builder.load(group, align=1), row])
+        out = builder.bitcast(builder.gep(target, [written]), _BYTES.as_pointer())
+        builder.store(packed, out, align=1)
+        written = builder.add(written, builder.mul(builder.ctpop(bits), ir.Constant(i64, size)))
 
 
 @intrinsic
@@ -170,7 +233,13 @@ def _popcount(typingctx, x):
 
 
 # Row b: the window offsets of LANES consecutive elements whose first sits at offset b.
-_OFFSETS = ((np.arange(WINDOW)[:, None] + np.arange(LANES)) % WINDOW).astype(np.uint8).ravel()
+# Padded by 8: a shuffle reads 16 bytes for its 8 offsets (``_shuffle_compress``).
+_OFFSETS = np.concatenate(
+    [
+        ((np.arange(WINDOW)[:, None] + np.arange(LANES)) % WINDOW).astype(np.uint8).ravel(),
+        np.zeros(8, np.uint8),
+    ]
+)
 
 
 @intrinsic
@@ -247,6 +316,13 @@ def _emit_vectors(new, old, stop, index, nwin, values, limit, offsets, source, c
     return k
 
 
+def _target_features() -> list[str]:
+    """The features numba compiles for: ``NUMBA_CPU_FEATURES``, else this host's."""
+    return (numba.config.CPU_FEATURES or llvmlite.binding.get_host_cpu_features().flatten()).split(
+        ","
+    )
+
+
 def _vectors_pay() -> bool:
     """Whether numba compiles for x86 with AVX2 or better (module doc): the CPU name and
     features numba is configured with (``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES``), each
@@ -258,11 +334,13 @@ def _vectors_pay() -> bool:
         return False
     if numba.config.CPU_NAME in ("generic", "x86-64", "x86-64-v2"):
         return False
-    features = numba.config.CPU_FEATURES or llvmlite.binding.get_host_cpu_features().flatten()
-    return "+avx2" in features.split(",")
+    return "+avx2" in _target_features()
 
 
 VECTORS = _vectors_pay()
+# A compress instruction (AVX-512 VBMI2's ``vpcompressw``/``vpcompressb``) that LLVM emits for
+# ``vector.compress``; without it the vector pass packs lanes by table (``_shuffle_compress``).
+NATIVE_COMPRESS = "+avx512vbmi2" in _target_features()
 
 
 # ---------------------------------------------------------------------------- the diff
@@ -297,9 +375,10 @@ def sparse_diff(
         raise ValueError(f"a {source.dtype} source of {source.size} for {new.size} elements")
     size = new.size
     nwin = window_count(size)
-    # Room for a vector step's whole store past the last change; pages past what is written
-    # are never touched.
-    index = np.empty(nwin + limit + LANES, np.uint8)
+    # Room for a vector step's whole store past the last change (a shuffled group's store of
+    # offsets reaches 16 bytes past the step's last one); pages past what is written are
+    # never touched.
+    index = np.empty(nwin + limit + LANES + 16, np.uint8)
     index[:nwin] = 0
     values = np.empty(limit + LANES, np.uint16)
     bits, base = new.view(np.uint16), old.view(np.uint16)

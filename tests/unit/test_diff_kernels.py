@@ -106,6 +106,61 @@ def test_the_vector_pass_is_chosen_only_where_numba_targets_avx2(
     assert not _vectors_pay()
 
 
+# What numba compiles for on an AVX2-only x86 CPU: ``NUMBA_CPU_NAME`` alone keeps the host's
+# features, AVX-512 included, so an emulation names the features too.
+AVX2_ONLY = {
+    "NUMBA_CPU_NAME": "haswell",
+    "NUMBA_CPU_FEATURES": "+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+f16c,+fma,+lzcnt,+movbe,"
+    "+popcnt,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3",
+}
+
+_SHUFFLED = """
+import numpy as np
+from streamrl.workers import diff_kernels
+from streamrl.workers.sparse_index import encode_positions
+assert diff_kernels.VECTORS and not diff_kernels.NATIVE_COMPRESS
+rng = np.random.default_rng(0)
+for n in (31, 255, 256, 1021, 70_001):
+    for fraction in (0.0, 0.02, 0.3, 1.0):
+        old = rng.integers(-(2**15), 2**15, n, dtype=np.int16)
+        new = old.copy()
+        where = rng.random(n) < fraction
+        new[where] ^= rng.integers(1, 2**15, int(where.sum()), dtype=np.int16)
+        masters = rng.standard_normal(n).astype(np.float32)
+        for source in (None, masters):
+            a, b = new.copy(), new.copy()
+            got = diff_kernels.sparse_diff(a, old, n, source=source)
+            want = diff_kernels.sparse_diff(b, old, n, source=source, vectors=False)
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+        positions = np.flatnonzero(new != old)
+        index, values = diff_kernels.sparse_diff(new, old, n)
+        assert index.tobytes() == encode_positions(positions, n)
+        np.testing.assert_array_equal(values, new[positions])
+print("ok")
+"""
+
+
+@pytest.mark.skipif(
+    not __import__("llvmlite").binding.get_process_triple().startswith("x86_64"),
+    reason="x86 feature names",
+)
+def test_the_vector_pass_packs_by_table_where_the_cpu_has_no_compress(tmp_path) -> None:
+    """As numba compiles for an AVX2-only CPU (``_shuffle_compress``), on any x86 host: the
+    same bytes as the word loop, with and without masters to cast."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, **AVX2_ONLY, "NUMBA_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _SHUFFLED], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "ok"
+
+
 def test_the_benchmark_prints_both_passes() -> None:
     """``benchmarks/diff_kernels.py`` at a toy size: it checks the passes agree and tables them."""
     import subprocess
