@@ -2,7 +2,8 @@
 against word loop) and the subscriber's apply (compiled against numpy).
 
     python benchmarks/diff_kernels.py                          # 135M elements (SmolLM2-135M)
-    NUMBA_CPU_NAME=haswell python benchmarks/diff_kernels.py   # as numba compiles for AVX2
+    NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=+avx,+avx2,+bmi,+bmi2,+fma,+f16c,+popcnt,\
++sse4.2,+ssse3 python benchmarks/diff_kernels.py            # as numba compiles for AVX2 only
 
 Synthetic images of ``--elements`` int16 values cut into 8M-element blocks (16 MiB of bf16,
 the publisher's default chunk), random changes at each density; ``sparse_diff`` over every

@@ -4,6 +4,7 @@
     python benchmarks/engine_copy.py                 # SmolLM2-135M's shapes, fp32, this CPU
     python benchmarks/engine_copy.py --device cuda   # the copy on a GPU
     ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 NUMBA_CPU_NAME=haswell \\
+    NUMBA_CPU_FEATURES=+avx,+avx2,+bmi,+bmi2,+fma,+f16c,+popcnt,+sse4.2,+ssse3 \\
         python benchmarks/engine_copy.py             # an AVX2 CPU, as emulated
 
 Per share of elements changed a version (random positions, as a diff's are), the medians over
