@@ -34,9 +34,9 @@ from streamrl.config import WeightsConfig
 from streamrl.models import TINY
 from streamrl.models.tiny import ARCHITECTURES
 from streamrl.protocol import WeightDiff
-from streamrl.transport import free_port
 from streamrl.workers.generation.subscriber import WeightSubscriber
 from streamrl.workers.learning.fsdp import shard_for_training
+from streamrl.workers.learning.learner import group_listener
 from streamrl.workers.learning.publisher import WeightPublisher
 from streamrl.workers.weight_codec import shard_rows
 
@@ -521,7 +521,7 @@ def _tiny_llama(model_dir: Path) -> None:
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(model_dir)
 
 
-def _rank_main(rank: int, port: int, model_dir: str, out: str, to_test, go, done) -> None:
+def _rank_main(rank: int, listener, model_dir: str, out: str, to_test, go, done) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from streamrl.models import load_causal_lm
@@ -529,10 +529,13 @@ def _rank_main(rank: int, port: int, model_dir: str, out: str, to_test, go, done
     torch.set_num_threads(1)
     from streamrl.workers.learning.learner import rendezvous
 
-    # The product's rendezvous: the store and gloo stay on loopback.
-    dist.init_process_group(
-        "gloo", store=rendezvous(f"127.0.0.1:{port}", rank, 2), rank=rank, world_size=2
-    )
+    # The product's rendezvous: the store and gloo stay on loopback; rank 0 serves on the
+    # socket the test bound (``group_listener``).
+    master = f"127.0.0.1:{listener.getsockname()[1]}"
+    store = rendezvous(master, rank, 2, listener if rank == 0 else None)
+    if rank != 0:
+        listener.close()
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     mesh = dist.device_mesh.init_device_mesh("cpu", (2,))
     model = load_causal_lm(Path(model_dir), "float32")
     shard_for_training(model, mesh, "bfloat16")
@@ -586,10 +589,12 @@ def test_two_gloo_learners_stream_to_subscribers(tmp_path: Path) -> None:
     ctx = mp.get_context("spawn")
     to_test, go, done = ctx.Queue(), ctx.Event(), ctx.Event()
     reference = tmp_path / "reference.pt"
-    args = (free_port(), str(tmp_path / "model"), str(reference), to_test, go, done)
+    listener = group_listener("127.0.0.1", 2)
+    args = (listener, str(tmp_path / "model"), str(reference), to_test, go, done)
     procs = [ctx.Process(target=_rank_main, args=(r, *args), daemon=True) for r in range(2)]
     for p in procs:
         p.start()
+    listener.close()  # each rank took a duplicate of it
     subs: list[WeightSubscriber] = []
     try:
         endpoints = {}

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -38,9 +39,9 @@ import torch.distributed as dist
 
 from streamrl.algorithms import kl as kl_lib
 from streamrl.config import Config, Override, load_config, parse_overrides
-from streamrl.transport import LOOPBACK, free_port
+from streamrl.transport import LOOPBACK
 from streamrl.workers.learning import checkpoint
-from streamrl.workers.learning.learner import build_train_step, rendezvous
+from streamrl.workers.learning.learner import build_train_step, group_listener, rendezvous
 from streamrl.workers.learning.train_step import TrainStep
 from streamrl.workers.learning.training_record import (
     RecordedRun,
@@ -112,14 +113,20 @@ def replay(request: ReplayRequest) -> ReplayResult:
         raise ReplayError(f"{request.run_dir}: no checkpoint of version {start}")
     out_dir = request.run_dir / REPLAYS_DIR
     out_dir.mkdir(exist_ok=True)
-    master = f"{LOOPBACK}:{free_port(LOOPBACK)}"
+    # Bound here, handed to rank 0: no other process can take the port before the ranks meet.
+    listener = group_listener(LOOPBACK, world)
+    master = f"{LOOPBACK}:{listener.getsockname()[1]}"
     if world == 1:
-        _replay_rank(0, world, master, request, record, config.learner.backend)
+        _replay_rank(0, world, master, request, record, config.learner.backend, listener)
     else:
         import torch.multiprocessing as mp
 
         backend = config.learner.backend
-        mp.spawn(_replay_rank, args=(world, master, request, record, backend), nprocs=world)
+        args = (world, master, request, record, backend, listener)
+        try:
+            mp.spawn(_replay_rank, args=args, nprocs=world)
+        finally:
+            listener.close()  # the spawned rank 0 took a duplicate of it
     summary = json.loads((out_dir / f"{arm_name(request.arm_overrides)}.summary.json").read_text())
     outputs = [out_dir / f"{ORIGINAL}.jsonl"]
     if request.arm_overrides:
@@ -137,15 +144,23 @@ def _config(run_dir: Path, overrides: list[Override]) -> Config:
 
 
 def _replay_rank(
-    rank: int, world: int, master: str, request: ReplayRequest, record: RecordedRun, backend: str
+    rank: int,
+    world: int,
+    master: str,
+    request: ReplayRequest,
+    record: RecordedRun,
+    backend: str,
+    listener: socket.socket,
 ) -> None:
     """One rank of the replay (the whole of it with one rank); ``record``: as ``replay`` read
-    it, so that no rank reads and decodes the record again."""
+    it, so that no rank reads and decodes the record again; ``listener``: the store's socket,
+    bound at ``master`` (rank 0 serves on it)."""
     header = record.header
     torch.set_num_threads(int(header.get("threads", 1)))
-    dist.init_process_group(
-        backend, store=rendezvous(master, rank, world), rank=rank, world_size=world
-    )
+    store = rendezvous(master, rank, world, listener if rank == 0 else None)
+    if rank != 0:
+        listener.close()
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     try:
         arms = _build_arms(request, header, world)
         if request.from_checkpoint is not None:
