@@ -145,13 +145,13 @@ def _compress_store(typingctx, source, i, mask, target, k):
     def codegen(context, builder, signature, args):
         pointer = _vector_pointer(context, builder, signature.args[0], args[0], args[1])
         lanes = pointer.type.pointee
-        flags = builder.bitcast(
-            builder.trunc(args[2], ir.IntType(LANES)), ir.VectorType(ir.IntType(1), LANES)
-        )
         target = _vector_pointer(context, builder, signature.args[3], args[3], args[4])
         if not NATIVE_COMPRESS:
             _shuffle_compress(builder, pointer, args[2], target, lanes.element.width)
             return context.get_dummy_value()
+        flags = builder.bitcast(
+            builder.trunc(args[2], ir.IntType(LANES)), ir.VectorType(ir.IntType(1), LANES)
+        )
         name = f"llvm.experimental.vector.compress.v{LANES}i{lanes.element.width}"
         try:
             compress = builder.module.get_global(name)
