@@ -164,11 +164,21 @@ def _build_random_llama(out: Path, fields: dict[str, Any]) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from transformers.utils import logging as hf_logging
+
     tokenizer = build_char_tokenizer()
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**fields)).to(torch.bfloat16)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(out, safe_serialization=True)
+    # A test model built on first use says nothing: transformers' "Writing model shards" bar
+    # would be the first lines of a launch's stderr, before its one-line error, if any.
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out, safe_serialization=True)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(out)
 
 
