@@ -34,7 +34,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from streamrl.algorithms.group_filter import has_reward_variance
 from streamrl.config import key_rule
-from streamrl.key_rules import Overflow, Sampling
+from streamrl.config.key_rules import Overflow, Sampling
 
 # Every reason a group can leave the store (or be refused) other than being used up.
 # ``dead_timeline``: sampled from weights a learner restart took back (``streamrl.clock``).

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from streamrl.cli_overrides import parse_with_overrides
 from streamrl.config import Override, launch_config
+from streamrl.config.overrides import parse_with_overrides
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -28,8 +28,8 @@ from typing import Any
 import msgspec
 
 from streamrl.config import Config
+from streamrl.config.key_rules import cross_key_problems
 from streamrl.controller.knobs import LIVE_KEYS, LiveKey
-from streamrl.key_rules import cross_key_problems
 
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from streamrl.cli_overrides import parse_with_overrides
 from streamrl.config import ConfigError, default_config_path
+from streamrl.config.overrides import parse_with_overrides
 
 
 def _etas(text: str) -> list[int]:

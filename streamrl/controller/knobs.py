@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamrl.config import key_rule
-from streamrl.key_rules import KeyRule
+from streamrl.config.key_rules import KeyRule
 
 ROLES = ("admission", "shards", "learners", "generators", "supervisor")
 

@@ -74,9 +74,9 @@ def test_admin_port_in_use_is_one_line_and_writes_nothing(tmp_path: Path) -> Non
 def test_overrides_after_flags_join_the_overrides_and_a_stray_flag_is_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`streamrl launch` and `streamrl bench throughput` alike (``cli_overrides``)."""
+    """`streamrl launch` and `streamrl bench throughput` alike (``parse_with_overrides``)."""
     from streamrl.bench.cli import _parser as bench_parser
-    from streamrl.cli_overrides import parse_with_overrides
+    from streamrl.config.overrides import parse_with_overrides
 
     args = parse_with_overrides(
         bench_parser(), ["throughput", "c.yaml", "a.b=1", "--steps", "3", "c.d=2"]

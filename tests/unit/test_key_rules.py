@@ -15,8 +15,8 @@ import yaml
 from streamrl.admin.live import PatchError, validate_patch
 from streamrl.buffers.replay import ReplayPolicy, check_policy_value
 from streamrl.config import ConfigError, key_rule, load_config, to_dict
+from streamrl.config.key_rules import KeyRule
 from streamrl.controller.knobs import LIVE_KEYS
-from streamrl.key_rules import KeyRule
 
 # The keys more than one reader checks: every live key and every buffer shard policy field.
 CHECKED_TWICE = set(LIVE_KEYS) | {f"buffer.{f.name}" for f in dataclasses.fields(ReplayPolicy)}
