@@ -163,7 +163,6 @@ def _build_random_llama(out: Path, fields: dict[str, Any]) -> None:
     """A seeded random ``LlamaForCausalLM`` in bf16 plus the character tokenizer."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-
     from transformers.utils import logging as hf_logging
 
     tokenizer = build_char_tokenizer()
