@@ -158,7 +158,7 @@ def test_the_package_is_all_checked() -> None:
     files = {p.relative_to(ROOT).as_posix() for p in package_files()}
     for must in (
         "streamrl/transport.py",
-        "streamrl/protocol.py",
+        "streamrl/protocol/trajectories.py",
         "streamrl/controller/admission.py",
         "streamrl/controller/run.py",
         "streamrl/admin/api.py",
