@@ -532,9 +532,7 @@ def _rank_main(rank: int, listener, model_dir: str, out: str, to_test, go, done)
     # The product's rendezvous: the store and gloo stay on loopback; rank 0 serves on the
     # socket the test bound (``group_listener``).
     master = f"127.0.0.1:{listener.getsockname()[1]}"
-    store = rendezvous(master, rank, 2, listener if rank == 0 else None)
-    if rank != 0:
-        listener.close()
+    store = rendezvous(master, rank, 2, listener)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     mesh = dist.device_mesh.init_device_mesh("cpu", (2,))
     model = load_causal_lm(Path(model_dir), "float32")

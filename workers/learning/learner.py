@@ -61,14 +61,17 @@ def rendezvous(
 
     TCPStore's own server listens on every interface, so rank 0 hands it a socket bound to
     ``host``: ``listener`` (``group_listener``) where rank 0 bound it already, else one bound
-    here (port 0 takes any free port: enough for a group of one). With a loopback host, gloo's
-    transport is kept on loopback too (forced: a ``GLOO_SOCKET_IFNAME`` exported for a cluster
-    must not put a local run's group on it).
+    here (port 0 takes any free port: enough for a group of one). Another rank given the
+    listener (its copy in a process spawned with it) closes that copy: rank 0's store alone
+    serves on it. With a loopback host, gloo's transport is kept on loopback too (forced: a
+    ``GLOO_SOCKET_IFNAME`` exported for a cluster must not put a local run's group on it).
     """
     host, port = master.rsplit(":", 1)
     if host in ("127.0.0.1", "localhost"):
         os.environ["GLOO_SOCKET_IFNAME"] = interface_holding(host) or "lo"
     listen_fd = None
+    if rank != 0 and listener is not None:
+        listener.close()
     if rank == 0:
         server = listener or socket.create_server((host, int(port)), backlog=2 * world_size)
         port = str(server.getsockname()[1])

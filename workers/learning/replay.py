@@ -157,9 +157,7 @@ def _replay_rank(
     bound at ``master`` (rank 0 serves on it)."""
     header = record.header
     torch.set_num_threads(int(header.get("threads", 1)))
-    store = rendezvous(master, rank, world, listener if rank == 0 else None)
-    if rank != 0:
-        listener.close()
+    store = rendezvous(master, rank, world, listener)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     try:
         arms = _build_arms(request, header, world)
