@@ -23,11 +23,12 @@ def curve(records: list[dict]) -> list[dict[str, float]]:
     kl = {r["step"]: r.get("kl/ref", float("nan")) for r in records if "step" in r}
     rows = []
     for e in (r for r in records if r.get("event") == "eval"):
+        version = int(e.get("eval/version", e["requested"]))  # evaluated, not asked for
         row = {
-            "version": e["requested"],
+            "version": version,
             "seconds": e["time"] - start,
             "exact_match": e["eval/exact_match"],
-            "kl_ref": kl.get(e["requested"], float("nan")),
+            "kl_ref": kl.get(version, float("nan")),
         }
         for key, value in e.items():
             if key.startswith("eval/reward/") and not key.endswith("/unparsable"):

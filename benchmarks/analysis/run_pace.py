@@ -8,7 +8,10 @@ over the run, the time to a held-out accuracy and the final accuracy. One line p
 
 Time to a target: seconds from the first step record to the step that produced the first
 version whose evaluation reached it (``eval/exact_match`` by default), or None: when the
-learner made those weights, however late the evaluation ran (``eval.runs_on: slack``).
+learner made those weights, however late the evaluation ran (``eval.runs_on: slack``). The
+version is the one evaluated (``eval/version``), not the one asked for (``requested``): an
+evaluation process starved of cores answers an old ask with newer weights (a distillation run
+with a slack evaluator answered its v5-v35 asks with v40's weights, 2026-12-07).
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ from streamrl.hardware import cpu_description
 def _records(run: Path) -> list[dict[str, Any]]:
     lines = (run / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
+
+def _evaluated(record: dict[str, Any]) -> int:
+    """The version an eval record's figures are of (older records name only the ask)."""
+    return int(record.get("eval/version", record["requested"]))
 
 
 def run_pace(run: Path, warmup: int, metric: str, target: float) -> dict[str, Any]:
@@ -60,7 +68,7 @@ def run_pace(run: Path, warmup: int, metric: str, target: float) -> dict[str, An
         "publish_to_applied_median_s": statistics.median(latencies) if latencies else None,
         "publish_to_applied_max_s": max(latencies, default=None),
         "staleness_bound_range": [min(bounds), max(bounds)] if bounds else None,
-        "time_to_target_s": made_at.get(reached["requested"], reached["time"]) - start
+        "time_to_target_s": made_at.get(_evaluated(reached), reached["time"]) - start
         if reached
         else None,
         "evaluations": len(evals),
