@@ -24,6 +24,7 @@ from streamrl.workers.generation.eval_process import (
     EvalAsk,
     Evaluated,
     FromProcess,
+    LastFigures,
     Ready,
     ToProcess,
     hold_at,
@@ -69,6 +70,22 @@ def test_the_process_holds_its_weights_at_the_next_evaluation_due() -> None:
     assert hold_at(asks, answered=5, every=every) == 10
     # After a fork back to v32 (ClockNews: the answered version falls to the clock's), v35.
     assert hold_at([], answered=min(40, 32), every=every) == 35
+
+
+def test_an_ask_the_same_weights_answer_gets_their_figures_without_a_second_pass() -> None:
+    """A starved process that holds v40 answers its v5 and v10 asks with v40's weights: one
+    pass, the second ask gets the same figures; other weights, another epoch or an unseen
+    wording the last pass did not ask for are evaluated."""
+    last = LastFigures()
+    assert last.get(40, 0, unseen=False) is None  # nothing evaluated yet
+    figures = EvalResult(40, {"eval/exact_match": 0.5})
+    last.put(40, 0, False, figures)
+    assert last.get(40, 0, unseen=False) is figures
+    assert last.get(41, 0, unseen=False) is None
+    assert last.get(40, 1, unseen=False) is None  # a restarted learner group's v40
+    assert last.get(40, 0, unseen=True) is None  # the final ask's unseen wording
+    last.put(40, 0, True, figures)
+    assert last.get(40, 0, unseen=False) is figures
 
 
 def test_delivery_without_served_rewards_pushes_each_group_at_once() -> None:
