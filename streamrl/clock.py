@@ -68,6 +68,14 @@ class LearnerClock:
         return max_version <= fork
 
 
+def evaluated_version(record: dict[str, Any]) -> int:
+    """The version an ``eval`` record's figures are of: ``eval/version``, the weights
+    evaluated, which may be later than the version asked for (``requested``: a lagging
+    evaluation process answers an old ask with the newer weights it holds); records written
+    before they carried it name only the ask."""
+    return int(record.get("eval/version", record.get("requested", 0)))
+
+
 def live_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The records of ``metrics.jsonl`` on the run's final timeline: step records and eval
     events of weights a learner restart or a ``--resume`` took back are left out (their step
@@ -87,7 +95,7 @@ def live_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "step" in record:
             version = record["step"]
         elif record.get("event") == "eval":
-            version = record.get("eval/version", record.get("requested", 0))
+            version = evaluated_version(record)
         else:
             return True
         return clock.on_timeline(int(record.get("epoch", 0)), int(version))

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from run_waits import read_metrics
 
+from streamrl.clock import evaluated_version
+
 
 def curve(records: list[dict]) -> list[dict[str, float]]:
     """Per evaluation: version, seconds since the first record, exact match, each served
@@ -23,7 +25,7 @@ def curve(records: list[dict]) -> list[dict[str, float]]:
     kl = {r["step"]: r.get("kl/ref", float("nan")) for r in records if "step" in r}
     rows = []
     for e in (r for r in records if r.get("event") == "eval"):
-        version = int(e.get("eval/version", e["requested"]))  # evaluated, not asked for
+        version = evaluated_version(e)  # evaluated, not asked for
         row = {
             "version": version,
             "seconds": e["time"] - start,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.bench.throughput import measure
+from streamrl.clock import evaluated_version
 from streamrl.config import load_config
 from streamrl.hardware import cpu_description
 
@@ -30,11 +31,6 @@ from streamrl.hardware import cpu_description
 def _records(run: Path) -> list[dict[str, Any]]:
     lines = (run / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
-
-
-def _evaluated(record: dict[str, Any]) -> int:
-    """The version an eval record's figures are of (older records name only the ask)."""
-    return int(record.get("eval/version", record["requested"]))
 
 
 def run_pace(run: Path, warmup: int, metric: str, target: float) -> dict[str, Any]:
@@ -68,7 +64,7 @@ def run_pace(run: Path, warmup: int, metric: str, target: float) -> dict[str, An
         "publish_to_applied_median_s": statistics.median(latencies) if latencies else None,
         "publish_to_applied_max_s": max(latencies, default=None),
         "staleness_bound_range": [min(bounds), max(bounds)] if bounds else None,
-        "time_to_target_s": made_at.get(_evaluated(reached), reached["time"]) - start
+        "time_to_target_s": made_at.get(evaluated_version(reached), reached["time"]) - start
         if reached
         else None,
         "evaluations": len(evals),
