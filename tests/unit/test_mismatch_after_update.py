@@ -1,4 +1,4 @@
-"""The mismatch figures (``TrainStep._mismatch``): tokens that an in-flight update reached
+"""The mismatch figures (``step_figures.mismatch_figures``): tokens that an in-flight update reached
 mid-response are measured apart, so ``mismatch/*`` stays a check of the numerics."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from streamrl.workers.learning.learner import rendezvous
-from streamrl.workers.learning.train_step import StepMetrics, TrainStep
+from streamrl.workers.learning.step_figures import StepMetrics, mismatch_figures
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def test_tokens_sampled_after_an_in_flight_update_are_measured_apart(one_rank: N
     learner[2] += 0.5  # older weights: not measured at all
     batch = SimpleNamespace(behavior=behavior, mask=mask, versions=versions, guided=None)
     metrics = StepMetrics(torch.device("cpu"))
-    TrainStep._mismatch(None, batch, learner, version, metrics)  # type: ignore[arg-type]
+    mismatch_figures(batch, learner, version, metrics)  # type: ignore[arg-type]
     out = metrics.reduce()
     assert out["mismatch/tokens"] == 3
     assert out["mismatch/logprob_abs_max"] == pytest.approx(3e-6, rel=0.05)
@@ -53,7 +53,7 @@ def test_a_guided_reference_response_is_not_measured(one_rank: None) -> None:
     guided = torch.tensor([False, True, True])
     batch = SimpleNamespace(behavior=behavior, mask=mask, versions=versions, guided=guided)
     metrics = StepMetrics(torch.device("cpu"))
-    TrainStep._mismatch(None, batch, learner, 5, metrics)  # type: ignore[arg-type]
+    mismatch_figures(batch, learner, 5, metrics)  # type: ignore[arg-type]
     out = metrics.reduce()
     assert out["mismatch/tokens"] == 3 and out["mismatch/logprob_abs_max"] == 0.0
     assert out.get("drift/k3_lag1", 0.0) == 0.0

@@ -92,7 +92,8 @@ def test_overlong_penalty_counts_each_policy_turn_not_the_episode() -> None:
 
     from streamrl.config import load_config
     from streamrl.protocol import TrajectoryGroup
-    from streamrl.workers.learning.train_step import StepMetrics, TrainStep
+    from streamrl.workers.learning.step_figures import StepMetrics
+    from streamrl.workers.learning.train_step import TrainStep
 
     root = Path(__file__).resolve().parents[2]
     config = load_config(

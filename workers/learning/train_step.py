@@ -52,6 +52,14 @@ from streamrl.workers.learning.batching import (
     split_groups,
 )
 from streamrl.workers.learning.fsdp import clip_and_step, reshard, set_gradient_sync
+from streamrl.workers.learning.step_figures import (
+    STALENESS_BINS,
+    StepMetrics,
+    all_reduce,
+    batch_figures,
+    mismatch_figures,
+    staleness_bin,
+)
 from streamrl.workers.shared_prompts import can_share_prompts, has_sliding_window
 
 log = logging.getLogger(__name__)
@@ -68,72 +76,6 @@ def lr_multiplier(version: int, config: Config) -> float:
     span = max(1, config.run.max_steps - lc.warmup_steps)
     progress = min(1.0, (version - lc.warmup_steps) / span)
     return lc.min_lr_ratio + (1 - lc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-STALENESS_BINS = 9  # groups at staleness 0..7, and 8 or more
-
-
-def staleness_bin(k: int) -> str:
-    """Metric name of the staleness histogram's bin ``k`` (the last bin holds k or more)."""
-    return f"staleness/groups_at_{k}" + ("_or_more" if k == STALENESS_BINS - 1 else "")
-
-
-class StepMetrics:
-    """One step's metrics as sums, token-weighted means and maxima, reduced over ranks once.
-    Values stay on ``device`` until ``reduce``: adding one never waits for the GPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.sums: dict[str, torch.Tensor] = {}
-        self.weights: dict[str, torch.Tensor] = {}
-        self.maxima: dict[str, torch.Tensor] = {}
-
-    def add(self, name: str, value: torch.Tensor | float) -> None:
-        """A plain sum over micro-batches and ranks."""
-        self.mean(name, value, None)
-
-    def mean(self, name: str, value: torch.Tensor | float, weight: torch.Tensor | None) -> None:
-        """``value`` is a mean over ``weight`` items (tokens): the result is the weighted mean."""
-        value = self._on_device(value)
-        if weight is not None:
-            weight = self._on_device(weight)
-            value = value * weight
-            self.weights[name] = self.weights.get(name, 0.0) + weight
-        self.sums[name] = self.sums.get(name, 0.0) + value
-
-    def max(self, name: str, value: torch.Tensor | float) -> None:
-        value = self._on_device(value)
-        self.maxima[name] = torch.maximum(self.maxima.get(name, value), value)
-
-    def _on_device(self, value: torch.Tensor | float) -> torch.Tensor:
-        if isinstance(value, torch.Tensor):
-            return value.detach().to(self.device, torch.float64, non_blocking=True)
-        return torch.tensor(float(value), dtype=torch.float64, device=self.device)
-
-    def reduce(self) -> dict[str, float]:
-        """Two collectives (sums, maxima) and the step's one device-to-host copy."""
-        names, weighted, peaks = sorted(self.sums), sorted(self.weights), sorted(self.maxima)
-        zero = torch.zeros((), dtype=torch.float64, device=self.device)
-        total = torch.stack(
-            [self.sums[n] for n in names] + [self.weights[n] for n in weighted] + [zero]
-        )
-        total = _all_reduce(total, dist.ReduceOp.SUM).cpu()
-        peak = _all_reduce(torch.stack([self.maxima[n] for n in peaks] + [zero]), dist.ReduceOp.MAX)
-        peak = peak.cpu()
-        out = {n: float(total[i]) for i, n in enumerate(names)}
-        for j, name in enumerate(weighted):
-            weight = float(total[len(names) + j])
-            if weight > 0:
-                out[name] /= weight
-            else:
-                del out[name]  # nothing was measured (e.g. no on-policy token this step)
-        out.update({n: float(peak[i]) for i, n in enumerate(peaks)})
-        return out
-
-
-def _all_reduce(t: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
-    dist.all_reduce(t, op=op)
-    return t
 
 
 def at_sampling_temperature(
@@ -231,7 +173,7 @@ class TrainStep:
         minis = self._micro_batches(split_groups(groups, lc.mini_batches))
         batches = [b for mini in minis for b in mini]
         metrics = StepMetrics(self.device)
-        self._batch_figures(groups, version, metrics)
+        batch_figures(groups, version, metrics, lagged_teacher=self.lagged_teacher)
         scores = self._scores(groups, batches, metrics)
         self._set_advantages(
             batches, scores, [i for i, g in enumerate(groups) for _ in g.trajectories]
@@ -302,7 +244,7 @@ class TrainStep:
                 dtype=torch.int64,
                 device=self.device,
             )
-            agreed = _all_reduce(local, dist.ReduceOp.MAX).cpu().tolist()
+            agreed = all_reduce(local, dist.ReduceOp.MAX).cpu().tolist()
             plans = [
                 resize_plan(plan, n, min(most, -fewest_rows))
                 for plan, n, (most, fewest_rows) in zip(plans, lengths, agreed, strict=True)
@@ -321,41 +263,6 @@ class TrainStep:
             )
             first_row += len(n)
         return minis
-
-    def _batch_figures(
-        self, groups: list[TrajectoryGroup], version: int, metrics: StepMetrics
-    ) -> None:
-        staleness = torch.tensor([float(version - g.min_version) for g in groups])
-        metrics.mean("staleness/mean", staleness.mean(), float(len(groups)))
-        metrics.max("staleness/max", staleness.max())
-        if self.lagged_teacher:  # a lagged copy's versions behind the groups it scored
-            lags: list[float] = []
-            for g in groups:
-                newest = g.max_version  # a pass over the group: once, not per trajectory
-                lags += [
-                    float(newest - t.teacher_version)
-                    for t in g.trajectories
-                    if t.teacher_version >= 0
-                ]
-            lag = torch.tensor(lags or [0.0])
-            metrics.mean("distill/teacher_lag", lag.mean(), float(len(lags)))
-            metrics.max("distill/teacher_lag_max", lag.max())
-        # A histogram with a fixed set of keys (every rank must reduce the same names); the
-        # empty bins are dropped after the reduction.
-        counts = torch.bincount(
-            staleness.long().clamp(0, STALENESS_BINS - 1), minlength=STALENESS_BINS
-        )
-        for k, count in enumerate(counts):
-            metrics.add(staleness_bin(k), count)
-        lengths = torch.tensor(
-            [float(t.num_response_tokens) for g in groups for t in g.trajectories]
-        )
-        metrics.add("train/response_tokens", lengths.sum())
-        # The spread of lengths (multi-turn episodes: a synchronous step waits for its longest)
-        # and the policy turns per trajectory (0 for single-turn ones).
-        metrics.max("train/response_tokens_max", lengths.max())
-        turns = torch.tensor([float(t.turns) for g in groups for t in g.trajectories])
-        metrics.mean("train/turns_mean", turns.mean(), float(len(turns)))
 
     def _scores(
         self, groups: list[TrajectoryGroup], batches: list[MicroBatch], metrics: StepMetrics
@@ -423,7 +330,7 @@ class TrainStep:
             batch.old_values = values
         # PPO's whitening, over every rank's response tokens (split-invariant).
         flat = torch.cat([b.advantages[b.mask.bool()] for b in batches]).to(self.device)
-        sum_ranks = _all_reduce if self.world_size > 1 else None
+        sum_ranks = all_reduce if self.world_size > 1 else None
         whitened = adv.masked_whiten(flat, torch.ones_like(flat), all_reduce=sum_ranks).cpu()
         counts = [int(b.mask.sum()) for b in batches]
         for batch, part in zip(batches, whitened.split(counts), strict=True):
@@ -464,7 +371,7 @@ class TrainStep:
             ],
             dtype=torch.float64,
         ).to(self.device)
-        counts = _all_reduce(counts)
+        counts = all_reduce(counts)
         column = 0 if self.config.algorithm.loss_agg == "token-mean" else 1
         return list(counts[:, column].clamp(min=1))
 
@@ -475,7 +382,7 @@ class TrainStep:
         for batch in batches:
             _, logprobs = self._logprobs(self.policy, batch)
             batch.proximal = logprobs.float()  # stays on the device for the updates
-            self._mismatch(batch, batch.proximal, version, metrics)
+            mismatch_figures(batch, batch.proximal, version, metrics)
         reshard(self.policy)  # no backward follows this forward to free the gathered params
 
     # ------------------------------------------------------------------ one micro-batch
@@ -503,7 +410,7 @@ class TrainStep:
             )
 
         if only_update:  # these weights are the step's starting weights
-            self._mismatch(batch, logprobs.detach(), version, metrics)
+            mismatch_figures(batch, logprobs.detach(), version, metrics)
         if alg.proximal == "behavior":
             proximal = behavior  # the bypass variant: correction weight 1
         elif batch.proximal is not None:
@@ -628,52 +535,6 @@ class TrainStep:
     def _values(self, batch: MicroBatch) -> torch.Tensor:
         values = self.critic.values(batch.model_inputs(self.compute_dtype))
         return batch.gather(batch.kept_outputs(values))
-
-    def _mismatch(
-        self, batch: MicroBatch, learner: torch.Tensor, version: int, metrics: StepMetrics
-    ) -> None:
-        """Learner vs behaviour logprobs on the tokens sampled with ``version``'s weights
-        (masked reductions, no host sync; a step with none reports no mismatch figures).
-
-        A response that an in-flight update reached mid-way sampled its later tokens on a KV
-        cache the earlier weights wrote, which the learner's forward recomputes on the new
-        ones: those tokens differ by more than rounding (countdown_gym, AVX2: 32 such tokens,
-        mean 0.046, against 1.5e-6 for the rest). They are measured apart
-        (``mismatch/after_update_*``), so ``mismatch/*`` stays a check of the numerics."""
-        behavior = batch.behavior.to(learner.device)
-        mask = batch.mask.bool().to(learner.device)
-        if batch.guided is not None:  # a reference response has no behaviour to compare
-            mask = mask & ~batch.guided.to(learner.device)[:, None]
-        versions = batch.versions.to(learner.device)
-        current = mask & (versions == version)
-        after_update = current & (mask & (versions != version)).any(-1, keepdim=True)
-        on_policy = current & ~after_update
-        count = on_policy.sum()
-        diff = (learner.float() - behavior).abs()
-        gap = torch.where(on_policy, diff, 0.0)
-        per_token_k3 = kl_lib.estimate(behavior, learner.float(), "k3")
-        k3 = torch.where(on_policy, per_token_k3, 0.0)
-        metrics.add("mismatch/tokens", count)
-        mean_of = count.clamp(min=1)
-        metrics.mean("mismatch/logprob_abs_mean", gap.sum() / mean_of, count)
-        metrics.mean("mismatch/k3", k3.sum() / mean_of, count)
-        metrics.max("mismatch/logprob_abs_max", gap.amax())
-        late = after_update.sum()
-        metrics.add("mismatch/after_update_tokens", late)
-        late_gap = torch.where(after_update, diff, 0.0).sum() / late.clamp(min=1)
-        metrics.mean("mismatch/after_update_logprob_abs_mean", late_gap, late)
-        # The same KL on the tokens sampled versions behind, by how many: how far one
-        # version of lag moves the policy (the learning rate's doing) apart from how many
-        # versions the bound lets in (the staleness tuner's guard reads both).
-        lag = version - versions
-        for name, at_lag in (
-            ("drift/k3_lag1", lag == 1),
-            ("drift/k3_lag2", lag == 2),
-            ("drift/k3_lag3plus", lag >= 3),
-        ):
-            at = mask & at_lag
-            n = at.sum()
-            metrics.mean(name, torch.where(at, per_token_k3, 0.0).sum() / n.clamp(min=1), n)
 
     # ------------------------------------------------------------------ updates
 
