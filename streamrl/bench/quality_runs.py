@@ -67,11 +67,17 @@ ARMS: dict[str, list[str]] = {
         "generator.probe_candidates=3",
     ],
     # Screening (workers/generation/screening.py): each group's first half decides whether
-    # it gets its second (4 of the default job's 8; the config must drop flat groups).
+    # it gets its second (4 of 8; the config must drop flat groups). The default job screens
+    # already (`auto`); its arm without is the next one.
     "async-eta1-screen": [
         "run.mode=async",
         "buffer.max_staleness=1",
         "generator.screen_samples=4",
+    ],
+    "async-eta1-noscreen": [
+        "run.mode=async",
+        "buffer.max_staleness=1",
+        "generator.screen_samples=0",
     ],
     # LoRA (r = 16 on every linear layer) against async-eta1's full fine-tuning, same recipe
     # but the learning rate: 5e-4 of 2e-4, 5e-4 and 1e-3 held out most on seed 0 (53.1%,

@@ -40,6 +40,7 @@ def _finalize(config: Config) -> Config:
         config.generator.device = "cuda"
     if config.scoring.gpus_per_role > 0 and config.scoring.device == "cpu":
         config.scoring.device = "cuda"
+    resolve_auto_screening(config)
     tuning = config.buffer.staleness_tuning
     if config.run.mode == "sync":
         if tuning.auto:
@@ -199,6 +200,33 @@ def _finalize(config: Config) -> Config:
         raise ConfigError(conflict.message)
     _warn_about_lossy_choices(config)
     return config
+
+
+def resolve_auto_screening(config: Config) -> None:
+    """``generator.screen_samples: auto`` -> half the group where screening can decide a
+    group by its first samples, 0 (off, said once in the log) where it cannot: a served
+    reward, an episode, probe sampling, flat groups kept, or groups under 4. A number is the
+    user's own choice and is checked as given. Example: group_size 8, rules only -> 4."""
+    gen = config.generator
+    if gen.screen_samples != "auto":
+        return
+    why_not = next(
+        (
+            why
+            for cannot, why in (
+                (any(r.served for r in config.rewards), "a served reward scores the groups"),
+                (bool(config.env.name), "groups are episodes"),
+                (gen.probe_candidates > 1, "probe sampling chooses the prompts"),
+                (not config.buffer.drop_zero_variance, "flat groups are trained on"),
+                (gen.group_size < 4, f"groups of {gen.group_size} are too small to split"),
+            )
+            if cannot
+        ),
+        "",
+    )
+    gen.screen_samples = 0 if why_not else gen.group_size // 2
+    if why_not:
+        log.info("generator.screen_samples: auto -> off (%s)", why_not)
 
 
 def _warn_about_lossy_choices(config: Config) -> None:

@@ -195,8 +195,10 @@ class GeneratorConfig(_Section):
     # job author: screening. N >= 2: each group's first N samples are generated and scored
     # first, and a group they settle (all alike and, with guidance, no worse than its
     # reference) is delivered flat without the rest (streamrl.workers.generation.screening).
-    # 0: off, every group sampled whole.
-    screen_samples: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # 0: off, every group sampled whole. `auto`: half the group where the job allows it (rules
+    # only, flat groups dropped, no episodes, no probes, groups of 4 or more), off elsewhere;
+    # resolved to a number when the config loads (config.checks.resolve_auto_screening).
+    screen_samples: Annotated[int, msgspec.Meta(ge=0)] | Literal["auto"] = 0
     # job author: the sampling distribution (the learner replays temperature; top_p and top_k
     # must stay off, see _finalize) and the response length.
     temperature: Annotated[float, msgspec.Meta(gt=0)] = 1.0

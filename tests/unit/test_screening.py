@@ -151,3 +151,40 @@ def test_screening_is_refused_where_it_cannot_settle_a_group(overrides: list[str
                 *overrides,
             ],
         )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "resolved"),
+    [
+        ([], 4),  # rules only, flat groups dropped: half the group
+        (["generator.group_size=6"], 3),
+        (["generator.group_size=3"], 0),  # too small to split
+        (["buffer.drop_zero_variance=false"], 0),
+        (["generator.probe_candidates=2"], 0),
+        (["env.name=guess", "rewards=[]"], 0),
+        (["rewards+=[{model: some/reward-model}]"], 0),
+    ],
+)
+def test_auto_screens_half_the_group_where_the_job_can_and_is_off_elsewhere(
+    overrides: list[str], resolved: int
+) -> None:
+    """The default job's ``auto``: a user who adds a reward model, an environment or probes
+    to it gets screening off, not a refusal; a number stays the user's own, checked."""
+    config = load_config(
+        None,
+        [
+            "generator.group_size=8",
+            "buffer.drop_zero_variance=true",
+            "generator.screen_samples=auto",
+            *overrides,
+        ],
+    )
+    assert config.generator.screen_samples == resolved
+
+
+def test_the_default_job_screens_and_a_teacher_added_to_it_turns_screening_off() -> None:
+    assert load_config("configs/default.yaml").generator.screen_samples == 4
+    with_teacher = load_config(
+        "configs/default.yaml", ["rewards+=[{teacher: {model: runs/t, top_k: 8}}]"]
+    )
+    assert with_teacher.generator.screen_samples == 0
