@@ -167,6 +167,7 @@ def test_each_arm_is_what_its_name_says() -> None:
         "async-eta1-screen", ["generator.group_size=8", "buffer.drop_zero_variance=true"]
     )
     assert screen.generator.screen_samples == 4
+    assert config("async-eta1-noscreen").generator.screen_samples == 0
     nodrop = config("async-eta1-nodrop", ["buffer.drop_zero_variance=true"])
     assert nodrop.buffer.drop_zero_variance is False  # the arm's keys win over the user's
     c = config("async-eta2", ["buffer.max_staleness=3", "run.max_steps=4"])
