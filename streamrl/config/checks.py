@@ -84,13 +84,7 @@ def _finalize(config: Config) -> Config:
             "group (0: off)",
         ),
         (
-            not config.generator.screen_samples
-            or not (
-                config.env.name
-                or config.generator.probe_candidates > 1
-                or any(r.served for r in config.rewards)
-                or not config.buffer.drop_zero_variance
-            ),
+            not config.generator.screen_samples or not _why_screening_cannot_decide(config),
             "generator.screen_samples settles a group by its first samples' rule scores and "
             "delivers it flat for the shard to drop: it needs buffer.drop_zero_variance=true "
             "and rules only (no env.name, no probe_candidates, no served reward)",
@@ -202,28 +196,29 @@ def _finalize(config: Config) -> Config:
     return config
 
 
+def _why_screening_cannot_decide(config: Config) -> str:
+    """Why screening cannot settle a group by its first samples' rule scores, "" if it can:
+    the one list the refusal of a number and the resolution of ``auto`` both read."""
+    reasons = (
+        (any(r.served for r in config.rewards), "a served reward scores the groups"),
+        (bool(config.env.name), "groups are episodes"),
+        (config.generator.probe_candidates > 1, "probe sampling chooses the prompts"),
+        (not config.buffer.drop_zero_variance, "flat groups are trained on"),
+    )
+    return next((why for cannot, why in reasons if cannot), "")
+
+
 def resolve_auto_screening(config: Config) -> None:
     """``generator.screen_samples: auto`` -> half the group where screening can decide a
-    group by its first samples, 0 (off, said once in the log) where it cannot: a served
-    reward, an episode, probe sampling, flat groups kept, or groups under 4. A number is the
-    user's own choice and is checked as given. Example: group_size 8, rules only -> 4."""
+    group by its first samples, 0 (off, said once in the log) where it cannot
+    (``_why_screening_cannot_decide``) or where groups are under 4. A number is the user's
+    own choice and is checked as given. Example: group_size 8, rules only -> 4."""
     gen = config.generator
     if gen.screen_samples != "auto":
         return
-    why_not = next(
-        (
-            why
-            for cannot, why in (
-                (any(r.served for r in config.rewards), "a served reward scores the groups"),
-                (bool(config.env.name), "groups are episodes"),
-                (gen.probe_candidates > 1, "probe sampling chooses the prompts"),
-                (not config.buffer.drop_zero_variance, "flat groups are trained on"),
-                (gen.group_size < 4, f"groups of {gen.group_size} are too small to split"),
-            )
-            if cannot
-        ),
-        "",
-    )
+    why_not = _why_screening_cannot_decide(config)
+    if not why_not and gen.group_size < 4:
+        why_not = f"groups of {gen.group_size} are too small to split"
     gen.screen_samples = 0 if why_not else gen.group_size // 2
     if why_not:
         log.info("generator.screen_samples: auto -> off (%s)", why_not)

@@ -1,5 +1,5 @@
-"""The mismatch figures (``step_figures.mismatch_figures``): tokens that an in-flight update reached
-mid-response are measured apart, so ``mismatch/*`` stays a check of the numerics."""
+"""The mismatch figures (``step_figures.mismatch_figures``): tokens that an in-flight update
+reached mid-response are measured apart, so ``mismatch/*`` stays a check of the numerics."""
 
 from __future__ import annotations
 
