@@ -63,7 +63,6 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -78,6 +77,12 @@ from streamrl.protocol import (
     WeightStages,
 )
 from streamrl.transport import Codec, make_socket
+from streamrl.workers.generation.rank_stream import (
+    AheadWrite,
+    ChunkMessage,
+    RankStream,
+    Steps,
+)
 from streamrl.workers.weight_codec import (
     EncodedPart,
     Undo,
@@ -93,120 +98,6 @@ log = logging.getLogger(__name__)
 
 ANCHOR_RETRY_S = 5.0  # an anchor request unanswered this long may be sent again
 MAX_STAGED_VERSIONS = 256  # per rank; beyond this the oldest are dropped (an anchor repairs)
-
-
-@dataclass
-class _Message:
-    """One received chunk: its header and its parts with their payload buffers."""
-
-    header: WeightMessage
-    parts: list[EncodedPart]
-
-
-@dataclass
-class _Step:
-    """One version step of a rank's rows: its parts, and the whole-shard checksum to verify
-    once they are applied (``None``: not a verified version, or an anchor)."""
-
-    version: int
-    parts: list[EncodedPart]
-    check: ImageChecksum | None = None
-
-
-Steps = list[_Step]  # applied in order
-
-
-@dataclass
-class _Ahead:
-    """A rank's diff from the version the image holds, written into the image chunk by chunk
-    as its chunks arrive (``write_ahead``): how far, and the undo records that take it back
-    out (oldest first). ``_apply`` takes it whole or undoes it."""
-
-    version: int
-    chunks: int = 0  # chunks 0 .. chunks - 1 are written
-    parts: int = 0  # their parts, in chunk order
-    undo: list[tuple[np.ndarray, Undo]] = field(default_factory=list)
-    seconds: float = 0.0  # spent writing them
-    # The tensors written, in the order they came: a rank's parts follow its image's order,
-    # a tensor's blocks together, so each but the last is finished.
-    names: list[str] = field(default_factory=list)
-    whole: bool = False  # every chunk written (the last one named the count)
-
-
-@dataclass
-class _RankStream:
-    """What has arrived from one learner rank and not been applied yet."""
-
-    diffs: dict[int, dict[int, _Message]] = field(default_factory=dict)  # version -> chunk -> msg
-    anchor: dict[int, _Message] = field(default_factory=dict)  # chunk -> msg, one version
-    anchor_requested_at: float | None = None
-    last_seen: tuple[int, int, int] | None = None  # (version, chunk, num_chunks) of last diff
-    lost: int = -1  # newest version some of whose chunks were provably dropped
-    last_arrival: float = field(default_factory=time.monotonic)
-    # The rows failed a whole-image verification: only an anchor (at our version or later) may
-    # move them; their diffs chain from rows we know are wrong.
-    repair: bool = False
-    ahead: _Ahead | None = None  # the diff from the version held, written as it arrives
-
-    @staticmethod
-    def _complete(chunks: dict[int, _Message]) -> list[_Message] | None:
-        if not chunks:
-            return None
-        n = max(m.header.num_chunks for m in chunks.values())  # 0 until the last is in
-        if n == 0 or len(chunks) != n or any(i not in chunks for i in range(n)):
-            return None
-        return [chunks[i] for i in range(n)]
-
-    def complete_anchor(self) -> list[_Message] | None:
-        return self._complete(self.anchor)
-
-    def track(self, diff: WeightDiff) -> None:
-        """Notice holes in this rank's (in-order) chunk sequence."""
-        prev, self.last_seen = self.last_seen, (diff.version, diff.chunk, diff.num_chunks)
-        if prev is None:
-            if diff.chunk != 0:
-                self.lost = max(self.lost, diff.version)
-            return
-        version, chunk, num_chunks = prev
-        last = num_chunks == chunk + 1  # a streamed diff's earlier chunks say 0
-        if diff.version == version and diff.chunk == chunk + 1:
-            return
-        if diff.version > version and diff.chunk == 0 and last:
-            return
-        if not last:
-            self.lost = max(self.lost, version)
-        if diff.version != version and diff.chunk != 0:
-            self.lost = max(self.lost, diff.version)
-
-    def paths(self, current: int) -> dict[int, tuple[Steps, bool]]:
-        """version -> (the parts that bring these rows from ``current`` there, anchor used?)."""
-        by_base: dict[int, _Step] = {}
-        for version, chunks in self.diffs.items():
-            complete = self._complete(chunks)
-            if complete is not None:
-                base = complete[0].header.base_version
-                parts = [p for m in complete for p in m.parts]
-                by_base[base] = _Step(version, parts, complete[-1].header.image_checksum)
-        starts: list[tuple[int, Steps, bool]] = []
-        if not self.repair:
-            starts.append((current, [], False))
-        anchor = self.complete_anchor()
-        if anchor is not None:
-            version = anchor[0].header.version
-            if version > current or (self.repair and version == current):
-                step = _Step(version, [p for m in anchor for p in m.parts])
-                starts.append((version, [step], True))
-        if not starts:  # waiting for a repair anchor: the rows stay where they are
-            return {current: ([], False)}
-        out: dict[int, tuple[Steps, bool]] = {}
-        for version, steps, used_anchor in starts:
-            while version not in out:
-                out[version] = (steps, used_anchor)
-                if version not in by_base:
-                    break
-                step = by_base[version]
-                version, steps = step.version, [*steps, step]
-        return out
 
 
 def _overlapping(parts: list[EncodedPart]) -> bool:
@@ -261,7 +152,7 @@ class WeightSubscriber:
             dealer.connect(endpoint)
             self.dealers.append(dealer)
         self.codec: Codec[WeightMessage] = Codec(WeightMessage, f"subscriber[{subscriber_id}]")
-        self.ranks = [_RankStream() for _ in anchor_endpoints]
+        self.ranks = [RankStream() for _ in anchor_endpoints]
         self.verified_versions: list[int] = []
         self.checksum_failures = 0
         self.images_verified = 0
@@ -298,7 +189,7 @@ class WeightSubscriber:
 
     # ------------------------------------------------------------------ receiving
 
-    def _receive(self, frames: list[zmq.Frame]) -> _Message | None:
+    def _receive(self, frames: list[zmq.Frame]) -> ChunkMessage | None:
         self.bytes_received += sum(len(f) for f in frames)
         header = self.codec.decode(frames[0])
         if header is None or not 0 <= header.rank < len(self.ranks):
@@ -312,11 +203,11 @@ class WeightSubscriber:
             )
             return None
         if not header.payload_frames:
-            return _Message(header, [EncodedPart.inline(p) for p in header.parts])
+            return ChunkMessage(header, [EncodedPart.inline(p) for p in header.parts])
         if len(frames) != 1 + 2 * len(header.parts):
             self.codec.malformed["frame count"] += 1
             return None
-        return _Message(
+        return ChunkMessage(
             header,
             [
                 EncodedPart(p, frames[1 + 2 * i].buffer, frames[2 + 2 * i].buffer)
@@ -324,7 +215,7 @@ class WeightSubscriber:
             ],
         )
 
-    def _stage(self, msg: _Message) -> None:
+    def _stage(self, msg: ChunkMessage) -> None:
         state = self.ranks[msg.header.rank]
         state.last_arrival = time.monotonic()
         self.newest_seen = max(self.newest_seen, msg.header.version)
@@ -373,7 +264,7 @@ class WeightSubscriber:
         self.dealers[rank].send(self.codec.encode(AnchorRequest(self.subscriber_id)))
         log.info("subscriber[%d]: requested anchor from rank %d", self.subscriber_id, rank)
 
-    def _needs_anchor(self, state: _RankStream, reach: set[int]) -> bool:
+    def _needs_anchor(self, state: RankStream, reach: set[int]) -> bool:
         anchor = state.complete_anchor()
         if anchor is not None:
             version = anchor[0].header.version
@@ -529,7 +420,7 @@ class WeightSubscriber:
                 ]
                 if state.repair or self.version < 0 or not starts:
                     continue
-                ahead = state.ahead = _Ahead(min(starts))
+                ahead = state.ahead = AheadWrite(min(starts))
             chunks = state.diffs[ahead.version]
             start = time.perf_counter()
             try:
@@ -603,7 +494,7 @@ class WeightSubscriber:
         return written, taken, seconds
 
     @staticmethod
-    def _undo_ahead(state: _RankStream) -> None:
+    def _undo_ahead(state: RankStream) -> None:
         if state.ahead is not None:
             for block, record in reversed(state.ahead.undo):
                 undo(block, record)
