@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from streamrl.files import atomic_writer
 
-from .durable_log import scan_shard, shard_dirs
+from .log_history import scan_shard, shard_dirs
 
 EXPORT_SCHEMA = pa.schema(
     [

@@ -31,7 +31,7 @@ from .delivery import identity_error
 @dataclass(slots=True, eq=False)
 class StoredGroup:
     """What a shard holds for one group: what its store and durable log read (the
-    ``replay.Group`` and ``durable_log.LoggedGroup`` protocols), computed once, and the
+    ``replay.Group`` and ``log_segments.LoggedGroup`` protocols), computed once, and the
     frame the group arrived in."""
 
     group_id: str

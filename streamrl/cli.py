@@ -384,7 +384,7 @@ def _rm_train(args: argparse.Namespace) -> int:
 def _rm_pairs(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from streamrl.buffers.durable_log import scan_shard, shard_dirs
+    from streamrl.buffers.log_history import scan_shard, shard_dirs
     from streamrl.rewards.model_training import pairs_from_run, write_pairs
 
     buffer_dir = Path(args.run_dir) / "buffer"

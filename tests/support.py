@@ -231,7 +231,7 @@ def finish_run(
 def assert_logs_exact(summary: dict, run_dir: Path) -> None:
     """Every shard's durable-log tallies hold over every process that served it (received ==
     removed by reason + remaining), and each group is on the log once."""
-    from streamrl.buffers.durable_log import scan_shard, shard_dirs
+    from streamrl.buffers.log_history import scan_shard, shard_dirs
 
     for shard in summary["buffer"]:
         remaining = shard["size"] + shard["held"]

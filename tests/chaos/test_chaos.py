@@ -36,7 +36,7 @@ from support import (
     wait_until,
 )
 
-from streamrl.buffers.durable_log import scan_shard, shard_dirs
+from streamrl.buffers.log_history import scan_shard, shard_dirs
 from streamrl.cli import main as cli
 from streamrl.clock import live_records
 

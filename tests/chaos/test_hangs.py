@@ -23,7 +23,7 @@ from support import (
     launch_tiny,
 )
 
-from streamrl.buffers.durable_log import scan_shard, shard_dirs
+from streamrl.buffers.log_history import scan_shard, shard_dirs
 
 pytestmark = pytest.mark.slow
 

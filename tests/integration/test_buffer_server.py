@@ -19,7 +19,8 @@ from support import make_group, wait_until
 from streamrl.buffers import server
 from streamrl.buffers.client import BufferClient, FetchStopped, plan_takes
 from streamrl.buffers.delivery import Outbox, new_sender, shard_sender
-from streamrl.buffers.durable_log import DurableLog, scan_shard
+from streamrl.buffers.durable_log import DurableLog
+from streamrl.buffers.log_history import scan_shard
 from streamrl.buffers.server import MAX_PARKED_PER_PEER, BufferShard
 from streamrl.config import BufferConfig
 from streamrl.protocol import (

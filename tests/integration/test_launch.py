@@ -143,7 +143,7 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path: Path) -> None:
         # Fresh generators start from version 0 files and anchor onto the resumed learner.
         assert gen["applied_version"] == 5 and gen["anchors_applied"] >= 1
     # The prompt stream went on: no prompt was generated in both runs (nor twice in one).
-    from streamrl.buffers.durable_log import scan_shard, shard_dirs
+    from streamrl.buffers.log_history import scan_shard, shard_dirs
 
     indices = [g.prompt_index for d in shard_dirs(run_dir / "buffer") for g, _ in scan_shard(d)]
     assert indices and min(indices) >= 0 and len(indices) == len(set(indices))

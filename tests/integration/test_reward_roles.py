@@ -19,7 +19,7 @@ from support import (
     launch_tiny,
 )
 
-from streamrl.buffers.durable_log import scan_shard, shard_dirs
+from streamrl.buffers.log_history import scan_shard, shard_dirs
 from streamrl.protocol import unpack_float32
 
 pytestmark = pytest.mark.slow

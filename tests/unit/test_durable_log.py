@@ -13,8 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from streamrl.buffers.durable_log import DurableLog, scan_shard
+from streamrl.buffers.durable_log import DurableLog
 from streamrl.buffers.export import export_parquet
+from streamrl.buffers.log_history import scan_shard
 from streamrl.protocol import Trajectory, TrajectoryGroup, pack_int32
 
 # Awkward float32 logprobs (subnormal, negative zero, the largest finite, inf, NaN): the raw
