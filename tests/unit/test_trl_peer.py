@@ -161,3 +161,38 @@ def test_grpo_config_accepts_the_kwargs_where_trl_is_installed(peer, tmp_path) -
     kwargs = peer.grpo_kwargs(_default(), bf16=False, output_dir=str(tmp_path), seed=0)
     args = trl.GRPOConfig(**kwargs)
     assert args.generation_batch_size == 32 and args.steps_per_generation == 1
+
+
+def _analysis(name: str):
+    path = ROOT / "benchmarks" / "analysis" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_peer_levels_are_new_bests_and_a_run_is_timed_by_the_step_that_made_the_version(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    levels = _analysis("peer_levels")
+    peer = {
+        "curve": [
+            {"seconds": 5, "exact": 0.03},
+            {"seconds": 100, "exact": 0.30},
+            {"seconds": 200, "exact": 0.25},  # below the best so far: no new level
+            {"seconds": 300, "exact": 0.40},
+        ]
+    }
+    assert levels.peer_levels(peer, "exact") == [(0.30, 100.0), (0.40, 300.0)]
+    # Steps 1-4 end at 10, 20, 30, 40 s of the run's clock (the first step took 10 s).
+    records = [{"step": s, "time": 1000.0 + 10 * s, "time/step_s": 10.0} for s in (1, 2, 3, 4)]
+    records += [
+        {"event": "eval", "eval/version": 2, "eval/exact_match": 0.35},
+        # Reported late and asked for v3, but the weights evaluated were v4's.
+        {"event": "eval", "requested": 3, "eval/version": 4, "eval/exact_match": 0.45},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    times = levels.times_to_levels(tmp_path, "eval/exact_match", [0.30, 0.40, 0.50])
+    assert times == [20.0, 40.0, None]
