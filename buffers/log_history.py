@@ -160,6 +160,8 @@ def group_batches(
 def group_payloads(
     segments: list[Path], fates: list[int], wanted: tuple[int, ...]
 ) -> Iterator[tuple[bytes, bool]]:
+    """The payload of every group row whose fate is in ``wanted``, in log order, with whether
+    it was consumed."""
     for batch, batch_fates in group_batches(segments, fates):
         payloads = batch.column("payload").to_pylist()
         for payload, fate in zip(payloads, batch_fates, strict=True):
@@ -219,8 +221,7 @@ def scan_groups(
 
 
 def _scan_payloads(shard_dir: Path, wanted: tuple[int, ...]) -> Iterator[tuple[bytes, bool]]:
-    """The payload of every group row whose fate is in ``wanted``, in log order, with whether
-    it was consumed."""
+    """``group_payloads`` of one shard folder's log, replayed first for the fates."""
     segments = live_segments(shard_dir)
     yield from group_payloads(segments, replay(segments).fates, wanted)
 

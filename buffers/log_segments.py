@@ -69,31 +69,29 @@ class LoggedGroup(Protocol):
 
 def group_rows(groups: Sequence[LoggedGroup], payloads: list[bytes]) -> pa.RecordBatch:
     """Group rows (KIND_GROUP): each group's flat columns and its payload."""
-    n = len(groups)
-    columns = [
-        pa.array([KIND_GROUP] * n, pa.int8()),
-        pa.array([g.group_id for g in groups], pa.string()),
-        pa.array([g.prompt_id for g in groups], pa.string()),
-        pa.array([g.min_version for g in groups], pa.int64()),
-        pa.array([g.max_version for g in groups], pa.int64()),
-        pa.array([len(g.rewards) for g in groups], pa.int32()),
-        pa.array([g.num_tokens for g in groups], pa.int64()),
-        pa.array([_mean_reward(g) for g in groups], pa.float64()),
-        pa.array([g.created_at for g in groups], pa.float64()),
-        pa.array([g.finished_at for g in groups], pa.float64()),
-        pa.array(payloads, pa.large_binary()),
-        *(pa.nulls(n, f.type) for f in list(SCHEMA)[-3:]),
-    ]
-    return pa.record_batch(columns, schema=SCHEMA)
+    columns = {
+        "prompt_id": pa.array([g.prompt_id for g in groups], pa.string()),
+        "min_version": pa.array([g.min_version for g in groups], pa.int64()),
+        "max_version": pa.array([g.max_version for g in groups], pa.int64()),
+        "num_trajectories": pa.array([len(g.rewards) for g in groups], pa.int32()),
+        "num_tokens": pa.array([g.num_tokens for g in groups], pa.int64()),
+        "mean_reward": pa.array([_mean_reward(g) for g in groups], pa.float64()),
+        "created_at": pa.array([g.created_at for g in groups], pa.float64()),
+        "finished_at": pa.array([g.finished_at for g in groups], pa.float64()),
+        "payload": pa.array(payloads, pa.large_binary()),
+    }
+    return _id_rows(KIND_GROUP, [g.group_id for g in groups], columns)
 
 
 def _id_rows(kind: int, group_ids: list[str], columns: dict[str, pa.Array]) -> pa.RecordBatch:
-    """Rows of ``kind`` that carry a group id and the given ``columns`` (marks, refusals,
-    takes); every other column null."""
+    """Rows of ``kind`` (any of them) that carry a group id and the given ``columns``; every
+    other column null."""
     n = len(group_ids)
     given = {"kind": pa.array([kind] * n, pa.int8()), "group_id": pa.array(group_ids, pa.string())}
     given.update(columns)
-    return pa.record_batch([given.get(f.name, pa.nulls(n, f.type)) for f in SCHEMA], schema=SCHEMA)
+    return pa.record_batch(
+        [given[f.name] if f.name in given else pa.nulls(n, f.type) for f in SCHEMA], schema=SCHEMA
+    )
 
 
 def reason_rows(kind: int, group_ids: list[str], reasons: list[str]) -> pa.RecordBatch:
